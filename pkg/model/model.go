@@ -1,0 +1,78 @@
+// Package model holds the data that flows through the pipeline: what a source
+// observed about each process in one interval, and what detectors concluded.
+// Sources fill it, detectors read it, sinks (terminal, JSON, Prometheus) show it.
+package model
+
+import "time"
+
+// Finding kinds, as they appear in reports, metrics and --fail-on.
+const (
+	KindFDLeak          = "fd_leak"
+	KindSocketLeak      = "socket_leak"
+	KindCtxSwitchStorm  = "ctx_switch_storm"
+	KindGPUAllocBurst   = "gpu_alloc_burst"
+	KindGPUMemoryLeak   = "gpu_memory_leak"
+	KindGPUAllocFailure = "gpu_alloc_failure"
+)
+
+// Kinds lists every finding kind, for flag validation and metric pre-creation.
+var Kinds = []string{KindFDLeak, KindSocketLeak, KindCtxSwitchStorm, KindGPUAllocBurst, KindGPUMemoryLeak, KindGPUAllocFailure}
+
+// Severities, lowest first.
+const (
+	SeverityInfo     = "info"
+	SeverityWarning  = "warning"
+	SeverityCritical = "critical"
+)
+
+// FD kinds as reported by the fd source; the order matches the BPF enum fd_kind.
+var FDKinds = []string{"other", "file", "socket", "pipe", "eventfd", "epoll", "timerfd", "signalfd", "inotify", "pidfd", "memfd"}
+
+// Finding is one detector verdict about one process.
+type Finding struct {
+	Kind      string         `json:"kind"`
+	PID       int            `json:"pid"`
+	Comm      string         `json:"comm"`
+	Severity  string         `json:"severity"`
+	FirstSeen time.Time      `json:"first_seen"`
+	LastSeen  time.Time      `json:"last_seen"`
+	Active    bool           `json:"active"`
+	Summary   string         `json:"summary"`
+	Stack     []string       `json:"stack"`
+	Evidence  map[string]any `json:"evidence"`
+}
+
+// FDSite groups the live fds of a process by the user stack that opened them.
+type FDSite struct {
+	StackID int64       // BPF stack id; negative when unknown (seeded from /proc, or stack map full)
+	Stack   []string    // symbolized frames, innermost first
+	Opened  []time.Time // open time of each live fd opened here
+}
+
+// FDStats is the fd view of one process at one instant.
+type FDStats struct {
+	Open   int               // live fds in the kernel table
+	Limit  uint64            // soft RLIMIT_NOFILE
+	Opened map[string]uint64 // fds created since attach, by kind (monotonic)
+	Closed map[string]uint64 // fds released since attach, by kind (monotonic)
+	Sites  []FDSite          // live fds by opening stack; sites with a known stack only
+}
+
+// Process is what the pipeline knows about one target at one instant.
+type Process struct {
+	PID     int
+	Comm    string
+	Started time.Time // when watching began
+	Exited  bool      // the process has gone; this is its last snapshot
+	FD      FDStats
+}
+
+// Snapshot is the whole state after one interval; sinks receive one per interval.
+type Snapshot struct {
+	Time      time.Time
+	Start     time.Time         // when the run began
+	Targets   []int             // pids asked for
+	Processes []*Process        // watched processes, including those that exited this interval
+	Findings  []Finding         // every finding so far, active or not
+	Lost      map[string]uint64 // lost events and failed map updates, by source (monotonic)
+}
