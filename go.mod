@@ -11,3 +11,5 @@ require (
 	github.com/spf13/pflag v1.0.10 // indirect
 	golang.org/x/sys v0.50.0 // indirect
 )
+
+tool github.com/cilium/ebpf/cmd/bpf2go

@@ -1,0 +1,142 @@
+// Package fdtrack loads and attaches the fd-tracking BPF object and reads its
+// maps: the live fd table of each tracked process, per-process totals by fd
+// kind, the opening stacks and the error counters.
+package fdtrack
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/tracefs"
+)
+
+// Required programs: without them there is no fd tracking at all.
+var required = map[string]bool{"exit_openat": true, "enter_close": true}
+
+// Config sizes the kernel maps.
+type Config struct {
+	MaxFDs   uint32 // live fd table capacity, all processes together
+	ProcRoot string // normally /proc
+}
+
+// Tracker owns the loaded fd BPF object and its links.
+type Tracker struct {
+	coll    *ebpf.Collection
+	maps    fdMaps
+	links   []link.Link
+	proc    procinfo.FS
+	skipped []string // programs whose tracepoint this kernel lacks
+
+	// Per process: fds that vanished without a traced close (found by
+	// reconciling with /proc), added to the kernel's closed counters.
+	extraClosed map[uint32]*[len(fdFdCounts{}.Closed)]uint64
+	resyncs     map[uint32]uint64
+	started     map[uint32]time.Time
+}
+
+// Programs returns the tracepoints the fd object attaches, as group/name, with
+// the program that goes on each. Used by New and by `check`.
+func Programs() (map[string]string, error) {
+	spec, err := loadFd()
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(spec.Programs))
+	for name, p := range spec.Programs {
+		out[name] = strings.TrimPrefix(p.SectionName, "tracepoint/")
+	}
+	return out, nil
+}
+
+// New loads the fd object and attaches every program whose tracepoint exists.
+func New(cfg Config) (*Tracker, error) {
+	root, _, err := tracefs.Ensure()
+	if err != nil {
+		return nil, err
+	}
+	proc, err := procinfo.New(cfg.ProcRoot)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := loadFd()
+	if err != nil {
+		return nil, err
+	}
+	if cfg.MaxFDs > 0 {
+		spec.Maps[fdMapFdTable].MaxEntries = cfg.MaxFDs
+	}
+	t := &Tracker{
+		proc:        proc,
+		extraClosed: map[uint32]*[len(fdFdCounts{}.Closed)]uint64{},
+		resyncs:     map[uint32]uint64{},
+		started:     map[uint32]time.Time{},
+	}
+	// Optional programs whose tracepoint this kernel lacks are removed from the
+	// spec before loading, so they are neither loaded nor fatal.
+	for name, p := range spec.Programs {
+		group, event, _ := strings.Cut(strings.TrimPrefix(p.SectionName, "tracepoint/"), "/")
+		if tracefs.EventExists(root, group, event) {
+			continue
+		}
+		if required[name] {
+			return nil, fmt.Errorf("tracepoint %s/%s is missing: this kernel cannot trace fds (CONFIG_FTRACE_SYSCALLS off?)", group, event)
+		}
+		t.skipped = append(t.skipped, group+"/"+event)
+		delete(spec.Programs, name)
+	}
+	coll, err := ebpf.NewCollection(spec)
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("loading fd BPF programs: %+v", ve)
+		}
+		if errors.Is(err, unix.EPERM) {
+			return nil, fmt.Errorf("loading fd BPF programs: %w (needs root or CAP_BPF+CAP_PERFMON)", err)
+		}
+		return nil, fmt.Errorf("loading fd BPF programs: %w", err)
+	}
+	t.coll = coll
+	if err := coll.Assign(&t.maps); err != nil {
+		t.Close()
+		return nil, err
+	}
+	for name, p := range spec.Programs {
+		group, event, _ := strings.Cut(strings.TrimPrefix(p.SectionName, "tracepoint/"), "/")
+		l, err := link.Tracepoint(group, event, coll.Programs[name], nil)
+		if err != nil {
+			t.Close()
+			return nil, fmt.Errorf("attaching %s to %s/%s: %w", name, group, event, err)
+		}
+		t.links = append(t.links, l)
+	}
+	if len(t.skipped) > 0 {
+		slog.Debug("fd tracepoints missing on this kernel", "skipped", t.skipped)
+	}
+	return t, nil
+}
+
+// Skipped lists the optional tracepoints this kernel lacks.
+func (t *Tracker) Skipped() []string { return t.skipped }
+
+// Close detaches and unloads everything; safe to call more than once.
+func (t *Tracker) Close() error {
+	var errs []error
+	for _, l := range t.links {
+		errs = append(errs, l.Close())
+	}
+	t.links = nil
+	errs = append(errs, t.maps.Close())
+	if t.coll != nil {
+		t.coll.Close()
+		t.coll = nil
+	}
+	return errors.Join(errs...)
+}

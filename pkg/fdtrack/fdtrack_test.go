@@ -1,0 +1,124 @@
+package fdtrack
+
+import (
+	"os"
+	"testing"
+	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/launch"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
+)
+
+func newTracker(t *testing.T) *Tracker {
+	t.Helper()
+	testutil.RequireRoot(t)
+	tr, err := New(Config{ProcRoot: "/proc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tr.Close() })
+	return tr
+}
+
+func procCount(t *testing.T, pid int) int {
+	t.Helper()
+	fs, err := procinfo.New("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := fs.FDCount(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// Every fd kind and every path that creates or drops fds without a plain
+// close: the table must equal /proc, with the kinds right.
+func TestKindsMatchProc(t *testing.T) {
+	tr := newTracker(t)
+	bin := testutil.Fixture(t, "fdwork")
+	// Tracked after start: every fd is seeded from /proc.
+	cmd := testutil.Start(t, bin, "kinds", "30")
+	pid := cmd.Process.Pid
+	if err := tr.Track(pid); err != nil {
+		t.Fatal(err)
+	}
+	s := poll(t, tr, pid)
+	if got, want := len(s.FDs), procCount(t, pid); got != want {
+		t.Fatalf("seeded table has %d fds, /proc has %d", got, want)
+	}
+	for _, fd := range s.FDs {
+		if fd.StackID >= 0 {
+			t.Errorf("seeded fd %d has a stack id", fd.Num)
+		}
+	}
+}
+
+func TestLiveKinds(t *testing.T) {
+	tr := newTracker(t)
+	bin := testutil.Fixture(t, "fdwork")
+	// Tracked before exec, so every fd of the fixture is traced live.
+	g, err := launch.Start([]string{bin, "kinds", "30"}, nil, nil, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Abort)
+	pid := g.Cmd.Process.Pid
+	if err := tr.Track(pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Release(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	s := poll(t, tr, pid)
+	if got, want := len(s.FDs), procCount(t, pid); got != want {
+		t.Fatalf("table has %d fds, /proc has %d", got, want)
+	}
+	byKind := map[string]int{}
+	for _, fd := range s.FDs {
+		if fd.StackID >= 0 {
+			byKind[kindName(fd.Kind)]++
+		}
+	}
+	for _, k := range []string{"file", "socket", "pipe", "eventfd", "epoll", "timerfd", "signalfd", "inotify", "pidfd", "memfd"} {
+		if byKind[k] == 0 {
+			t.Errorf("no live %s fd with a stack; by kind: %v", k, byKind)
+		}
+	}
+	// pipe, socketpair: 2 each; close_range dropped 10 dup2 copies.
+	if byKind["pipe"] != 2 || byKind["socket"] != 3 {
+		t.Errorf("pipe/socket fds: %v", byKind)
+	}
+	if s.Closed[kindIndex("file")] < 11 {
+		t.Errorf("closed files = %d, want >= 11 (dup2 replace + close_range)", s.Closed[kindIndex("file")])
+	}
+}
+
+func poll(t *testing.T, tr *Tracker, pid int) *Sample {
+	t.Helper()
+	// The first poll notices the resync request (exec, close_range) and
+	// reconciles; the second reads the result.
+	if _, err := tr.Poll([]int{pid}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := tr.Poll([]int{pid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m[pid]
+}
+
+func kindName(k uint8) string { return model.FDKinds[k] }
+
+func kindIndex(name string) int {
+	for i, n := range model.FDKinds {
+		if n == name {
+			return i
+		}
+	}
+	panic(name)
+}

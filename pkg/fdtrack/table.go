@@ -1,0 +1,228 @@
+package fdtrack
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+)
+
+// nKinds is the number of fd kinds the BPF side distinguishes.
+const nKinds = len(fdFdCounts{}.Opened)
+
+// FD is one live fd of a tracked process as the kernel table has it.
+type FD struct {
+	Num     int32
+	Kind    uint8
+	StackID int32     // negative: unknown (seeded from /proc or stack map full)
+	Opened  time.Time // wall-clock open time; tracking start for seeded fds
+}
+
+// Sample is what the tracker knows about one process at one poll.
+type Sample struct {
+	FDs    []FD
+	Opened [nKinds]uint64 // since tracking began, by kind
+	Closed [nKinds]uint64
+}
+
+// Track starts tracking pid: counters first (the BPF side only updates
+// existing entries), then the filter, then the table seeded from /proc and
+// reconciled once more to drop anything closed while seeding.
+func (t *Tracker) Track(pid int) error {
+	tgid := uint32(pid)
+	zero := make([]fdFdCounts, ebpf.MustPossibleCPU())
+	if err := t.maps.FdCounters.Update(tgid, zero, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+		return fmt.Errorf("tracking pid %d: %w", pid, err)
+	}
+	if err := t.maps.TrackedPids.Update(tgid, uint8(1), ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("tracking pid %d: %w", pid, err)
+	}
+	t.started[tgid] = time.Now()
+	t.extraClosed[tgid] = &[nKinds]uint64{}
+	if err := t.reconcile(tgid); err != nil {
+		return err
+	}
+	return t.reconcile(tgid)
+}
+
+// Untrack stops tracking pid and drops all its kernel state.
+func (t *Tracker) Untrack(pid int) {
+	tgid := uint32(pid)
+	_ = t.maps.TrackedPids.Delete(tgid)
+	_ = t.maps.FdCounters.Delete(tgid)
+	var (
+		key  fdFdKey
+		info fdFdInfo
+		dead []fdFdKey
+	)
+	it := t.maps.FdTable.Iterate()
+	for it.Next(&key, &info) {
+		if key.Tgid == tgid {
+			dead = append(dead, key)
+		}
+	}
+	for _, k := range dead {
+		_ = t.maps.FdTable.Delete(k)
+	}
+	delete(t.started, tgid)
+	delete(t.extraClosed, tgid)
+	delete(t.resyncs, tgid)
+}
+
+// reconcile makes the table of tgid match /proc/PID/fd: entries older than the
+// listing that /proc no longer has are dropped and counted as closed; fds that
+// /proc has and the table lacks are added without a stack.
+func (t *Tracker) reconcile(tgid uint32) error {
+	before := monoNow()
+	fds, err := t.proc.FDs(int(tgid))
+	if err != nil {
+		return err
+	}
+	live := make(map[int32]uint8, len(fds))
+	for _, fd := range fds {
+		live[int32(fd.Num)] = fd.Kind
+	}
+	var (
+		key   fdFdKey
+		info  fdFdInfo
+		stale []fdFdKey
+		kinds []uint8
+	)
+	have := map[int32]bool{}
+	it := t.maps.FdTable.Iterate()
+	for it.Next(&key, &info) {
+		if key.Tgid != tgid {
+			continue
+		}
+		have[key.Fd] = true
+		if _, ok := live[key.Fd]; !ok && info.OpenNs < before {
+			stale = append(stale, key)
+			kinds = append(kinds, info.Kind)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("reading fd table: %w", err)
+	}
+	extra := t.extraClosed[tgid]
+	for i, k := range stale {
+		if t.maps.FdTable.Delete(k) == nil && extra != nil && int(kinds[i]) < nKinds {
+			extra[kinds[i]]++
+		}
+	}
+	for num, kind := range live {
+		if have[num] {
+			continue
+		}
+		v := fdFdInfo{StackId: -1, Kind: kind}
+		err := t.maps.FdTable.Update(fdFdKey{Tgid: tgid, Fd: num}, v, ebpf.UpdateNoExist)
+		if err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+			return fmt.Errorf("seeding fd table for pid %d: %w", tgid, err)
+		}
+	}
+	return nil
+}
+
+// Poll reads the table once and returns a sample for each tracked pid in pids.
+// A process whose fds vanished without close() since the last poll (exec,
+// close_range) is reconciled with /proc first.
+func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
+	out := make(map[int]*Sample, len(pids))
+	for _, pid := range pids {
+		tgid := uint32(pid)
+		var per []fdFdCounts
+		if err := t.maps.FdCounters.Lookup(tgid, &per); err != nil {
+			return nil, fmt.Errorf("reading fd counters of pid %d: %w", pid, err)
+		}
+		s := &Sample{}
+		var resyncs uint64
+		for _, c := range per {
+			for k := 0; k < nKinds; k++ {
+				s.Opened[k] += c.Opened[k]
+				s.Closed[k] += c.Closed[k]
+			}
+			resyncs += c.Resyncs
+		}
+		if resyncs != t.resyncs[tgid] {
+			// A process that has just exited cannot be listed; that is not an error.
+			if err := t.reconcile(tgid); err == nil {
+				t.resyncs[tgid] = resyncs
+			}
+		}
+		if extra := t.extraClosed[tgid]; extra != nil {
+			for k := range extra {
+				s.Closed[k] += extra[k]
+			}
+		}
+		out[pid] = s
+	}
+
+	nowWall, nowMono := time.Now(), monoNow()
+	var (
+		key  fdFdKey
+		info fdFdInfo
+	)
+	it := t.maps.FdTable.Iterate()
+	for it.Next(&key, &info) {
+		s := out[int(key.Tgid)]
+		if s == nil {
+			continue
+		}
+		opened := t.started[key.Tgid]
+		if info.OpenNs != 0 {
+			opened = nowWall.Add(-time.Duration(nowMono - info.OpenNs))
+		}
+		s.FDs = append(s.FDs, FD{Num: key.Fd, Kind: info.Kind, StackID: info.StackId, Opened: opened})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading fd table: %w", err)
+	}
+	return out, nil
+}
+
+// Stack returns the user-space return addresses of a stack id, innermost first.
+func (t *Tracker) Stack(id int32) ([]uint64, error) {
+	var frames [127]uint64
+	if err := t.maps.FdStacks.Lookup(uint32(id), &frames); err != nil {
+		return nil, err
+	}
+	n := 0
+	for n < len(frames) && frames[n] != 0 {
+		n++
+	}
+	return frames[:n], nil
+}
+
+// errorNames follows enum err_kind in bpf/common.h.
+var errorNames = map[fdErrKind]string{
+	fdErrKindERR_TABLE_FULL:  "fd_table_full",
+	fdErrKindERR_STACK:       "fd_stack",
+	fdErrKindERR_ENTRY_STATE: "fd_entry_state",
+	fdErrKindERR_COUNTERS:    "fd_counters",
+	fdErrKindERR_READ_USER:   "fd_read_user",
+}
+
+// Lost returns the BPF error counters (monotonic since load), by source name.
+func (t *Tracker) Lost() (map[string]uint64, error) {
+	out := make(map[string]uint64, len(errorNames))
+	for k, name := range errorNames {
+		var per []uint64
+		if err := t.maps.Errors.Lookup(uint32(k), &per); err != nil {
+			return nil, fmt.Errorf("reading error counters: %w", err)
+		}
+		var sum uint64
+		for _, v := range per {
+			sum += v
+		}
+		out[name] = sum
+	}
+	return out, nil
+}
+
+// monoNow reads CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
+func monoNow() uint64 {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return uint64(ts.Nano())
+}

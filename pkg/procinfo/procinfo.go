@@ -1,0 +1,270 @@
+// Package procinfo is the one place that reads /proc about a target process:
+// its fds, fd limit, name and liveness, plus validation of user-given pids.
+// It is built on github.com/prometheus/procfs so that parsing lives there.
+package procinfo
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/prometheus/procfs"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+)
+
+// Errors for errors.Is: Check returns them, and the readers return
+// ErrNoProcess when the process is gone (or never existed).
+var (
+	ErrNoProcess    = errors.New("no process")
+	ErrKernelThread = errors.New("kernel thread")
+)
+
+// pfKthread is PF_KTHREAD from include/linux/sched.h, set in the flags field
+// of /proc/PID/stat for kernel threads.
+const pfKthread = 0x00200000
+
+// kthreaddPID is the parent of every kernel thread but itself.
+const kthreaddPID = 2
+
+// FS reads process information under one proc mount.
+type FS struct {
+	root string // kept because procfs.FS does not expose its mount point
+	proc procfs.FS
+}
+
+// New opens the proc filesystem mounted at procRoot (normally "/proc"; tests
+// pass a fixture directory).
+func New(procRoot string) (FS, error) {
+	p, err := procfs.NewFS(procRoot)
+	if err != nil {
+		return FS{}, err
+	}
+	return FS{root: procRoot, proc: p}, nil
+}
+
+// FD is one open file descriptor of a process.
+type FD struct {
+	Num    int
+	Kind   uint8  // index into model.FDKinds
+	Target string // link of /proc/PID/fd/NUM, e.g. "socket:[123]"
+}
+
+// FDs lists the open fds of pid with their kinds, sorted by number.
+func (fs FS) FDs(pid int) ([]FD, error) {
+	p, err := fs.process(pid)
+	if err != nil {
+		return nil, err
+	}
+	// procfs gives numbers and targets only as two separate directory reads,
+	// which disagree if the table changes in between, so pair them here.
+	nums, err := p.FileDescriptors()
+	if err != nil {
+		return nil, procErr(pid, err)
+	}
+	dir := filepath.Join(fs.root, strconv.Itoa(pid), "fd")
+	fds := make([]FD, 0, len(nums))
+	for _, n := range nums {
+		num := int(n)
+		target, err := os.Readlink(filepath.Join(dir, strconv.Itoa(num)))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // closed since the listing: no longer open
+		}
+		if err != nil {
+			return nil, procErr(pid, err)
+		}
+		fds = append(fds, FD{Num: num, Kind: KindOf(target), Target: target})
+	}
+	// The kernel lists fds in order, but other directories (fixtures) need not.
+	slices.SortFunc(fds, func(a, b FD) int { return cmp.Compare(a.Num, b.Num) })
+	return fds, nil
+}
+
+// anonInodeKinds maps what follows "anon_inode:" in an fd link to its kind.
+// inotify is the one the kernel names without brackets.
+var anonInodeKinds = map[string]string{
+	"[eventfd]":   "eventfd",
+	"[eventpoll]": "epoll",
+	"[timerfd]":   "timerfd",
+	"[signalfd]":  "signalfd",
+	"inotify":     "inotify",
+	"[pidfd]":     "pidfd",
+}
+
+// kindIndex maps a kind name to its position in model.FDKinds, so the numbers
+// follow the BPF enum from a single list.
+var kindIndex = func() map[string]uint8 {
+	m := make(map[string]uint8, len(model.FDKinds))
+	for i, name := range model.FDKinds {
+		m[name] = uint8(i)
+	}
+	return m
+}()
+
+// KindOf classifies an fd link target into an index of model.FDKinds.
+func KindOf(target string) uint8 {
+	return kindIndex[kindName(target)]
+}
+
+func kindName(target string) string {
+	switch {
+	case strings.HasPrefix(target, "socket:"):
+		return "socket"
+	case strings.HasPrefix(target, "pipe:"):
+		return "pipe"
+	case strings.HasPrefix(target, "/memfd:"):
+		// memfds live on an internal tmpfs and show as "/memfd:NAME (deleted)",
+		// so they must be told apart before other absolute paths.
+		return "memfd"
+	case strings.HasPrefix(target, "/"):
+		return "file"
+	}
+	if rest, ok := strings.CutPrefix(target, "anon_inode:"); ok {
+		if name, ok := anonInodeKinds[rest]; ok {
+			return name
+		}
+	}
+	return "other"
+}
+
+// FDCount returns how many fds pid has open.
+func (fs FS) FDCount(pid int) (int, error) {
+	p, err := fs.process(pid)
+	if err != nil {
+		return 0, err
+	}
+	n, err := p.FileDescriptorsLen()
+	if err != nil {
+		return 0, procErr(pid, err)
+	}
+	return n, nil
+}
+
+// NoFileLimit returns the soft RLIMIT_NOFILE of pid; "unlimited" reads as
+// math.MaxUint64 (procfs maps it so).
+func (fs FS) NoFileLimit(pid int) (uint64, error) {
+	p, err := fs.process(pid)
+	if err != nil {
+		return 0, err
+	}
+	l, err := p.Limits()
+	if err != nil {
+		return 0, procErr(pid, err)
+	}
+	return l.OpenFiles, nil
+}
+
+// Comm returns the command name of pid (/proc/PID/comm).
+func (fs FS) Comm(pid int) (string, error) {
+	p, err := fs.process(pid)
+	if err != nil {
+		return "", err
+	}
+	c, err := p.Comm()
+	if err != nil {
+		return "", procErr(pid, err)
+	}
+	return c, nil
+}
+
+// Check validates a pid given by the user: it must be positive, exist, and
+// be a user-space process, since kernel threads have nothing to trace.
+func (fs FS) Check(pid int) error {
+	if pid <= 0 {
+		return fmt.Errorf("pid must be a positive integer, got %d", pid)
+	}
+	p, err := fs.process(pid)
+	if err != nil {
+		return err
+	}
+	st, err := p.Stat()
+	if err != nil {
+		return procErr(pid, err)
+	}
+	if st.Flags&pfKthread != 0 {
+		return kernelThreadErr(pid)
+	}
+	// Fallback for a stat without flags we trust: kernel threads have no
+	// command line and kthreadd as parent.
+	if st.PPID == kthreaddPID {
+		cmd, err := p.CmdLine()
+		if err != nil {
+			return procErr(pid, err)
+		}
+		if len(cmd) == 0 {
+			return kernelThreadErr(pid)
+		}
+	}
+	return nil
+}
+
+func kernelThreadErr(pid int) error {
+	return fmt.Errorf("pid %d is a %w (kthreadd child); nothing to trace in user space", pid, ErrKernelThread)
+}
+
+// Alive reports whether pid exists and is not a zombie (or dead, state X):
+// a process in those states holds no fds and runs no code.
+func (fs FS) Alive(pid int) bool {
+	p, err := fs.process(pid)
+	if err != nil {
+		return false
+	}
+	st, err := p.Stat()
+	if err != nil {
+		return false
+	}
+	return st.State != "Z" && st.State != "X"
+}
+
+// process opens pid, turning "not there" into ErrNoProcess.
+func (fs FS) process(pid int) (procfs.Proc, error) {
+	p, err := fs.proc.Proc(pid)
+	if err != nil {
+		return procfs.Proc{}, procErr(pid, err)
+	}
+	return p, nil
+}
+
+// procErr reports a missing file under /proc/PID (ENOENT) or a task that died
+// while being read (ESRCH) as ErrNoProcess, since the process having exited is
+// the usual reason; other errors, such as EACCES, keep their cause.
+func procErr(pid int, err error) error {
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("%w with pid %d", ErrNoProcess, pid)
+	}
+	return fmt.Errorf("pid %d: %w", pid, err)
+}
+
+// ParsePIDs parses a comma-separated pid list such as "12,34". Spaces around
+// items are allowed; duplicates are dropped, keeping first-seen order.
+func ParsePIDs(s string) ([]int, error) {
+	var pids []int
+	seen := make(map[int]bool)
+	for item := range strings.SplitSeq(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			return nil, fmt.Errorf("invalid pid list %q: empty item", s)
+		}
+		pid, err := strconv.Atoi(item)
+		if errors.Is(err, strconv.ErrRange) {
+			return nil, fmt.Errorf("invalid pid %q: out of range", item)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("invalid pid %q: not a number", item)
+		}
+		if pid <= 0 {
+			return nil, fmt.Errorf("invalid pid %q: must be a positive integer", item)
+		}
+		if !seen[pid] {
+			seen[pid] = true
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}

@@ -1,0 +1,164 @@
+package procinfo
+
+import (
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+)
+
+// The fixture tests only prove we read what we wrote; these check the same
+// code against the running kernel's /proc, using this test process.
+
+func realFS(t *testing.T) FS {
+	t.Helper()
+	fs, err := New("/proc")
+	if err != nil {
+		t.Skipf("no /proc: %v", err)
+	}
+	return fs
+}
+
+func TestRealSelf(t *testing.T) {
+	fs := realFS(t)
+	pid := os.Getpid()
+
+	n, err := fs.FDCount(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n <= 0 {
+		t.Errorf("FDCount(self) = %d, want > 0", n)
+	}
+	if err := fs.Check(pid); err != nil {
+		t.Errorf("Check(self) = %v, want nil", err)
+	}
+	if !fs.Alive(pid) {
+		t.Error("Alive(self) = false, want true")
+	}
+
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		t.Fatal(err)
+	}
+	limit, err := fs.NoFileLimit(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if limit != rl.Cur {
+		t.Errorf("NoFileLimit(self) = %d, want getrlimit soft %d", limit, rl.Cur)
+	}
+
+	comm, err := fs.Comm(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The kernel keeps the first 15 bytes of the executable name.
+	want := filepath.Base(os.Args[0])
+	want = want[:min(len(want), 15)]
+	if comm != want {
+		t.Errorf("Comm(self) = %q, want %q", comm, want)
+	}
+}
+
+// TestRealKinds opens one fd of each kind and checks that FDs classifies the
+// kernel's link text for it, which is what the fixture strings assume.
+func TestRealKinds(t *testing.T) {
+	fs := realFS(t)
+	opened := map[int]string{} // fd -> expected kind
+
+	keep := func(kind string, fd int, err error) {
+		t.Helper()
+		// Sandboxes may lack or forbid some of these syscalls; test the rest.
+		if errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EPERM) || errors.Is(err, unix.EINVAL) {
+			t.Logf("cannot open %s fd here: %v", kind, err)
+			return
+		}
+		if err != nil {
+			t.Fatalf("open %s fd: %v", kind, err)
+		}
+		t.Cleanup(func() { unix.Close(fd) })
+		opened[fd] = kind
+	}
+
+	f, err := os.Open(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	opened[int(f.Fd())] = "file"
+
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close(); w.Close() })
+	opened[int(r.Fd())] = "pipe"
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err == nil {
+		t.Cleanup(func() { ln.Close() })
+		lf, err := ln.(*net.TCPListener).File() // a dup of the socket fd
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { lf.Close() })
+		opened[int(lf.Fd())] = "socket"
+	} else {
+		t.Logf("cannot open socket here: %v", err)
+	}
+
+	fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC)
+	keep("eventfd", fd, err)
+	fd, err = unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	keep("epoll", fd, err)
+	fd, err = unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_CLOEXEC)
+	keep("timerfd", fd, err)
+	var mask unix.Sigset_t
+	fd, err = unix.Signalfd(-1, &mask, unix.SFD_CLOEXEC)
+	keep("signalfd", fd, err)
+	fd, err = unix.InotifyInit1(unix.IN_CLOEXEC)
+	keep("inotify", fd, err)
+	fd, err = unix.PidfdOpen(os.Getpid(), 0)
+	keep("pidfd", fd, err)
+	fd, err = unix.MemfdCreate("procinfo-test", unix.MFD_CLOEXEC)
+	keep("memfd", fd, err)
+
+	fds, err := fs.FDs(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for num, want := range opened {
+		i := slices.IndexFunc(fds, func(fd FD) bool { return fd.Num == num })
+		if i < 0 {
+			t.Errorf("fd %d (%s) missing from FDs", num, want)
+			continue
+		}
+		if got := model.FDKinds[fds[i].Kind]; got != want {
+			t.Errorf("fd %d -> %q classified %s, want %s", num, fds[i].Target, got, want)
+		}
+	}
+}
+
+// TestRealKernelThread checks Check against kthreadd when this pid namespace
+// shows the kernel's own pid 2.
+func TestRealKernelThread(t *testing.T) {
+	fs := realFS(t)
+	comm, err := fs.Comm(2)
+	if err != nil || strings.TrimSpace(comm) != "kthreadd" {
+		t.Skip("pid 2 is not kthreadd here (pid namespace)")
+	}
+	if err := fs.Check(2); !errors.Is(err, ErrKernelThread) {
+		t.Errorf("Check(2) = %v, want ErrKernelThread", err)
+	}
+	if err := fs.Check(1 << 30); !errors.Is(err, ErrNoProcess) {
+		t.Errorf("Check(1<<30) = %v, want ErrNoProcess", err)
+	}
+}

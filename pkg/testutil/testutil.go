@@ -1,0 +1,90 @@
+// Package testutil holds helpers shared by the BPF integration tests: the root
+// gate and the C fixtures under testdata/.
+package testutil
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+)
+
+// RequireRoot skips a test that loads BPF when not root, but only outside CI:
+// in CI (CI set) such a test must run, so a missing privilege fails it.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() == 0 {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal("BPF integration tests must run as root in CI")
+	}
+	t.Skip("needs root to load BPF (runs in CI)")
+}
+
+// RepoRoot returns the repository root, found from this file's location.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// Fixture compiles testdata/NAME.c (with frame pointers, as the tracer needs)
+// into testdata/bin once per test binary and returns the binary's path.
+func Fixture(t testing.TB, name string, extra ...string) string {
+	t.Helper()
+	root := RepoRoot()
+	src := filepath.Join(root, "testdata", name+".c")
+	bin := filepath.Join(root, "testdata", "bin", name)
+	if fresh(bin, src) {
+		return bin
+	}
+	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"-O1", "-g", "-fno-omit-frame-pointer", "-Wall", "-o", bin, src}, extra...)
+	if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
+		t.Fatalf("building %s: %v\n%s", name, err, out)
+	}
+	return bin
+}
+
+func fresh(bin, src string) bool {
+	b, err1 := os.Stat(bin)
+	s, err2 := os.Stat(src)
+	return err1 == nil && err2 == nil && b.ModTime().After(s.ModTime())
+}
+
+// Start runs a fixture and waits until it prints "ready"; it is killed when
+// the test ends.
+func Start(t testing.TB, bin string, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	ready := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if strings.TrimSpace(sc.Text()) == "ready" {
+				ready <- true
+			}
+		}
+	}()
+	select {
+	case <-ready:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s %v never printed ready", bin, args)
+	}
+	return cmd
+}

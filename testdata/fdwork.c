@@ -1,0 +1,181 @@
+/* fdwork: fd workloads for the integration tests, the demo and the benchmarks.
+ * Built with frame pointers so the tracer can walk user stacks.
+ *
+ *   fdwork leak RATE SECONDS      leak RATE fds/s from leak_tick()
+ *   fdwork pool SECONDS           32 fds kept open, fast open/close churn
+ *   fdwork burst N SECONDS        open N fds at once, hold 2s, release, repeat
+ *   fdwork startup N SECONDS      open N fds over ~1s at start, then idle
+ *   fdwork kinds SECONDS          one of every fd kind, dup2/close_range/exec paths
+ *   fdwork loop N                 N open+close pairs as fast as possible (benchmark)
+ *
+ * Every mode prints "ready" once its setup is done, then exits after SECONDS. */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/inotify.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/timerfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#define NOINLINE __attribute__((noinline))
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void sleep_s(double s)
+{
+	struct timespec ts = { (time_t)s, (long)((s - (time_t)s) * 1e9) };
+	nanosleep(&ts, NULL);
+}
+
+static void raise_nofile(void)
+{
+	struct rlimit rl;
+	getrlimit(RLIMIT_NOFILE, &rl);
+	rl.rlim_cur = rl.rlim_max;
+	setrlimit(RLIMIT_NOFILE, &rl);
+}
+
+static void ready(void)
+{
+	printf("ready\n");
+	fflush(stdout);
+}
+
+/* The leak: a handle is opened per tick and never closed. */
+NOINLINE int leak_tick(void)
+{
+	return open("/dev/null", O_RDONLY);
+}
+
+NOINLINE int pool_churn(int *pool, int n, int i)
+{
+	close(pool[i % n]);
+	pool[i % n] = open("/dev/null", O_RDONLY);
+	return pool[i % n];
+}
+
+NOINLINE void burst_open(int *fds, int n)
+{
+	for (int i = 0; i < n; i++)
+		fds[i] = open("/dev/null", O_RDONLY);
+}
+
+NOINLINE void startup_open(int *fds, int n)
+{
+	for (int i = 0; i < n; i++) {
+		fds[i] = open("/dev/null", O_RDONLY);
+		sleep_s(1.0 / n);
+	}
+}
+
+NOINLINE void open_kinds(void)
+{
+	int p[2], sp[2];
+	sigset_t mask;
+
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGUSR1);
+	if (pipe2(p, O_CLOEXEC) || socketpair(AF_UNIX, SOCK_STREAM, 0, sp))
+		exit(1);
+	socket(AF_INET, SOCK_DGRAM, 0);
+	eventfd(0, 0);
+	epoll_create1(0);
+	timerfd_create(CLOCK_MONOTONIC, 0);
+	signalfd(-1, &mask, 0);
+	inotify_init1(0);
+	memfd_create("fdwork", 0);
+	syscall(SYS_pidfd_open, getpid(), 0);
+	int f = open("/dev/null", O_RDONLY);
+	dup(f);
+	fcntl(f, F_DUPFD_CLOEXEC, 100);
+	int g = open("/dev/zero", O_RDONLY);
+	dup2(f, g); /* replaces a live fd */
+	dup3(f, 200, O_CLOEXEC);
+	/* fds 300..309 dropped by close_range, without close() per fd */
+	for (int i = 0; i < 10; i++)
+		dup2(f, 300 + i);
+	syscall(SYS_close_range, 300, 309, 0);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 3) {
+		fprintf(stderr, "usage: fdwork MODE ARGS... (see source)\n");
+		return 2;
+	}
+	const char *mode = argv[1];
+	raise_nofile();
+
+	if (!strcmp(mode, "loop")) {
+		long n = atol(argv[2]);
+		for (long i = 0; i < n; i++)
+			close(open("/dev/null", O_RDONLY));
+		return 0;
+	}
+
+	double secs = atof(argv[argc - 1]);
+	double end = now() + secs;
+
+	if (!strcmp(mode, "leak") && argc == 4) {
+		double rate = atof(argv[2]);
+		ready();
+		for (double next = now(); now() < end; next += 1.0 / rate) {
+			leak_tick();
+			double d = next + 1.0 / rate - now();
+			if (d > 0)
+				sleep_s(d);
+		}
+	} else if (!strcmp(mode, "pool")) {
+		int pool[32];
+		for (int i = 0; i < 32; i++)
+			pool[i] = open("/dev/null", O_RDONLY);
+		ready();
+		for (int i = 0; now() < end; i++) {
+			pool_churn(pool, 32, i);
+			if (i % 50 == 0)
+				sleep_s(0.01);
+		}
+	} else if (!strcmp(mode, "burst") && argc == 4) {
+		int n = atoi(argv[2]);
+		int *fds = calloc(n, sizeof(int));
+		ready();
+		while (now() < end) {
+			burst_open(fds, n);
+			sleep_s(2);
+			for (int i = 0; i < n; i++)
+				close(fds[i]);
+			sleep_s(3);
+		}
+	} else if (!strcmp(mode, "startup") && argc == 4) {
+		int n = atoi(argv[2]);
+		int *fds = calloc(n, sizeof(int));
+		startup_open(fds, n);
+		ready();
+		while (now() < end)
+			sleep_s(0.1);
+	} else if (!strcmp(mode, "kinds")) {
+		open_kinds();
+		ready();
+		while (now() < end)
+			sleep_s(0.1);
+	} else {
+		fprintf(stderr, "fdwork: unknown mode or wrong arguments: %s\n", mode);
+		return 2;
+	}
+	return 0;
+}
