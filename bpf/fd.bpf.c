@@ -30,11 +30,27 @@ struct fd_key {
 	s32 fd;
 };
 
+#define SCAN_WORDS 32
+#define MAX_CALLERS 4
+#define MAX_TEXT_RANGES 16
+
 struct fd_info {
 	u64 open_ns;  /* bpf_ktime_get_ns at open; 0 when seeded from /proc */
 	s32 stack_id; /* user stack of the opening syscall; -1 unknown */
 	u8 kind;      /* enum fd_kind */
 	u8 pad[3];
+	/* Words near the user stack pointer that point into executable code:
+	 * candidate return addresses. glibc has no frame pointers, so the
+	 * frame-pointer stack alone loses the caller of open(). */
+	u64 callers[MAX_CALLERS];
+};
+
+/* Executable mappings of a tracked process, kept current by user space. */
+struct text_ranges {
+	u64 start[MAX_TEXT_RANGES];
+	u64 end[MAX_TEXT_RANGES];
+	u32 n;
+	u32 pad;
 };
 
 /* Per-process totals since tracking began; per-CPU so no atomics are needed.
@@ -74,6 +90,24 @@ struct {
 } fd_entries SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, u32);
+	__type(value, struct text_ranges);
+} text_map SEC(".maps");
+
+struct scan {
+	u64 w[SCAN_WORDS];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct scan);
+} scan_scratch SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
 	__uint(max_entries, 16384);
 	__uint(key_size, sizeof(u32));
@@ -84,6 +118,7 @@ struct {
 const struct fd_info *unused_fd_info __attribute__((unused));
 const struct fd_counts *unused_fd_counts __attribute__((unused));
 const struct fd_key *unused_fd_key __attribute__((unused));
+const struct text_ranges *unused_text_ranges __attribute__((unused));
 const enum fd_kind *unused_fd_kind __attribute__((unused));
 const enum err_kind *unused_err_kind __attribute__((unused));
 
@@ -105,6 +140,48 @@ static __always_inline void count_fd(u32 tgid, u8 kind, bool opened)
 		c->closed[k]++;
 }
 
+/* A global function is verified once, not once per call site and loop
+ * iteration: this keeps loading fast. */
+__noinline int in_text(const struct text_ranges *r, u64 w)
+{
+	if (!r)
+		return 0;
+	for (u32 i = 0; i < MAX_TEXT_RANGES; i++) {
+		if (i >= r->n)
+			break;
+		if (w >= r->start[i] && w < r->end[i])
+			return true;
+	}
+	return false;
+}
+
+/* Fills info->callers with the first words above the user stack pointer that
+ * point into the process's code. User space keeps those that follow a call
+ * instruction. */
+static __always_inline void scan_callers(u32 tgid, struct fd_info *info)
+{
+	const struct text_ranges *r = bpf_map_lookup_elem(&text_map, &tgid);
+	u32 zero = 0;
+	struct scan *sc = bpf_map_lookup_elem(&scan_scratch, &zero);
+	if (!r || !sc)
+		return;
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	u64 sp = BPF_CORE_READ(regs, sp);
+	if (bpf_probe_read_user(sc->w, sizeof(sc->w), (void *)sp)) {
+		count_err(ERR_READ_USER);
+		return;
+	}
+	u32 n = 0;
+	for (u32 i = 0; i < SCAN_WORDS; i++) {
+		u64 w = sc->w[i];
+		if (!in_text(r, w))
+			continue;
+		info->callers[n & (MAX_CALLERS - 1)] = w;
+		if (++n >= MAX_CALLERS)
+			break;
+	}
+}
+
 /* Records a new fd. An existing entry for the same number was replaced
  * (dup2/dup3) or closed by a path we did not see, so it counts as closed. */
 static __always_inline void add_fd(void *ctx, u32 tgid, s32 fd, u8 kind)
@@ -121,6 +198,7 @@ static __always_inline void add_fd(void *ctx, u32 tgid, s32 fd, u8 kind)
 	info.stack_id = bpf_get_stackid(ctx, &fd_stacks, BPF_F_USER_STACK);
 	if (info.stack_id < 0)
 		count_err(ERR_STACK);
+	scan_callers(tgid, &info);
 	if (bpf_map_update_elem(&fd_table, &key, &info, BPF_ANY)) {
 		count_err(ERR_TABLE_FULL);
 		return;

@@ -7,10 +7,14 @@
  *   fdwork startup N SECONDS      open N fds over ~1s at start, then idle
  *   fdwork kinds SECONDS          one of every fd kind, dup2/close_range/exec paths
  *   fdwork loop N                 N open+close pairs as fast as possible (benchmark)
+ *   fdwork server N               N loopback TCP connections served (benchmark)
  *
  * Every mode prints "ready" once its setup is done, then exits after SECONDS. */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,6 +116,50 @@ NOINLINE void open_kinds(void)
 	syscall(SYS_close_range, 300, 309, 0);
 }
 
+struct client_args {
+	struct sockaddr_in addr;
+	long n;
+};
+
+static void *client(void *p)
+{
+	struct client_args *a = p;
+	char c = 'x';
+	for (long i = 0; i < a->n; i++) {
+		int s = socket(AF_INET, SOCK_STREAM, 0);
+		if (connect(s, (struct sockaddr *)&a->addr, sizeof(a->addr)) == 0 && write(s, &c, 1) != 1)
+			perror("write");
+		close(s);
+	}
+	return NULL;
+}
+
+/* A steady server: accept, read one byte, close; a client thread connects. */
+static int serve(long n)
+{
+	struct client_args a = { .n = n };
+	socklen_t len = sizeof(a.addr);
+	int ls = socket(AF_INET, SOCK_STREAM, 0);
+	a.addr.sin_family = AF_INET;
+	a.addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (bind(ls, (struct sockaddr *)&a.addr, sizeof(a.addr)) || listen(ls, 128) ||
+	    getsockname(ls, (struct sockaddr *)&a.addr, &len))
+		return 1;
+	pthread_t th;
+	double t0 = now();
+	pthread_create(&th, NULL, client, &a);
+	char c;
+	for (long i = 0; i < n; i++) {
+		int s = accept(ls, NULL, NULL);
+		if (read(s, &c, 1) < 0)
+			perror("read");
+		close(s);
+	}
+	pthread_join(th, NULL);
+	printf("ns_per_op %.1f\n", (now() - t0) * 1e9 / n);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
@@ -123,10 +171,14 @@ int main(int argc, char **argv)
 
 	if (!strcmp(mode, "loop")) {
 		long n = atol(argv[2]);
+		double t0 = now();
 		for (long i = 0; i < n; i++)
 			close(open("/dev/null", O_RDONLY));
+		printf("ns_per_op %.1f\n", (now() - t0) * 1e9 / n);
 		return 0;
 	}
+	if (!strcmp(mode, "server"))
+		return serve(atol(argv[2]));
 
 	double secs = atof(argv[argc - 1]);
 	double end = now() + secs;

@@ -44,6 +44,7 @@ type fdFdInfo struct {
 	StackId int32
 	Kind    uint8
 	Pad     [3]uint8
+	Callers [4]uint64
 }
 
 type fdFdKey struct {
@@ -69,6 +70,19 @@ const (
 	fdFdKindFD_KIND_MAX fdFdKind = 11
 )
 
+type fdScan struct {
+	_ structs.HostLayout
+	W [32]uint64
+}
+
+type fdTextRanges struct {
+	_     structs.HostLayout
+	Start [16]uint64
+	End   [16]uint64
+	N     uint32
+	Pad   uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -78,6 +92,8 @@ const (
 	fdMapFdEntries           = "fd_entries"
 	fdMapFdStacks            = "fd_stacks"
 	fdMapFdTable             = "fd_table"
+	fdMapScanScratch         = "scan_scratch"
+	fdMapTextMap             = "text_map"
 	fdMapTrackedPids         = "tracked_pids"
 	fdProgEnterClose         = "enter_close"
 	fdProgEnterDup           = "enter_dup"
@@ -121,6 +137,7 @@ const (
 	fdVarUnusedFdInfo        = "unused_fd_info"
 	fdVarUnusedFdKey         = "unused_fd_key"
 	fdVarUnusedFdKind        = "unused_fd_kind"
+	fdVarUnusedTextRanges    = "unused_text_ranges"
 )
 
 // loadFd returns the embedded CollectionSpec for fd.
@@ -213,6 +230,8 @@ type fdMapSpecs struct {
 	FdEntries   *ebpf.MapSpec `ebpf:"fd_entries"`
 	FdStacks    *ebpf.MapSpec `ebpf:"fd_stacks"`
 	FdTable     *ebpf.MapSpec `ebpf:"fd_table"`
+	ScanScratch *ebpf.MapSpec `ebpf:"scan_scratch"`
+	TextMap     *ebpf.MapSpec `ebpf:"text_map"`
 	TrackedPids *ebpf.MapSpec `ebpf:"tracked_pids"`
 }
 
@@ -220,11 +239,12 @@ type fdMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fdVariableSpecs struct {
-	UnusedErrKind  *ebpf.VariableSpec `ebpf:"unused_err_kind"`
-	UnusedFdCounts *ebpf.VariableSpec `ebpf:"unused_fd_counts"`
-	UnusedFdInfo   *ebpf.VariableSpec `ebpf:"unused_fd_info"`
-	UnusedFdKey    *ebpf.VariableSpec `ebpf:"unused_fd_key"`
-	UnusedFdKind   *ebpf.VariableSpec `ebpf:"unused_fd_kind"`
+	UnusedErrKind    *ebpf.VariableSpec `ebpf:"unused_err_kind"`
+	UnusedFdCounts   *ebpf.VariableSpec `ebpf:"unused_fd_counts"`
+	UnusedFdInfo     *ebpf.VariableSpec `ebpf:"unused_fd_info"`
+	UnusedFdKey      *ebpf.VariableSpec `ebpf:"unused_fd_key"`
+	UnusedFdKind     *ebpf.VariableSpec `ebpf:"unused_fd_kind"`
+	UnusedTextRanges *ebpf.VariableSpec `ebpf:"unused_text_ranges"`
 }
 
 // fdObjects contains all objects after they have been loaded into the kernel.
@@ -252,6 +272,8 @@ type fdMaps struct {
 	FdEntries   *ebpf.Map `ebpf:"fd_entries"`
 	FdStacks    *ebpf.Map `ebpf:"fd_stacks"`
 	FdTable     *ebpf.Map `ebpf:"fd_table"`
+	ScanScratch *ebpf.Map `ebpf:"scan_scratch"`
+	TextMap     *ebpf.Map `ebpf:"text_map"`
 	TrackedPids *ebpf.Map `ebpf:"tracked_pids"`
 }
 
@@ -262,6 +284,8 @@ func (m *fdMaps) Close() error {
 		m.FdEntries,
 		m.FdStacks,
 		m.FdTable,
+		m.ScanScratch,
+		m.TextMap,
 		m.TrackedPids,
 	)
 }
@@ -270,11 +294,12 @@ func (m *fdMaps) Close() error {
 //
 // It can be passed to loadFdObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fdVariables struct {
-	UnusedErrKind  *ebpf.Variable `ebpf:"unused_err_kind"`
-	UnusedFdCounts *ebpf.Variable `ebpf:"unused_fd_counts"`
-	UnusedFdInfo   *ebpf.Variable `ebpf:"unused_fd_info"`
-	UnusedFdKey    *ebpf.Variable `ebpf:"unused_fd_key"`
-	UnusedFdKind   *ebpf.Variable `ebpf:"unused_fd_kind"`
+	UnusedErrKind    *ebpf.Variable `ebpf:"unused_err_kind"`
+	UnusedFdCounts   *ebpf.Variable `ebpf:"unused_fd_counts"`
+	UnusedFdInfo     *ebpf.Variable `ebpf:"unused_fd_info"`
+	UnusedFdKey      *ebpf.Variable `ebpf:"unused_fd_key"`
+	UnusedFdKind     *ebpf.Variable `ebpf:"unused_fd_kind"`
+	UnusedTextRanges *ebpf.Variable `ebpf:"unused_text_ranges"`
 }
 
 // fdPrograms contains all programs after they have been loaded into the kernel.

@@ -18,7 +18,11 @@ type FD struct {
 	Kind    uint8
 	StackID int32     // negative: unknown (seeded from /proc or stack map full)
 	Opened  time.Time // wall-clock open time; tracking start for seeded fds
+	Callers Callers   // candidate return addresses scanned from the user stack
 }
+
+// Callers are words found near the user stack pointer that point into code.
+type Callers [len(fdFdInfo{}.Callers)]uint64
 
 // Sample is what the tracker knows about one process at one poll.
 type Sample struct {
@@ -41,6 +45,9 @@ func (t *Tracker) Track(pid int) error {
 	}
 	t.started[tgid] = time.Now()
 	t.extraClosed[tgid] = &[nKinds]uint64{}
+	if err := t.refreshText(tgid); err != nil {
+		return err
+	}
 	if err := t.reconcile(tgid); err != nil {
 		return err
 	}
@@ -52,6 +59,7 @@ func (t *Tracker) Untrack(pid int) {
 	tgid := uint32(pid)
 	_ = t.maps.TrackedPids.Delete(tgid)
 	_ = t.maps.FdCounters.Delete(tgid)
+	_ = t.maps.TextMap.Delete(tgid)
 	var (
 		key  fdFdKey
 		info fdFdInfo
@@ -69,6 +77,25 @@ func (t *Tracker) Untrack(pid int) {
 	delete(t.started, tgid)
 	delete(t.extraClosed, tgid)
 	delete(t.resyncs, tgid)
+}
+
+// refreshText tells the kernel where the code of tgid lies, so it can pick
+// candidate return addresses from the stack. Libraries loaded late (dlopen)
+// are picked up at the next poll.
+func (t *Tracker) refreshText(tgid uint32) error {
+	var tr fdTextRanges
+	ranges, err := t.proc.TextRanges(int(tgid), len(tr.Start))
+	if err != nil {
+		return err
+	}
+	for i, r := range ranges {
+		tr.Start[i], tr.End[i] = r.Start, r.End
+	}
+	tr.N = uint32(len(ranges))
+	if err := t.maps.TextMap.Update(tgid, &tr, ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("updating code ranges of pid %d: %w", tgid, err)
+	}
+	return nil
 }
 
 // reconcile makes the table of tgid match /proc/PID/fd: entries older than the
@@ -144,6 +171,8 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 			}
 			resyncs += c.Resyncs
 		}
+		// The process may exit at any point; its next liveness check ends it.
+		_ = t.refreshText(tgid)
 		if resyncs != t.resyncs[tgid] {
 			// A process that has just exited cannot be listed; that is not an error.
 			if err := t.reconcile(tgid); err == nil {
@@ -173,7 +202,7 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		if info.OpenNs != 0 {
 			opened = nowWall.Add(-time.Duration(nowMono - info.OpenNs))
 		}
-		s.FDs = append(s.FDs, FD{Num: key.Fd, Kind: info.Kind, StackID: info.StackId, Opened: opened})
+		s.FDs = append(s.FDs, FD{Num: key.Fd, Kind: info.Kind, StackID: info.StackId, Opened: opened, Callers: info.Callers})
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("reading fd table: %w", err)

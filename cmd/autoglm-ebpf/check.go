@@ -1,0 +1,41 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/features"
+)
+
+func newCheck() *cobra.Command {
+	return &cobra.Command{
+		Use:   "check",
+		Short: "Report what this kernel and machine offer, and whether the tool can run",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rs := features.Check()
+			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(w, "CHECK\tRESULT\tDETAIL")
+			for _, r := range rs {
+				status := "ok"
+				switch {
+				case !r.OK && r.Required:
+					status = "MISSING"
+				case !r.OK:
+					status = "no"
+				}
+				fmt.Fprintf(w, "%s\t%s\t%s\n", r.Name, status, r.Detail)
+			}
+			w.Flush()
+			if !features.Ready(rs) {
+				fmt.Fprintln(cmd.OutOrStdout(), "verdict: NOT READY: a required feature is missing (see MISSING above)")
+				return errors.New("this machine cannot run autoglm-ebpf")
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), "verdict: ready: fd tracking works here")
+			return nil
+		},
+	}
+}

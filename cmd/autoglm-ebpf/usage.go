@@ -1,0 +1,15 @@
+package main
+
+import "strings"
+
+// isCobraUsage recognises cobra's own argument errors (unknown command,
+// wrong number of arguments), which it returns as plain errors.
+func isCobraUsage(err error) bool {
+	msg := err.Error()
+	for _, p := range []string{"unknown command", "unknown flag", "unknown shorthand", "accepts ", "requires at least", "invalid argument"} {
+		if strings.Contains(msg, p) {
+			return true
+		}
+	}
+	return false
+}

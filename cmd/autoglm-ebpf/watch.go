@@ -1,0 +1,239 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/launch"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/metrics"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/pipeline"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/report"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/tui"
+)
+
+// watchFlags are shared by attach and run.
+type watchFlags struct {
+	duration time.Duration
+	interval time.Duration
+	json     string
+	listen   string
+	failOn   []string
+	maxFDs   uint32
+}
+
+func (f *watchFlags) register(cmd *cobra.Command) {
+	fl := cmd.Flags()
+	fl.DurationVar(&f.duration, "duration", 0, "stop after this long (default: until Ctrl-C or the targets exit)")
+	fl.DurationVar(&f.interval, "interval", time.Second, "how often maps are read and detectors run")
+	fl.StringVar(&f.json, "json", "", "write a JSON report to FILE at the end (- for stdout)")
+	fl.StringVar(&f.listen, "listen", "", "serve Prometheus metrics on ADDR (a bare :port binds 127.0.0.1)")
+	fl.StringSliceVar(&f.failOn, "fail-on", nil, "exit 3 if a finding of KIND[,KIND...] is made: "+strings.Join(model.Kinds, ", "))
+	fl.Uint32Var(&f.maxFDs, "max-fds", 1<<16, "capacity of the kernel's live fd table, all targets together")
+}
+
+func (f *watchFlags) validate() error {
+	if f.interval <= 0 {
+		return usagef("--interval must be positive, got %s", f.interval)
+	}
+	if f.duration < 0 {
+		return usagef("--duration must not be negative, got %s", f.duration)
+	}
+	if f.maxFDs == 0 {
+		return usagef("--max-fds must be positive")
+	}
+	for _, k := range f.failOn {
+		if !slices.Contains(model.Kinds, k) {
+			return usagef("--fail-on: unknown kind %q (one of %s)", k, strings.Join(model.Kinds, ", "))
+		}
+	}
+	if f.listen != "" {
+		if _, _, err := net.SplitHostPort(f.listen); err != nil {
+			return usagef("--listen %q: %v", f.listen, err)
+		}
+	}
+	return nil
+}
+
+func requireRoot() error {
+	if os.Geteuid() != 0 {
+		return errors.New("permission denied: loading BPF programs needs root (try: sudo autoglm-ebpf ...)")
+	}
+	return nil
+}
+
+func newAttach() *cobra.Command {
+	var f watchFlags
+	var pids string
+	cmd := &cobra.Command{
+		Use:   "attach --pid PID[,PID...]",
+		Short: "Watch running processes until Ctrl-C, --duration or they exit",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if pids == "" {
+				return usagef("--pid is required")
+			}
+			list, err := procinfo.ParsePIDs(pids)
+			if err != nil {
+				return usageError{err}
+			}
+			if err := f.validate(); err != nil {
+				return err
+			}
+			fs, err := procinfo.New("/proc")
+			if err != nil {
+				return err
+			}
+			for _, pid := range list {
+				if err := fs.Check(pid); err != nil {
+					return err
+				}
+			}
+			if err := requireRoot(); err != nil {
+				return err
+			}
+			return watch(cmd, &f, func(p *pipeline.Pipeline) (func(), error) {
+				for _, pid := range list {
+					if err := p.Watch(pid); err != nil {
+						return nil, err
+					}
+				}
+				return func() {}, nil
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&pids, "pid", "p", "", "process ids to watch, comma separated")
+	f.register(cmd)
+	return cmd
+}
+
+func newRun() *cobra.Command {
+	var f watchFlags
+	cmd := &cobra.Command{
+		Use:   "run [flags] -- CMD [ARGS...]",
+		Short: "Start CMD and watch it from its first instruction until it exits",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := f.validate(); err != nil {
+				return err
+			}
+			if err := requireRoot(); err != nil {
+				return err
+			}
+			return watch(cmd, &f, func(p *pipeline.Pipeline) (func(), error) {
+				g, err := launch.Start(args, os.Stdin, os.Stderr, os.Stderr)
+				if err != nil {
+					return nil, usageError{err}
+				}
+				if err := p.Watch(g.Cmd.Process.Pid); err != nil {
+					g.Abort()
+					return nil, err
+				}
+				if err := g.Release(); err != nil {
+					g.Abort()
+					return nil, err
+				}
+				// At the end a command still running (--duration, Ctrl-C)
+				// is stopped, as timeout(1) does, then reaped.
+				return func() {
+					_ = g.Cmd.Process.Signal(syscall.SIGTERM)
+					if err := g.Cmd.Wait(); err != nil {
+						slog.Info("command ended", "status", err)
+					}
+				}, nil
+			})
+		},
+	}
+	f.register(cmd)
+	return cmd
+}
+
+// watch runs the pipeline shared by attach and run: sinks, signals,
+// --duration, and the BPF objects unloaded on every path.
+func watch(cmd *cobra.Command, f *watchFlags, start func(*pipeline.Pipeline) (func(), error)) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	out := os.Stdout
+	if f.json == "-" {
+		out = os.Stderr
+	}
+	sinks := []pipeline.Sink{tui.New(out, term.IsTerminal(int(out.Fd())))}
+	if f.json != "" {
+		sinks = append(sinks, report.New(f.json, version))
+	}
+	var srv *http.Server
+	if f.listen != "" {
+		reg := prometheus.NewRegistry()
+		sinks = append(sinks, metrics.New(reg, version))
+		var err error
+		if srv, err = serve(f.listen, metrics.Handler(reg)); err != nil {
+			return err
+		}
+		defer srv.Close()
+	}
+
+	cfg := pipeline.DefaultConfig()
+	cfg.Interval, cfg.MaxFDs = f.interval, f.maxFDs
+	p, err := pipeline.New(cfg, sinks...)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	done, err := start(p)
+	if err != nil {
+		return err
+	}
+	defer done()
+	if f.duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, f.duration)
+		defer cancel()
+	}
+	final, err := p.Run(ctx)
+	if err != nil {
+		return err
+	}
+	var hit []string
+	for _, fd := range final.Findings {
+		if slices.Contains(f.failOn, fd.Kind) && !slices.Contains(hit, fd.Kind) {
+			hit = append(hit, fd.Kind)
+		}
+	}
+	if len(hit) > 0 {
+		return failOnError{hit}
+	}
+	return nil
+}
+
+// serve listens on addr (":port" means loopback only) and serves h.
+func serve(addr string, h http.Handler) (*http.Server, error) {
+	if strings.HasPrefix(addr, ":") {
+		addr = "127.0.0.1" + addr
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--listen: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", h)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	slog.Info("serving metrics", "url", "http://"+ln.Addr().String()+"/metrics")
+	return srv, nil
+}

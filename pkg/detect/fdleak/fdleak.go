@@ -1,0 +1,411 @@
+// Package fdleak finds processes whose open file descriptors keep growing
+// because some code path opens fds and never closes them.
+//
+// It reads only what the fd source reports (live fd count, RLIMIT_NOFILE and
+// live fds grouped by opening stack) and judges each process on a short window
+// of samples. A leak must show on two signals at once: the fd count rises
+// steadily, and one opening stack keeps piling up fds held longer than a
+// request or a pool would hold them. Either alone is common in healthy
+// programs: pools warm up, bursts come and go, start-up opens a lot at once.
+// Close to the fd limit the bar is lower: any steady growth that piles up at
+// some site (or that no known stack can account for) is flagged, however slow,
+// because the process is about to fail with EMFILE.
+package fdleak
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+)
+
+// Config holds the detector thresholds. Zero fields take the DefaultConfig value.
+// Window minus MinAge should span several sampling intervals: steadiness is
+// judged on the steps between samples, two steps cannot tell a ramp from a
+// jump, and a site's old count only starts rising MinAge into a leak.
+type Config struct {
+	Window        time.Duration // trend window
+	MinAge        time.Duration // an fd counts as "unclosed" at a site only if older than this
+	MinSlope      float64       // fds/s of sustained growth needed
+	MinSiteFDs    int           // old unclosed fds at one site needed
+	ExhaustWithin time.Duration // time-to-exhaustion below which severity is critical
+	LimitRatio    float64       // live/limit at or above which we flag while growing
+}
+
+// DefaultConfig returns the thresholds used when none are given.
+func DefaultConfig() Config {
+	return Config{
+		Window:        8 * time.Second,
+		MinAge:        3 * time.Second,
+		MinSlope:      0.5,
+		MinSiteFDs:    10,
+		ExhaustWithin: 10 * time.Minute,
+		LimitRatio:    0.8,
+	}
+}
+
+// Steadiness thresholds. A leak adds fds on most steps, keeps adding them to
+// the end of the window, and never gives back or takes a large share of its
+// rise in one step. A burst is one big step, a trimmed pool gives back a big
+// step, and a start-up ramp stops rising.
+const (
+	minRisingShare = 0.6  // share of steps between samples that must be rises
+	minRiseOfMean  = 0.25 // a step is a rise when it adds this share of the mean step
+	maxStepShare   = 0.5  // largest allowed |step| as a share of the total rise
+	minLateShare   = 0.25 // share of the total rise the later half of the window must carry
+	topSitesShown  = 3    // sites listed in the evidence
+)
+
+// Detector keeps a short history per process. It is safe for concurrent use.
+type Detector struct {
+	cfg   Config
+	mu    sync.Mutex
+	procs map[int]*procState
+}
+
+type procState struct {
+	series   []sample       // samples within the last Window, oldest first
+	active   *model.Finding // the open finding, nil when none
+	lastHeld time.Time      // last sample at which the active finding's condition held
+}
+
+type sample struct {
+	t    time.Time
+	open int
+	old  map[int64]int // fds older than MinAge, by stack id (known stacks only)
+}
+
+// siteView is one known-stack site as of the latest sample.
+type siteView struct {
+	id     int64
+	stack  []string
+	old    int           // fds older than MinAge
+	oldest time.Duration // age of its oldest live fd
+	growth int           // rise of old over the window when spread over it, else 0
+}
+
+// New returns a detector with cfg, zero fields replaced by defaults.
+func New(cfg Config) *Detector {
+	def := DefaultConfig()
+	if cfg.Window <= 0 {
+		cfg.Window = def.Window
+	}
+	if cfg.MinAge <= 0 {
+		cfg.MinAge = def.MinAge
+	}
+	if cfg.MinSlope <= 0 {
+		cfg.MinSlope = def.MinSlope
+	}
+	if cfg.MinSiteFDs <= 0 {
+		cfg.MinSiteFDs = def.MinSiteFDs
+	}
+	if cfg.ExhaustWithin <= 0 {
+		cfg.ExhaustWithin = def.ExhaustWithin
+	}
+	if cfg.LimitRatio <= 0 {
+		cfg.LimitRatio = def.LimitRatio
+	}
+	return &Detector{cfg: cfg, procs: make(map[int]*procState)}
+}
+
+// Observe takes one sample of a process (p.FD filled; p.PID, p.Comm set) taken
+// at now, and returns the findings about that process that are new or changed
+// state, or still active (updated LastSeen and evidence). A finding that ends
+// is returned once with Active=false and then no more.
+func (d *Detector) Observe(now time.Time, p *model.Process) []model.Finding {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+
+	st := d.procs[p.PID]
+	if st == nil {
+		st = &procState{}
+		d.procs[p.PID] = st
+	}
+	// A timestamp that does not move forward means the clock stepped; a
+	// series mixing both sides of the step would give a meaningless slope.
+	if n := len(st.series); n > 0 && !now.After(st.series[n-1].t) {
+		st.series = st.series[:0]
+	}
+	sites, old := d.sites(now, p.FD.Sites)
+	st.series = append(st.series, sample{t: now, open: p.FD.Open, old: old})
+	cut := 0
+	for now.Sub(st.series[cut].t) > d.cfg.Window {
+		cut++
+	}
+	st.series = st.series[cut:]
+
+	a := d.assess(p, st.series, sites)
+	switch {
+	case st.active == nil:
+		if !a.leak(d.cfg) {
+			return nil
+		}
+		st.active = &model.Finding{Kind: model.KindFDLeak, PID: p.PID, FirstSeen: now}
+		st.lastHeld = now
+	case a.leak(d.cfg) || a.held():
+		st.lastHeld = now
+	case now.Sub(st.lastHeld) >= d.cfg.Window:
+		f := d.fill(*st.active, now, p, a, false)
+		st.active = nil
+		return []model.Finding{f}
+	}
+	*st.active = d.fill(*st.active, now, p, a, true)
+	return []model.Finding{*st.active}
+}
+
+// Forget drops all state of pid (process exited).
+func (d *Detector) Forget(pid int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.procs, pid)
+}
+
+// sites returns the known-stack sites holding fds older than MinAge and their
+// old counts by stack id for the history.
+func (d *Detector) sites(now time.Time, fdSites []model.FDSite) ([]siteView, map[int64]int) {
+	byID := make(map[int64]*siteView)
+	for _, s := range fdSites {
+		if s.StackID < 0 {
+			continue
+		}
+		v := byID[s.StackID]
+		if v == nil {
+			v = &siteView{id: s.StackID, stack: s.Stack}
+			byID[s.StackID] = v
+		}
+		for _, at := range s.Opened {
+			age := now.Sub(at)
+			if age > d.cfg.MinAge {
+				v.old++
+			}
+			v.oldest = max(v.oldest, age)
+		}
+	}
+	views := make([]siteView, 0, len(byID))
+	old := make(map[int64]int, len(byID))
+	for id, v := range byID {
+		if v.old > 0 {
+			views = append(views, *v)
+			old[id] = v.old
+		}
+	}
+	return views, old
+}
+
+// assessment is what the window says about one process.
+type assessment struct {
+	covered    bool          // the series spans about a full Window
+	span       time.Duration // time the series covers
+	slope      float64       // least-squares growth of the open count, fds/s
+	steady     bool          // the growth is spread over the window
+	sites      []siteView    // known-stack sites with old fds, fastest growing first
+	topGrew    bool          // sites[0]'s old count grew over the window
+	nearLimit  bool          // open/limit at or above LimitRatio
+	attributed bool          // some live fds have a known opening stack
+}
+
+func (d *Detector) assess(p *model.Process, series []sample, sites []siteView) assessment {
+	first, last := series[0], series[len(series)-1]
+	a := assessment{span: last.t.Sub(first.t), sites: sites}
+	open := make([]int, len(series))
+	for i, smp := range series {
+		open[i] = smp.open
+	}
+	if n := len(series); n >= 2 {
+		// One average interval of slack: samples come about, not exactly,
+		// every interval, so the oldest one may just have left the window.
+		a.covered = a.span >= d.cfg.Window-a.span/time.Duration(n-1)
+		a.slope = slope(series)
+		a.steady = steady(open)
+	}
+	// Rank sites by how their old count grew, not by its size: a big pool that
+	// warmed up long ago holds more old fds than a young leak. Growth in one
+	// step is not counted, because that is a batch of fds opened together
+	// (a pool warming up, a burst) crossing MinAge at once.
+	vals := make([]int, len(series))
+	for i := range sites {
+		for j, smp := range series {
+			vals[j] = smp.old[sites[i].id]
+		}
+		sites[i].growth = spreadRise(vals)
+	}
+	slices.SortFunc(sites, func(x, y siteView) int {
+		return cmp.Or(cmp.Compare(y.growth, x.growth), cmp.Compare(y.old, x.old), cmp.Compare(x.id, y.id))
+	})
+	a.topGrew = len(sites) > 0 && sites[0].growth > 0
+	a.attributed = slices.ContainsFunc(p.FD.Sites, func(s model.FDSite) bool { return s.StackID >= 0 && len(s.Opened) > 0 })
+	a.nearLimit = p.FD.Limit > 0 && float64(p.FD.Open)/float64(p.FD.Limit) >= d.cfg.LimitRatio
+	return a
+}
+
+// leak is the condition to raise a finding. Near the limit any steady growth
+// will do, as long as fds pile up at some site or no stacks are known to
+// tell; elsewhere the growth must be fast enough and pinned to one site.
+// Steadiness alone does not rule out noise: a flat fd count with churn on top
+// of it shows a few steady-looking windows an hour, and only a site's old
+// count tells those from accumulation.
+func (a assessment) leak(cfg Config) bool {
+	if !a.covered || !a.steady || a.slope <= 0 {
+		return false
+	}
+	if a.nearLimit {
+		return a.topGrew || !a.attributed
+	}
+	return a.slope >= cfg.MinSlope && a.topGrew && a.sites[0].old >= cfg.MinSiteFDs
+}
+
+// held is the weaker condition that keeps a raised finding open, so that a
+// leak that slows down or turns jumpy is not reported as ended and raised again.
+func (a assessment) held() bool {
+	return a.slope > 0 && (a.topGrew || a.nearLimit && a.steady && !a.attributed)
+}
+
+// fill returns f updated from the latest sample.
+func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, a assessment, active bool) model.Finding {
+	var tte any // seconds until the limit is reached; null when it is not approached
+	tteSec := math.Inf(1)
+	if p.FD.Limit > 0 && a.slope > 0 {
+		tteSec = max(0, float64(p.FD.Limit)-float64(p.FD.Open)) / a.slope
+		tte = round(tteSec, 1)
+	}
+
+	top := make([]map[string]any, 0, topSitesShown)
+	for _, s := range a.sites[:min(len(a.sites), topSitesShown)] {
+		top = append(top, map[string]any{
+			"stack":               slices.Clone(s.stack),
+			"unclosed_fds":        s.old,
+			"unclosed_fds_growth": s.growth,
+			"oldest_age_seconds":  round(s.oldest.Seconds(), 1),
+		})
+	}
+
+	f.Comm = p.Comm
+	f.LastSeen = now
+	f.Active = active
+	f.Severity = model.SeverityWarning
+	if a.nearLimit || tteSec < d.cfg.ExhaustWithin.Seconds() {
+		f.Severity = model.SeverityCritical
+	}
+	f.Stack = nil
+	if len(a.sites) > 0 {
+		f.Stack = slices.Clone(a.sites[0].stack)
+	}
+	f.Summary = d.summary(p, a, active, tte != nil, tteSec)
+	f.Evidence = map[string]any{
+		"open_fds":                   p.FD.Open,
+		"growth_fds_per_second":      round(a.slope, 2),
+		"window_seconds":             round(a.span.Seconds(), 1),
+		"limit":                      p.FD.Limit,
+		"time_to_exhaustion_seconds": tte,
+		"top_sites":                  top,
+		"opened_by_kind":             maps.Clone(p.FD.Opened),
+		"closed_by_kind":             maps.Clone(p.FD.Closed),
+	}
+	return f
+}
+
+func (d *Detector) summary(p *model.Process, a assessment, active, hasTTE bool, tteSec float64) string {
+	var b strings.Builder
+	head := "fd leak"
+	if !active {
+		head = "fd leak ended"
+	}
+	fmt.Fprintf(&b, "%s: %d open fds growing %.1f/s", head, p.FD.Open, a.slope)
+	if len(a.sites) > 0 {
+		top := a.sites[0]
+		frame := fmt.Sprintf("stack #%d", top.id)
+		if len(top.stack) > 0 {
+			frame = top.stack[0]
+		}
+		fmt.Fprintf(&b, "; %d unclosed fds older than %s opened at %s", top.old, d.cfg.MinAge, frame)
+	}
+	if a.nearLimit || hasTTE {
+		fmt.Fprintf(&b, "; limit %d", p.FD.Limit)
+		if a.nearLimit {
+			fmt.Fprintf(&b, " (%.0f%% used)", 100*float64(p.FD.Open)/float64(p.FD.Limit))
+		}
+		if hasTTE {
+			fmt.Fprintf(&b, " reached in ~%s", roughSeconds(tteSec))
+		}
+	}
+	return b.String()
+}
+
+// slope is the least-squares growth of the open count over time, in fds/s.
+func slope(s []sample) float64 {
+	var sx, sy, sxx, sxy float64
+	for _, v := range s {
+		x, y := v.t.Sub(s[0].t).Seconds(), float64(v.open)
+		sx += x
+		sy += y
+		sxx += x * x
+		sxy += x * y
+	}
+	n := float64(len(s))
+	den := n*sxx - sx*sx
+	if den == 0 {
+		return 0
+	}
+	return (n*sxy - sx*sy) / den
+}
+
+// steady reports whether the open count rose in many small steps and was
+// still rising in the later half of the window.
+func steady(open []int) bool {
+	rise := spreadRise(open)
+	if rise == 0 {
+		return false
+	}
+	// Churn noise adds small ups and downs; only steps that carry a fair
+	// part of the growth count, else a few batches plus noise pass for steady.
+	mean := float64(rise) / float64(len(open)-1)
+	rising := 0
+	for i := 1; i < len(open); i++ {
+		if step := open[i] - open[i-1]; step > 0 && float64(step) >= minRiseOfMean*mean {
+			rising++
+		}
+	}
+	late := open[len(open)-1] - open[len(open)/2]
+	return float64(rising) >= minRisingShare*float64(len(open)-1) && float64(late) >= minLateShare*float64(rise)
+}
+
+// spreadRise returns the rise from the first value to the last when it is
+// positive and no single step, up or down, is more than maxStepShare of it;
+// else 0.
+func spreadRise(vals []int) int {
+	rise := vals[len(vals)-1] - vals[0]
+	if rise <= 0 {
+		return 0
+	}
+	for i := 1; i < len(vals); i++ {
+		if math.Abs(float64(vals[i]-vals[i-1])) > maxStepShare*float64(rise) {
+			return 0
+		}
+	}
+	return rise
+}
+
+// roughSeconds renders a duration in seconds as one rounded unit, e.g. "3m".
+func roughSeconds(s float64) string {
+	switch {
+	case s < 90:
+		return fmt.Sprintf("%.0fs", s)
+	case s < 90*60:
+		return fmt.Sprintf("%.0fm", s/60)
+	case s < 48*3600:
+		return fmt.Sprintf("%.0fh", s/3600)
+	default:
+		return fmt.Sprintf("%.0fd", s/86400)
+	}
+}
+
+func round(x float64, digits int) float64 {
+	p := math.Pow10(digits)
+	return math.Round(x*p) / p
+}

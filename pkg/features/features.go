@@ -1,0 +1,176 @@
+// Package features finds out what this kernel and machine offer the tool, for
+// `autoglm-ebpf check`: each probe is a real load or attach where that is the
+// only reliable answer (kprobes load but cannot attach without CONFIG_KPROBES).
+package features
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/fdtrack"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/tracefs"
+)
+
+// Result is one line of the check.
+type Result struct {
+	Name     string
+	OK       bool
+	Detail   string
+	Required bool // the tool cannot work without it
+}
+
+// Check runs every probe. It mounts tracefs when it is missing, as attaching
+// does.
+func Check() []Result {
+	var rs []Result
+	add := func(name string, required bool, err error, okDetail string) {
+		r := Result{Name: name, OK: err == nil, Required: required, Detail: okDetail}
+		if err != nil {
+			r.Detail = err.Error()
+		}
+		rs = append(rs, r)
+	}
+
+	var uts unix.Utsname
+	_ = unix.Uname(&uts)
+	rs = append(rs, Result{Name: "kernel", OK: true, Detail: unix.ByteSliceToString(uts.Release[:])})
+
+	var privErr error
+	if os.Geteuid() != 0 {
+		privErr = errors.New("not root: loading BPF needs root (or CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN for tracefs)")
+	}
+	add("privileges", true, privErr, "root")
+
+	_, btfErr := os.Stat("/sys/kernel/btf/vmlinux")
+	add("BTF (/sys/kernel/btf/vmlinux)", true, btfErr, "present")
+
+	root, mounted, tfErr := tracefs.Ensure()
+	detail := "mounted at " + root
+	if mounted {
+		detail = "was not mounted; mounted it at " + root
+	}
+	add("tracefs", true, tfErr, detail)
+
+	for _, pt := range []struct {
+		t        ebpf.ProgramType
+		required bool
+	}{{ebpf.TracePoint, true}, {ebpf.RawTracepoint, false}, {ebpf.Tracing, false}, {ebpf.Kprobe, false}} {
+		add("program type "+pt.t.String(), pt.required, features.HaveProgramType(pt.t), "loads")
+	}
+	for _, mt := range []struct {
+		t        ebpf.MapType
+		required bool
+	}{{ebpf.Hash, true}, {ebpf.PerCPUHash, true}, {ebpf.PerCPUArray, true}, {ebpf.StackTrace, true}, {ebpf.RingBuf, false}} {
+		add("map type "+mt.t.String(), mt.required, features.HaveMapType(mt.t), "creates")
+	}
+
+	add("kprobe attach (optional fallback)", false, attachKprobe(), "attaches")
+	add("uprobe attach (CUDA hooks)", false, attachUprobe(), "attaches")
+
+	if tfErr == nil {
+		rs = append(rs, tracepoints(root)...)
+	}
+	rs = append(rs, nvml())
+	return rs
+}
+
+// Ready reports whether every required probe passed.
+func Ready(rs []Result) bool {
+	for _, r := range rs {
+		if r.Required && !r.OK {
+			return false
+		}
+	}
+	return true
+}
+
+func tracepoints(root string) []Result {
+	progs, err := fdtrack.Programs()
+	if err != nil {
+		return []Result{{Name: "fd tracepoints", Detail: err.Error(), Required: true}}
+	}
+	required := map[string]bool{"syscalls/sys_exit_openat": true, "syscalls/sys_enter_close": true}
+	var names []string
+	for _, tp := range progs {
+		names = append(names, tp)
+	}
+	sort.Strings(names)
+	var rs []Result
+	for _, tp := range names {
+		group, event := filepath.Split(tp)
+		r := Result{Name: "tracepoint " + tp, Required: required[tp], OK: tracefs.EventExists(root, filepath.Clean(group), event)}
+		if r.OK {
+			r.Detail = "present"
+		} else {
+			r.Detail = "missing (that fd path is not traced)"
+		}
+		rs = append(rs, r)
+	}
+	return rs
+}
+
+func trivial(pt ebpf.ProgramType) (*ebpf.Program, error) {
+	return ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         pt,
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+		License:      "GPL",
+	})
+}
+
+func attachKprobe() error {
+	prog, err := trivial(ebpf.Kprobe)
+	if err != nil {
+		return err
+	}
+	defer prog.Close()
+	l, err := link.Kprobe("do_sys_openat2", prog, nil)
+	if err != nil {
+		return fmt.Errorf("unavailable: %w", err)
+	}
+	return l.Close()
+}
+
+func attachUprobe() error {
+	prog, err := trivial(ebpf.Kprobe)
+	if err != nil {
+		return err
+	}
+	defer prog.Close()
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	ex, err := link.OpenExecutable(self)
+	if err != nil {
+		return err
+	}
+	l, err := ex.Uprobe("main.main", prog, &link.UprobeOptions{PID: os.Getpid()})
+	if err != nil {
+		return fmt.Errorf("unavailable: %w", err)
+	}
+	return l.Close()
+}
+
+// nvml reports whether the NVIDIA management library is installed; GPU
+// sampling needs it and a driver.
+func nvml() Result {
+	r := Result{Name: "NVML (libnvidia-ml.so.1)"}
+	for _, dir := range []string{"/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/nvidia/lib64"} {
+		p := filepath.Join(dir, "libnvidia-ml.so.1")
+		if _, err := os.Stat(p); err == nil {
+			r.OK, r.Detail = true, p
+			return r
+		}
+	}
+	r.Detail = "not found: no GPU metrics (everything else works)"
+	return r
+}

@@ -1,0 +1,304 @@
+package metrics
+
+import (
+	"io"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+)
+
+var t0 = time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func proc(pid int, comm string, open int, opened, closed uint64, exited bool) *model.Process {
+	return &model.Process{
+		PID: pid, Comm: comm, Started: t0, Exited: exited,
+		FD: model.FDStats{
+			Open: open, Limit: 1024,
+			Opened: map[string]uint64{"file": opened},
+			Closed: map[string]uint64{"file": closed},
+		},
+	}
+}
+
+func snap(sec int, procs []*model.Process, findings []model.Finding, lost map[string]uint64) *model.Snapshot {
+	return &model.Snapshot{
+		Time: t0.Add(time.Duration(sec) * time.Second), Start: t0, Targets: []int{100},
+		Processes: procs, Findings: findings, Lost: lost,
+	}
+}
+
+func finding(pid int, comm string, active bool) model.Finding {
+	return model.Finding{
+		Kind: model.KindFDLeak, PID: pid, Comm: comm, Severity: model.SeverityWarning,
+		FirstSeen: t0.Add(time.Second), LastSeen: t0.Add(2 * time.Second), Active: active,
+		Summary: "open fds grew", Stack: []string{"main.leak"},
+	}
+}
+
+func newMetrics(t *testing.T) (*Metrics, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewPedanticRegistry()
+	return New(reg, "v1.2.3"), reg
+}
+
+func TestValues(t *testing.T) {
+	m, reg := newMetrics(t)
+	m.Update(snap(1,
+		[]*model.Process{proc(100, "fdwork", 57, 80, 23, false)},
+		[]model.Finding{finding(100, "fdwork", true)},
+		map[string]uint64{"fd_events": 3}))
+
+	want := `
+# HELP autoglm_open_fds Live file descriptors of the process.
+# TYPE autoglm_open_fds gauge
+autoglm_open_fds{comm="fdwork",pid="100"} 57
+# HELP autoglm_fd_limit Soft RLIMIT_NOFILE of the process.
+# TYPE autoglm_fd_limit gauge
+autoglm_fd_limit{comm="fdwork",pid="100"} 1024
+# HELP autoglm_fds_opened_total File descriptors created since attach, by kind.
+# TYPE autoglm_fds_opened_total counter
+autoglm_fds_opened_total{comm="fdwork",kind="file",pid="100"} 80
+# HELP autoglm_fds_closed_total File descriptors released since attach, by kind.
+# TYPE autoglm_fds_closed_total counter
+autoglm_fds_closed_total{comm="fdwork",kind="file",pid="100"} 23
+# HELP autoglm_finding 1 while a finding is active, 0 once it no longer holds.
+# TYPE autoglm_finding gauge
+autoglm_finding{comm="fdwork",kind="fd_leak",pid="100",severity="warning"} 1
+# HELP autoglm_bpf_events_lost_total Lost BPF events and failed map updates, by source.
+# TYPE autoglm_bpf_events_lost_total counter
+autoglm_bpf_events_lost_total{source="fd_events"} 3
+# HELP autoglm_build_info Always 1; labelled with the version of autoglm-ebpf.
+# TYPE autoglm_build_info gauge
+autoglm_build_info{version="v1.2.3"} 1
+`
+	names := []string{"autoglm_open_fds", "autoglm_fd_limit", "autoglm_fds_opened_total", "autoglm_fds_closed_total",
+		"autoglm_finding", "autoglm_bpf_events_lost_total", "autoglm_build_info"}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestFindingsTotal(t *testing.T) {
+	m, reg := newMetrics(t)
+	// Every kind exists before any finding.
+	if n := testutil.CollectAndCount(collector{m}, "autoglm_findings_total"); n != len(model.Kinds) {
+		t.Fatalf("findings_total series = %d, want %d", n, len(model.Kinds))
+	}
+	f := finding(100, "fdwork", true)
+	second := f
+	second.FirstSeen = t0.Add(10 * time.Second)
+	inactive := finding(100, "fdwork", false)
+	inactive.Kind = model.KindSocketLeak
+
+	p := []*model.Process{proc(100, "fdwork", 57, 80, 23, false)}
+	m.Update(snap(1, p, []model.Finding{f, inactive}, nil))
+	m.Update(snap(2, p, []model.Finding{f, inactive}, nil)) // same finding again: not counted twice
+	f.Active = false
+	m.Update(snap(3, p, []model.Finding{f, second, inactive}, nil))
+
+	want := `
+# HELP autoglm_findings_total Distinct findings that became active, by kind.
+# TYPE autoglm_findings_total counter
+autoglm_findings_total{kind="ctx_switch_storm"} 0
+autoglm_findings_total{kind="fd_leak"} 2
+autoglm_findings_total{kind="gpu_alloc_burst"} 0
+autoglm_findings_total{kind="gpu_alloc_failure"} 0
+autoglm_findings_total{kind="gpu_memory_leak"} 0
+autoglm_findings_total{kind="socket_leak"} 0
+# HELP autoglm_finding 1 while a finding is active, 0 once it no longer holds.
+# TYPE autoglm_finding gauge
+autoglm_finding{comm="fdwork",kind="fd_leak",pid="100",severity="warning"} 1
+autoglm_finding{comm="fdwork",kind="socket_leak",pid="100",severity="warning"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "autoglm_findings_total", "autoglm_finding"); err != nil {
+		t.Fatal(err)
+	}
+
+	// Once the only active one ends, the shared series reads 0.
+	second.Active = false
+	m.Update(snap(4, p, []model.Finding{f, second, inactive}, nil))
+	if v, ok := value(t, reg, "autoglm_finding", map[string]string{"kind": "fd_leak", "pid": "100"}); !ok || v != 0 {
+		t.Errorf("autoglm_finding fd_leak = %v (present %v), want 0", v, ok)
+	}
+	if v, _ := value(t, reg, "autoglm_findings_total", map[string]string{"kind": "fd_leak"}); v != 2 {
+		t.Errorf("findings_total fd_leak = %v after both ended, want 2", v)
+	}
+}
+
+func TestExitedProcessSeriesDeleted(t *testing.T) {
+	m, reg := newMetrics(t)
+	alive := proc(100, "fdwork", 57, 80, 23, false)
+	m.Update(snap(1,
+		[]*model.Process{alive, proc(200, "sockwork", 5, 9, 4, false)},
+		[]model.Finding{finding(100, "fdwork", true), finding(200, "sockwork", true)}, nil))
+
+	// pid 200 exits: its last snapshot is still served.
+	findings := []model.Finding{finding(100, "fdwork", true), finding(200, "sockwork", false)}
+	m.Update(snap(2, []*model.Process{alive, proc(200, "sockwork", 3, 9, 6, true)}, findings, nil))
+	if v, ok := value(t, reg, "autoglm_open_fds", map[string]string{"pid": "200"}); !ok || v != 3 {
+		t.Fatalf("open_fds of the exiting process = %v (present %v), want 3", v, ok)
+	}
+	if _, ok := value(t, reg, "autoglm_finding", map[string]string{"pid": "200"}); !ok {
+		t.Fatal("finding of the exiting process missing in its last snapshot")
+	}
+
+	// Afterwards every series of pid 200 is gone, although the snapshot
+	// still lists its finding; pid 100 is untouched.
+	m.Update(snap(3, []*model.Process{alive}, findings, nil))
+	for _, name := range []string{"autoglm_open_fds", "autoglm_fd_limit", "autoglm_fds_opened_total", "autoglm_fds_closed_total", "autoglm_finding"} {
+		if _, ok := value(t, reg, name, map[string]string{"pid": "200"}); ok {
+			t.Errorf("%s{pid=200} still exported after exit", name)
+		}
+		if _, ok := value(t, reg, name, map[string]string{"pid": "100"}); !ok {
+			t.Errorf("%s{pid=100} missing", name)
+		}
+	}
+
+	// A reused pid is a new process: its counters start from its own
+	// counts, and its findings (newer than the exit) are exported.
+	reused := finding(200, "other", true)
+	reused.FirstSeen = t0.Add(4 * time.Second)
+	m.Update(snap(4, []*model.Process{alive, proc(200, "other", 2, 1, 0, false)}, append(findings, reused), nil))
+	if v, _ := value(t, reg, "autoglm_fds_opened_total", map[string]string{"pid": "200"}); v != 1 {
+		t.Errorf("opened_total of the reused pid = %v, want 1", v)
+	}
+	if n := count(t, reg, "autoglm_finding", map[string]string{"pid": "200"}); n != 1 {
+		t.Errorf("finding series of the reused pid = %d, want 1", n)
+	}
+}
+
+func TestCountersMonotonic(t *testing.T) {
+	m, reg := newMetrics(t)
+	for i, c := range []struct {
+		opened, lost, wantOpened, wantLost uint64
+	}{
+		{opened: 10, lost: 1, wantOpened: 10, wantLost: 1},
+		{opened: 15, lost: 4, wantOpened: 15, wantLost: 4},
+		// A smaller value from a source must not read as a reset.
+		{opened: 12, lost: 2, wantOpened: 15, wantLost: 4},
+		{opened: 20, lost: 5, wantOpened: 20, wantLost: 5},
+	} {
+		m.Update(snap(i, []*model.Process{proc(100, "fdwork", 1, c.opened, 0, false)}, nil, map[string]uint64{"fd_events": c.lost}))
+		if v, _ := value(t, reg, "autoglm_fds_opened_total", map[string]string{"pid": "100"}); v != float64(c.wantOpened) {
+			t.Errorf("step %d: opened_total = %v, want %d", i, v, c.wantOpened)
+		}
+		if v, _ := value(t, reg, "autoglm_bpf_events_lost_total", map[string]string{"source": "fd_events"}); v != float64(c.wantLost) {
+			t.Errorf("step %d: lost_total = %v, want %d", i, v, c.wantLost)
+		}
+	}
+	// A source missing from a later snapshot keeps its count.
+	m.Update(snap(9, nil, nil, nil))
+	if v, _ := value(t, reg, "autoglm_bpf_events_lost_total", map[string]string{"source": "fd_events"}); v != 5 {
+		t.Errorf("lost_total after the source went quiet = %v, want 5", v)
+	}
+}
+
+func TestLint(t *testing.T) {
+	m, _ := newMetrics(t)
+	// The invalid byte in comm must not make the metric unexportable.
+	m.Update(snap(1,
+		[]*model.Process{proc(100, "fd\xffwork", 57, 80, 23, false)},
+		[]model.Finding{finding(100, "fdwork", true)},
+		map[string]uint64{"fd_events": 3}))
+	problems, err := testutil.CollectAndLint(collector{m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint: %s: %s", p.Metric, p.Text)
+	}
+}
+
+func TestClose(t *testing.T) {
+	m, reg := newMetrics(t)
+	if err := m.Close(snap(1, []*model.Process{proc(100, "fdwork", 7, 1, 0, false)}, nil, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := value(t, reg, "autoglm_open_fds", map[string]string{"pid": "100"}); v != 7 {
+		t.Errorf("open_fds after Close(final) = %v, want 7", v)
+	}
+	if err := m.Close(nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestHandler(t *testing.T) {
+	m, reg := newMetrics(t)
+	m.Update(snap(1, []*model.Process{proc(100, "fdwork", 57, 80, 23, false)}, nil, nil))
+	srv := httptest.NewServer(Handler(reg))
+	defer srv.Close()
+	resp, err := srv.Client().Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	if line := `autoglm_open_fds{comm="fdwork",pid="100"} 57`; !strings.Contains(string(body), line+"\n") {
+		t.Errorf("response lacks %q:\n%s", line, body)
+	}
+}
+
+// matching returns the gathered metrics of the family name whose labels
+// include want.
+func matching(t *testing.T, g prometheus.Gatherer, name string, want map[string]string) []*dto.Metric {
+	t.Helper()
+	families, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*dto.Metric
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range f.GetMetric() {
+			have := map[string]string{}
+			for _, l := range m.GetLabel() {
+				have[l.GetName()] = l.GetValue()
+			}
+			for k, v := range want {
+				if have[k] != v {
+					continue metrics
+				}
+			}
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func count(t *testing.T, g prometheus.Gatherer, name string, want map[string]string) int {
+	t.Helper()
+	return len(matching(t, g, name, want))
+}
+
+// value returns the value of the one series of name matching want.
+func value(t *testing.T, g prometheus.Gatherer, name string, want map[string]string) (float64, bool) {
+	t.Helper()
+	ms := matching(t, g, name, want)
+	switch len(ms) {
+	case 0:
+		return 0, false
+	case 1:
+		if c := ms[0].GetCounter(); c != nil {
+			return c.GetValue(), true
+		}
+		return ms[0].GetGauge().GetValue(), true
+	}
+	t.Fatalf("%s%v matches %d series", name, want, len(ms))
+	return 0, false
+}

@@ -1,0 +1,217 @@
+package report
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+)
+
+var t0 = time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func proc(pid int, comm string, open int, exited bool) *model.Process {
+	return &model.Process{
+		PID: pid, Comm: comm, Started: t0, Exited: exited,
+		FD: model.FDStats{
+			Open: open, Limit: 1024,
+			Opened: map[string]uint64{"file": 80, "socket": 2},
+			Closed: map[string]uint64{"file": 23},
+		},
+	}
+}
+
+// toStdout returns a Writer for "-" that writes into a buffer.
+func toStdout() (*Writer, *bytes.Buffer) {
+	w := New("-", "v1.2.3")
+	var buf bytes.Buffer
+	w.stdout = &buf
+	return w, &buf
+}
+
+func decode(t *testing.T, data []byte) Report {
+	t.Helper()
+	var r Report
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatalf("decode: %v\n%s", err, data)
+	}
+	return r
+}
+
+func TestRoundTrip(t *testing.T) {
+	f := model.Finding{
+		Kind: model.KindFDLeak, PID: 100, Comm: "fdwork", Severity: model.SeverityWarning,
+		FirstSeen: t0.Add(10 * time.Second), LastSeen: t0.Add(20 * time.Second), Active: true,
+		Summary:  "open fds grew by 40 in 20s",
+		Stack:    []string{"main.leak", "main.main"},
+		Evidence: map[string]any{"growth": 40.0},
+	}
+	w, buf := toStdout()
+	w.Update(&model.Snapshot{Time: t0.Add(10 * time.Second), Start: t0, Targets: []int{100}, Processes: []*model.Process{proc(100, "fdwork", 40, false)}})
+	err := w.Close(&model.Snapshot{
+		Time: t0.Add(30 * time.Second), Start: t0, Targets: []int{100},
+		Processes: []*model.Process{proc(100, "fdwork", 57, false)},
+		Findings:  []model.Finding{f},
+		Lost:      map[string]uint64{"fd_events": 3},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := decode(t, buf.Bytes())
+	if r.Version != "v1.2.3" || !r.Start.Equal(t0) || !r.End.Equal(t0.Add(30*time.Second)) || r.DurationSeconds != 30 {
+		t.Errorf("header = %q %v %v %v", r.Version, r.Start, r.End, r.DurationSeconds)
+	}
+	if !reflect.DeepEqual(r.Targets, []int{100}) {
+		t.Errorf("targets = %v", r.Targets)
+	}
+	wantProc := Process{
+		PID: 100, Comm: "fdwork", OpenFDs: 57, FDLimit: 1024,
+		FDsOpened: map[string]uint64{"file": 80, "socket": 2},
+		FDsClosed: map[string]uint64{"file": 23},
+	}
+	if len(r.Processes) != 1 || !reflect.DeepEqual(r.Processes[0], wantProc) {
+		t.Errorf("processes = %+v, want [%+v]", r.Processes, wantProc)
+	}
+	if len(r.Findings) != 1 {
+		t.Fatalf("findings = %+v", r.Findings)
+	}
+	got := r.Findings[0]
+	if !got.FirstSeen.Equal(f.FirstSeen) || !got.LastSeen.Equal(f.LastSeen) {
+		t.Errorf("finding times = %v %v", got.FirstSeen, got.LastSeen)
+	}
+	got.FirstSeen, got.LastSeen = f.FirstSeen, f.LastSeen
+	if !reflect.DeepEqual(got, f) {
+		t.Errorf("finding = %+v, want %+v", got, f)
+	}
+	if !reflect.DeepEqual(r.LostEvents, map[string]uint64{"fd_events": 3}) {
+		t.Errorf("lost_events = %v", r.LostEvents)
+	}
+	for _, key := range []string{`"first_seen"`, `"evidence"`, `"duration_seconds"`, `"fds_opened"`} {
+		if !bytes.Contains(buf.Bytes(), []byte(key)) {
+			t.Errorf("report lacks %s", key)
+		}
+	}
+}
+
+func TestEmptyRun(t *testing.T) {
+	for name, final := range map[string]*model.Snapshot{
+		"empty snapshot": {Time: t0.Add(5 * time.Second), Start: t0},
+		"no snapshot":    nil,
+	} {
+		t.Run(name, func(t *testing.T) {
+			w, buf := toStdout()
+			if err := w.Close(final); err != nil {
+				t.Fatal(err)
+			}
+			// Collections are empty, never null.
+			var raw map[string]json.RawMessage
+			if err := json.Unmarshal(buf.Bytes(), &raw); err != nil {
+				t.Fatal(err)
+			}
+			want := map[string]string{"targets": "[]", "processes": "[]", "findings": "[]", "lost_events": "{}"}
+			for key, v := range want {
+				if string(raw[key]) != v {
+					t.Errorf("%s = %s, want %s", key, raw[key], v)
+				}
+			}
+			if r := decode(t, buf.Bytes()); r.DurationSeconds < 0 || r.End.Before(r.Start) {
+				t.Errorf("start %v end %v duration %v", r.Start, r.End, r.DurationSeconds)
+			}
+		})
+	}
+}
+
+func TestNilStackAndEvidence(t *testing.T) {
+	w, buf := toStdout()
+	f := model.Finding{Kind: model.KindFDLeak, PID: 100, FirstSeen: t0, LastSeen: t0}
+	if err := w.Close(&model.Snapshot{Time: t0, Start: t0, Findings: []model.Finding{f}}); err != nil {
+		t.Fatal(err)
+	}
+	var raw struct {
+		Findings []map[string]json.RawMessage `json:"findings"`
+	}
+	if err := json.Unmarshal(buf.Bytes(), &raw); err != nil {
+		t.Fatal(err)
+	}
+	if s, e := string(raw.Findings[0]["stack"]), string(raw.Findings[0]["evidence"]); s != "[]" || e != "{}" {
+		t.Errorf("stack = %s, evidence = %s; want [] and {}", s, e)
+	}
+}
+
+func TestExitedProcessKept(t *testing.T) {
+	w, buf := toStdout()
+	w.Update(&model.Snapshot{Time: t0.Add(time.Second), Start: t0,
+		Processes: []*model.Process{proc(100, "fdwork", 10, false), proc(200, "sockwork", 5, false)}})
+	w.Update(&model.Snapshot{Time: t0.Add(2 * time.Second), Start: t0,
+		Processes: []*model.Process{proc(100, "fdwork", 11, false), proc(200, "sockwork", 3, true)}})
+	// pid 200 no longer appears; pid 100 is reused by a new process.
+	reused := proc(100, "other", 4, false)
+	reused.Started = t0.Add(3 * time.Second)
+	w.Update(&model.Snapshot{Time: t0.Add(3 * time.Second), Start: t0,
+		Processes: []*model.Process{proc(100, "fdwork", 12, true)}})
+	if err := w.Close(&model.Snapshot{Time: t0.Add(4 * time.Second), Start: t0,
+		Processes: []*model.Process{reused}}); err != nil {
+		t.Fatal(err)
+	}
+	r := decode(t, buf.Bytes())
+	type brief struct {
+		pid    int
+		comm   string
+		open   int
+		exited bool
+	}
+	var got []brief
+	for _, p := range r.Processes {
+		got = append(got, brief{p.PID, p.Comm, p.OpenFDs, p.Exited})
+	}
+	want := []brief{{100, "fdwork", 12, true}, {100, "other", 4, false}, {200, "sockwork", 3, true}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("processes = %+v, want %+v", got, want)
+	}
+}
+
+func TestFileWrittenAtomically(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "report.json")
+	if err := os.WriteFile(path, []byte("old"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w := New(path, "v1")
+	if err := w.Close(&model.Snapshot{Time: t0, Start: t0, Processes: []*model.Process{proc(100, "fdwork", 1, false)}}); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := decode(t, data); r.Version != "v1" || len(r.Processes) != 1 {
+		t.Errorf("report = %+v", r)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 1 {
+		t.Errorf("directory holds %d entries, want only the report (temporary file left?)", len(entries))
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o644 {
+		t.Errorf("mode = %v, want 0644", fi.Mode())
+	}
+}
+
+func TestWriteError(t *testing.T) {
+	w := New(filepath.Join(t.TempDir(), "missing", "report.json"), "v1")
+	err := w.Close(nil)
+	if err == nil || !strings.Contains(err.Error(), "report:") {
+		t.Errorf("Close into a missing directory = %v, want an error", err)
+	}
+}

@@ -1,0 +1,249 @@
+// Package symbolize turns user-space instruction addresses of a live process
+// into readable frames such as "malloc+0x1a (libc.so.6)". It reads
+// /proc/PID/maps and the mapped ELF files themselves, through /proc/PID/root,
+// so that processes in other mount namespaces (containers) work too.
+package symbolize
+
+import (
+	"cmp"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/prometheus/procfs"
+)
+
+// deletedSuffix is what the kernel appends to a mapped file's path once the
+// file has been unlinked or replaced, e.g. by a package upgrade.
+const deletedSuffix = " (deleted)"
+
+// Symbolizer resolves addresses of many processes. It caches each process's
+// mappings (until Forget) and each mapped file's symbol table, which is shared
+// by all processes mapping the same file. It is safe for concurrent use.
+type Symbolizer struct {
+	procRoot string
+
+	// mu guards both caches; it is held for a whole Frames or Unwind call so
+	// that a file is parsed once even when several callers need it at the
+	// same time.
+	mu    sync.Mutex
+	maps  map[int][]mapping
+	files map[fileKey]*elfInfo // a nil value records a file that is not ELF
+}
+
+// mapping is one line of /proc/PID/maps.
+type mapping struct {
+	start, end uint64
+	offset     uint64 // file offset mapped at start
+	path       string // path inside the process's root; empty for anon and pseudo mappings
+	deleted    bool
+	key        fileKey
+}
+
+// fileKey identifies a mapped file across processes, so that a library mapped
+// by a hundred processes is parsed once.
+type fileKey struct {
+	dev, inode uint64
+	path       string // used only when the maps line has no inode
+}
+
+// New returns a symbolizer reading /proc under procRoot (normally "/proc").
+func New(procRoot string) *Symbolizer {
+	return &Symbolizer{
+		procRoot: procRoot,
+		maps:     make(map[int][]mapping),
+		files:    make(map[fileKey]*elfInfo),
+	}
+}
+
+// Frames symbolizes addrs (innermost first) of process pid. Never fails: an address it cannot
+// resolve becomes "module+0xoffset" (module = base name of the mapped file, offset = ELF-relative address)
+// or "0x<addr>" when not in any mapping. Resolved frames read "func+0xoff (module)"; "+0x0" is omitted.
+func (s *Symbolizer) Frames(pid int, addrs []uint64) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+
+	pm := s.procMaps(pid)
+	out := make([]string, len(addrs))
+	for i, addr := range addrs {
+		out[i] = s.frame(pid, pm.find(addr), addr)
+	}
+	return out
+}
+
+// procMaps finds the mappings of one process's addresses during one call,
+// with s.mu held.
+type procMaps struct {
+	s         *Symbolizer
+	pid       int
+	maps      []mapping
+	mayReload bool
+}
+
+func (s *Symbolizer) procMaps(pid int) *procMaps {
+	maps, cached := s.maps[pid]
+	if !cached {
+		maps = s.loadMaps(pid)
+	}
+	// A miss in cached maps may be a library dlopen'ed after they were read;
+	// re-reading once per call bounds the cost of truly unmapped addresses.
+	return &procMaps{s: s, pid: pid, maps: maps, mayReload: cached}
+}
+
+func (pm *procMaps) find(addr uint64) *mapping {
+	m := findMapping(pm.maps, addr)
+	if m == nil && pm.mayReload {
+		pm.mayReload = false
+		pm.maps = pm.s.loadMaps(pm.pid)
+		m = findMapping(pm.maps, addr)
+	}
+	return m
+}
+
+// Forget drops the cached maps of pid (call when the process exits).
+func (s *Symbolizer) Forget(pid int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.maps, pid)
+}
+
+// loadMaps reads and caches the mappings of pid. When they cannot be read
+// (typically because the process has exited) it keeps what was cached, since
+// stacks of a process often arrive after its exit.
+func (s *Symbolizer) loadMaps(pid int) []mapping {
+	maps, err := s.readMaps(pid)
+	if err != nil {
+		return s.maps[pid]
+	}
+	s.maps[pid] = maps
+	return maps
+}
+
+func (s *Symbolizer) readMaps(pid int) ([]mapping, error) {
+	fs, err := procfs.NewFS(s.procRoot)
+	if err != nil {
+		return nil, err
+	}
+	p, err := fs.Proc(pid)
+	if err != nil {
+		return nil, err
+	}
+	pms, err := p.ProcMaps()
+	if err != nil {
+		return nil, err
+	}
+	maps := make([]mapping, 0, len(pms))
+	for _, pm := range pms {
+		m := mapping{start: uint64(pm.StartAddr), end: uint64(pm.EndAddr), offset: uint64(pm.Offset)}
+		// Anonymous and pseudo mappings ([vdso], [stack], ...) are kept so
+		// that addresses in them count as mapped and do not force a re-read.
+		if strings.HasPrefix(pm.Pathname, "/") {
+			m.path, m.deleted = strings.CutSuffix(pm.Pathname, deletedSuffix)
+			m.key = fileKey{dev: pm.Dev, inode: pm.Inode}
+			if pm.Inode == 0 {
+				m.key = fileKey{path: s.rootPath(pid, m.path)}
+			}
+		}
+		maps = append(maps, m)
+	}
+	// The kernel lists mappings in address order; sorting guards the binary search.
+	slices.SortFunc(maps, func(a, b mapping) int { return cmp.Compare(a.start, b.start) })
+	return maps, nil
+}
+
+func findMapping(maps []mapping, addr uint64) *mapping {
+	i, found := slices.BinarySearchFunc(maps, addr, func(m mapping, a uint64) int {
+		switch {
+		case m.end <= a:
+			return -1
+		case m.start > a:
+			return 1
+		}
+		return 0
+	})
+	if !found {
+		return nil
+	}
+	return &maps[i]
+}
+
+func (s *Symbolizer) frame(pid int, m *mapping, addr uint64) string {
+	if m == nil || m.path == "" {
+		return fmt.Sprintf("%#x", addr)
+	}
+	module := filepath.Base(m.path)
+	off := addr - m.start + m.offset
+	info := s.elfFor(pid, m)
+	if info == nil {
+		// Without the ELF headers the file offset is the best stable offset.
+		return fmt.Sprintf("%s+%#x", module, off)
+	}
+	vaddr, ok := info.vaddr(off)
+	if !ok {
+		return fmt.Sprintf("%s+%#x", module, off)
+	}
+	sym, ok := info.lookup(vaddr)
+	if !ok {
+		return fmt.Sprintf("%s+%#x", module, vaddr)
+	}
+	if d := vaddr - sym.start; d != 0 {
+		return fmt.Sprintf("%s+%#x (%s)", sym.name, d, module)
+	}
+	return fmt.Sprintf("%s (%s)", sym.name, module)
+}
+
+// elfFor returns the parsed symbols of m's file, or nil if unavailable.
+func (s *Symbolizer) elfFor(pid int, m *mapping) *elfInfo {
+	if info, ok := s.files[m.key]; ok {
+		return info
+	}
+	f, err := s.open(pid, m)
+	if err != nil {
+		// Not cached: the file may still be reachable through another process.
+		return nil
+	}
+	defer f.Close()
+	info, err := parseELF(f)
+	if err != nil {
+		info = nil
+	}
+	s.files[m.key] = info
+	return info
+}
+
+// open opens the file behind m, preferring the path inside the process's
+// root (works across mount namespaces without privileges beyond ptrace read
+// access) and falling back to map_files (needs CAP_SYS_ADMIN or
+// CAP_CHECKPOINT_RESTORE, but still reaches deleted or replaced files).
+func (s *Symbolizer) open(pid int, m *mapping) (*os.File, error) {
+	// A deleted path may now name a different file, e.g. the upgraded library.
+	if !m.deleted {
+		if f, err := openRegular(s.rootPath(pid, m.path)); err == nil {
+			return f, nil
+		}
+	}
+	name := strconv.FormatUint(m.start, 16) + "-" + strconv.FormatUint(m.end, 16)
+	return openRegular(filepath.Join(s.procRoot, strconv.Itoa(pid), "map_files", name))
+}
+
+func (s *Symbolizer) rootPath(pid int, path string) string {
+	return filepath.Join(s.procRoot, strconv.Itoa(pid), "root", path)
+}
+
+// openRegular opens path only if it is a regular file: mapped device nodes
+// (GPU drivers map /dev/nvidia*) must not be opened, as opening them has side
+// effects.
+func openRegular(path string) (*os.File, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file", path)
+	}
+	return os.Open(path)
+}

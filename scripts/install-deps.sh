@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what building, testing and the demo need on Debian/Ubuntu:
+# Go (must already be on PATH), a C compiler for the test fixtures, and with
+# "generate" the BPF toolchain (clang, llvm, libbpf headers, bpftool).
+set -euo pipefail
+
+need=()
+command -v gcc >/dev/null || need+=(gcc libc6-dev)
+command -v git >/dev/null || need+=(git)
+if [ "${1:-}" = generate ]; then
+	command -v clang >/dev/null || need+=(clang)
+	command -v llvm-strip >/dev/null || need+=(llvm)
+	[ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
+	command -v bpftool >/dev/null || need+=(bpftool)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+	if [ "$(id -u)" != 0 ]; then
+		echo "missing: ${need[*]}; run as root (sudo make ...) or install them" >&2
+		exit 1
+	fi
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+command -v go >/dev/null || { echo "Go is not on PATH (need Go >= 1.26)" >&2; exit 1; }
