@@ -199,6 +199,10 @@ func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 		if limit, err := p.proc.NoFileLimit(pid); err == nil {
 			pr.FD.Limit = limit
 		}
+		// comm changes at exec (run starts the command through a shell).
+		if comm, err := p.proc.Comm(pid); err == nil {
+			pr.Comm = comm
+		}
 		p.fill(pr, samples[pid])
 		for _, f := range p.det.Observe(now, pr) {
 			p.record(f, now, f.Active)

@@ -321,7 +321,7 @@ func (d *Detector) summary(p *model.Process, a assessment, active, hasTTE bool, 
 		top := a.sites[0]
 		frame := fmt.Sprintf("stack #%d", top.id)
 		if len(top.stack) > 0 {
-			frame = top.stack[0]
+			frame = callSite(top.stack)
 		}
 		fmt.Fprintf(&b, "; %d unclosed fds older than %s opened at %s", top.old, d.cfg.MinAge, frame)
 	}
@@ -335,6 +335,24 @@ func (d *Detector) summary(p *model.Process, a assessment, active, hasTTE bool, 
 		}
 	}
 	return b.String()
+}
+
+// callSite names the frame a reader wants: the first one outside the
+// innermost frame's module, i.e. the caller of the libc syscall wrapper.
+func callSite(stack []string) string {
+	module := func(f string) string {
+		if i := strings.LastIndex(f, " ("); i >= 0 {
+			return f[i:]
+		}
+		return ""
+	}
+	inner := module(stack[0])
+	for _, f := range stack[1:] {
+		if m := module(f); m != "" && m != inner {
+			return f
+		}
+	}
+	return stack[0]
 }
 
 // slope is the least-squares growth of the open count over time, in fds/s.

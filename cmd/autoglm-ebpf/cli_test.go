@@ -1,0 +1,220 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/report"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
+)
+
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "autoglm-cli")
+	if err != nil {
+		panic(err)
+	}
+	// Readable by the unprivileged user of TestNoPrivileges.
+	if err := os.Chmod(dir, 0o755); err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "autoglm-ebpf")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		panic(string(out))
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// cli runs the built binary and returns its combined output and exit code.
+func cli(t *testing.T, cred *syscall.Credential, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	if cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	}
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return string(out), ee.ExitCode()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out), 0
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"attach"}, exitUsage, "--pid is required"},
+		{[]string{"attach", "--pid", "abc"}, exitUsage, `invalid pid "abc": not a number`},
+		{[]string{"attach", "--pid", "0"}, exitUsage, "positive"},
+		{[]string{"attach", "--pid=-5"}, exitUsage, "invalid pid"},
+		{[]string{"attach", "--pid", "1,,2"}, exitUsage, "empty item"},
+		{[]string{"attach", "--pid", "1", "--bogus"}, exitUsage, "unknown flag"},
+		{[]string{"attach", "--pid", "1", "--fail-on", "nope"}, exitUsage, `unknown kind "nope"`},
+		{[]string{"attach", "--pid", "1", "--interval", "0s"}, exitUsage, "--interval must be positive"},
+		{[]string{"attach", "--pid", "1", "--listen", "nohostport"}, exitUsage, "--listen"},
+		{[]string{"run"}, exitUsage, "requires at least 1 arg"},
+		{[]string{"frobnicate"}, exitUsage, "unknown command"},
+		{[]string{"attach", "--pid", "999999999"}, exitRuntime, "no process with pid 999999999"},
+	} {
+		out, code := cli(t, nil, tc.args...)
+		if code != tc.code || !strings.Contains(out, tc.msg) {
+			t.Errorf("%v: exit %d, want %d; output %q should contain %q", tc.args, code, tc.code, out, tc.msg)
+		}
+	}
+}
+
+func TestKernelThread(t *testing.T) {
+	comm, err := os.ReadFile("/proc/2/comm")
+	if err != nil || strings.TrimSpace(string(comm)) != "kthreadd" {
+		t.Skip("pid 2 is not kthreadd here")
+	}
+	out, code := cli(t, nil, "attach", "--pid", "2")
+	if code != exitRuntime || !strings.Contains(out, "kernel thread") {
+		t.Fatalf("exit %d, output %q", code, out)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	out, code := cli(t, nil, "version")
+	if code != 0 || !strings.HasPrefix(out, "autoglm-ebpf ") {
+		t.Fatalf("exit %d, output %q", code, out)
+	}
+}
+
+func TestNoPrivileges(t *testing.T) {
+	testutil.RequireRoot(t) // to drop privileges we must have them
+	out, code := cli(t, &syscall.Credential{Uid: 65534, Gid: 65534}, "attach", "--pid", strconv.Itoa(os.Getpid()), "--duration", "1s")
+	if code != exitRuntime || !strings.Contains(out, "needs root") {
+		t.Fatalf("exit %d, output %q", code, out)
+	}
+}
+
+func progCount(t *testing.T) int {
+	t.Helper()
+	out, err := exec.Command("bpftool", "prog", "list").Output()
+	if err != nil {
+		t.Skipf("bpftool unavailable: %v", err)
+	}
+	return strings.Count(string(out), "\n")
+}
+
+// attach to a leaking process, fail on fd_leak: exit 3, a report naming the
+// leaking function, and nothing left loaded.
+func TestAttachFailOnLeak(t *testing.T) {
+	testutil.RequireRoot(t)
+	before := progCount(t)
+	bin := testutil.Fixture(t, "fdwork")
+	target := testutil.Start(t, bin, "leak", "20", "60")
+	js := filepath.Join(t.TempDir(), "report.json")
+	out, code := cli(t, nil, "attach", "--pid", strconv.Itoa(target.Process.Pid), "--duration", "14s", "--json", js, "--fail-on", "fd_leak,gpu_memory_leak")
+	if code != exitFailOn {
+		t.Fatalf("exit %d, want %d; output:\n%s", code, exitFailOn, out)
+	}
+	r := readReport(t, js)
+	if len(r.Findings) == 0 || r.Findings[0].Kind != "fd_leak" || !strings.Contains(strings.Join(r.Findings[0].Stack, " "), "leak_tick") {
+		t.Fatalf("report findings: %+v", r.Findings)
+	}
+	if after := progCount(t); after != before {
+		t.Fatalf("BPF programs before %d, after %d", before, after)
+	}
+}
+
+// A target that exits while watched ends the run normally with a report.
+func TestRunTargetExits(t *testing.T) {
+	testutil.RequireRoot(t)
+	before := progCount(t)
+	bin := testutil.Fixture(t, "fdwork")
+	js := filepath.Join(t.TempDir(), "report.json")
+	start := time.Now()
+	out, code := cli(t, nil, "run", "--json", js, "--", bin, "pool", "3")
+	if code != 0 {
+		t.Fatalf("exit %d; output:\n%s", code, out)
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Fatalf("run did not end with its command (took %s)", d)
+	}
+	r := readReport(t, js)
+	if len(r.Processes) != 1 || !r.Processes[0].Exited || r.Processes[0].Comm != "fdwork" {
+		t.Fatalf("report processes: %+v", r.Processes)
+	}
+	if len(r.Findings) != 0 {
+		t.Fatalf("healthy pool flagged: %+v", r.Findings)
+	}
+	if after := progCount(t); after != before {
+		t.Fatalf("BPF programs before %d, after %d", before, after)
+	}
+}
+
+// Ctrl-C (SIGINT) still writes the report and unloads everything.
+func TestInterruptWritesReport(t *testing.T) {
+	testutil.RequireRoot(t)
+	before := progCount(t)
+	bin := testutil.Fixture(t, "fdwork")
+	target := testutil.Start(t, bin, "pool", "60")
+	js := filepath.Join(t.TempDir(), "report.json")
+	cmd := exec.Command(binary, "attach", "--pid", strconv.Itoa(target.Process.Pid), "--json", js)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second)
+	_ = cmd.Process.Signal(os.Interrupt)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("after SIGINT: %v", err)
+	}
+	r := readReport(t, js)
+	if len(r.Processes) != 1 || r.Processes[0].OpenFDs < 32 {
+		t.Fatalf("report processes: %+v", r.Processes)
+	}
+	if after := progCount(t); after != before {
+		t.Fatalf("BPF programs before %d, after %d", before, after)
+	}
+}
+
+// check mounts tracefs when it is missing; run in a private mount namespace
+// so the rest of the machine keeps its tracefs.
+func TestCheckMountsTracefs(t *testing.T) {
+	testutil.RequireRoot(t)
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skip("unshare not installed")
+	}
+	out, err := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		"umount /sys/kernel/tracing 2>/dev/null; umount /sys/kernel/debug 2>/dev/null; "+binary+" check").CombinedOutput()
+	if err != nil {
+		t.Fatalf("check failed: %v\n%s", err, out)
+	}
+	for _, want := range []string{"mounted it at /sys/kernel/tracing", "verdict: ready", "tracepoint syscalls/sys_exit_openat"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("check output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func readReport(t *testing.T, path string) report.Report {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r report.Report
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatalf("%v\n%s", err, b)
+	}
+	return r
+}
