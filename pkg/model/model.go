@@ -65,6 +65,9 @@ type Process struct {
 	Started time.Time // when watching began
 	Exited  bool      // the process has gone; this is its last snapshot
 	FD      FDStats
+	Sched   SchedStats
+	Sock    SockStats
+	CUDA    CUDAStats
 }
 
 // Snapshot is the whole state after one interval; sinks receive one per interval.

@@ -1,0 +1,161 @@
+package fdtrack
+
+import (
+	"slices"
+	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdleak"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
+)
+
+// Concern is the fd concern as the pipeline sees it: the tracker, the
+// symbolization of opening stacks, and the fd-leak detector.
+type Concern struct {
+	*Tracker
+	sym      *symbolize.Symbolizer
+	det      *fdleak.Detector
+	topSites int
+	sites    map[siteKey]*site
+	nextSite int64
+}
+
+// siteKey identifies an opening call site of one process: the kernel's
+// frame-pointer stack plus the return addresses scanned from the stack.
+type siteKey struct {
+	pid     int
+	stack   int32
+	callers Callers
+}
+
+type site struct {
+	id     int64
+	key    siteKey
+	frames []string // symbolized on first use
+}
+
+// NewConcern loads the fd BPF object. topSites bounds how many opening stacks
+// per process are symbolized (largest first, each once), so that the site a
+// finding names has its frames.
+func NewConcern(cfg Config, det fdleak.Config, sym *symbolize.Symbolizer, topSites int) (*Concern, error) {
+	t, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Concern{Tracker: t, sym: sym, det: fdleak.New(det), topSites: topSites, sites: map[siteKey]*site{}}, nil
+}
+
+// Name is the concern's name in logs and `check`.
+func (c *Concern) Name() string { return "fd" }
+
+// Untrack drops the kernel and detector state of an exited process.
+func (c *Concern) Untrack(pid int) {
+	c.Tracker.Untrack(pid)
+	c.det.Forget(pid)
+	for k := range c.sites {
+		if k.pid == pid {
+			delete(c.sites, k)
+		}
+	}
+}
+
+// Observe fills the fd part of each process and runs the leak detector.
+func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Finding, error) {
+	pids := make([]int, len(procs))
+	for i, p := range procs {
+		pids[i] = p.PID
+	}
+	samples, err := c.Poll(pids)
+	if err != nil {
+		return nil, err
+	}
+	var out []model.Finding
+	for _, p := range procs {
+		if limit, err := c.proc.NoFileLimit(p.PID); err == nil {
+			p.FD.Limit = limit
+		}
+		c.fill(p, samples[p.PID])
+		out = append(out, c.det.Observe(now, p)...)
+	}
+	return out, nil
+}
+
+// fill turns a kernel sample into the model view.
+func (c *Concern) fill(pr *model.Process, s *Sample) {
+	pr.FD.Open = len(s.FDs)
+	pr.FD.Opened = kindMap(s.Opened[:])
+	pr.FD.Closed = kindMap(s.Closed[:])
+	bySite := map[*site]*model.FDSite{}
+	for _, fd := range s.FDs {
+		if fd.StackID < 0 {
+			continue
+		}
+		st := c.site(siteKey{pr.PID, fd.StackID, fd.Callers})
+		ms := bySite[st]
+		if ms == nil {
+			ms = &model.FDSite{StackID: st.id}
+			bySite[st] = ms
+		}
+		ms.Opened = append(ms.Opened, fd.Opened)
+	}
+	sites := make([]model.FDSite, 0, len(bySite))
+	byID := map[int64]*site{}
+	for st, ms := range bySite {
+		sites = append(sites, *ms)
+		byID[st.id] = st
+	}
+	slices.SortFunc(sites, func(a, b model.FDSite) int {
+		if len(a.Opened) != len(b.Opened) {
+			return len(b.Opened) - len(a.Opened)
+		}
+		return int(a.StackID - b.StackID)
+	})
+	for i := range sites {
+		if i >= c.topSites {
+			break
+		}
+		sites[i].Stack = c.frames(pr.PID, byID[sites[i].StackID])
+	}
+	pr.FD.Sites = sites
+}
+
+// site returns the call site of k, numbering new ones.
+func (c *Concern) site(k siteKey) *site {
+	st := c.sites[k]
+	if st == nil {
+		c.nextSite++
+		st = &site{id: c.nextSite, key: k}
+		c.sites[k] = st
+	}
+	return st
+}
+
+// frames symbolizes a site once: the kernel's frame-pointer stack merged
+// with the scanned return addresses (glibc has no frame pointers).
+func (c *Concern) frames(pid int, st *site) []string {
+	if st.frames != nil {
+		return st.frames
+	}
+	fp, err := c.Stack(st.key.stack)
+	if err != nil {
+		return nil
+	}
+	var scan []uint64
+	for _, a := range st.key.callers {
+		if a != 0 {
+			scan = append(scan, a)
+		}
+	}
+	st.frames = c.sym.Frames(pid, c.sym.Unwind(pid, fp, scan))
+	return st.frames
+}
+
+func kindMap(counts []uint64) map[string]uint64 {
+	m := make(map[string]uint64, len(counts))
+	for i, n := range counts {
+		if i < len(model.FDKinds) && n > 0 {
+			m[model.FDKinds[i]] = n
+		}
+	}
+	return m
+}

@@ -1,0 +1,88 @@
+package model
+
+import "time"
+
+// SchedStats is the scheduler view of one process at one instant.
+type SchedStats struct {
+	Voluntary   uint64        // context switches since attach, all threads (monotonic)
+	Involuntary uint64        // preemptions since attach, all threads (monotonic)
+	Threads     []ThreadSched // per-thread totals, busiest first
+	AllowedCPUs int           // CPUs in the process's affinity mask
+	RunqLatency Histogram     // wake-up to on-CPU latency, cumulative since attach
+}
+
+// ThreadSched is one thread's context switches since attach.
+type ThreadSched struct {
+	TID         int
+	Name        string
+	Voluntary   uint64
+	Involuntary uint64
+}
+
+// Histogram is a cumulative histogram: Counts[i] observations fell at or
+// below Bounds[i] (seconds) and above Bounds[i-1]; Count and Sum cover all.
+type Histogram struct {
+	Bounds []float64
+	Counts []uint64
+	Count  uint64
+	Sum    float64 // seconds
+}
+
+// SockStats is the socket view of one process at one instant.
+type SockStats struct {
+	TCPByState map[string]int // TCP sockets by state name (ESTABLISHED, CLOSE_WAIT, ...)
+	ByKind     map[string]int // live socket fds by kind (tcp, udp, unix, other) from the fd table
+	CloseWait  []SockConn     // sockets sitting in CLOSE_WAIT, oldest first
+}
+
+// SockConn is one TCP connection of a process.
+type SockConn struct {
+	Local  string // ip:port
+	Remote string // ip:port
+	State  string
+	Since  time.Time // when it entered State
+	Stack  []string  // opening stack, from the fd table where known
+}
+
+// CUDAStats is the GPU-allocation view of one process at one instant.
+type CUDAStats struct {
+	LiveBytes      uint64            // device bytes allocated and not freed, from the kernel's live map
+	LiveAllocs     int               // live allocations
+	AllocBytes     map[string]uint64 // bytes allocated since attach, by API (monotonic)
+	FreeBytes      map[string]uint64 // bytes freed since attach, by API (monotonic)
+	AllocCalls     map[string]uint64 // allocation calls since attach, by API (monotonic)
+	Failures       []CUDAFailure     // failed allocation calls since attach
+	Sites          []CUDASite        // live allocations by stack, most bytes first
+	NVMLUsedBytes  uint64            // the GPU's own figure for this process (0 when NVML is absent)
+	HasNVML        bool
+	UntrackedBytes int64    // NVMLUsedBytes - LiveBytes: contexts, caching, paths not hooked
+	Libraries      []string // CUDA libraries hooked in this process
+}
+
+// CUDAFailure is one failed allocation.
+type CUDAFailure struct {
+	Time  time.Time
+	API   string
+	Size  uint64
+	Code  int    // the return code
+	Error string // its name, e.g. cudaErrorMemoryAllocation
+	Stack []string
+}
+
+// CUDASite groups live allocations by the stack that made them.
+type CUDASite struct {
+	StackID int64
+	Stack   []string
+	Bytes   uint64
+	Allocs  []time.Time // allocation time of each live allocation made here
+}
+
+// GPU is one device as NVML reports it.
+type GPU struct {
+	Index       int
+	UUID        string
+	Name        string
+	MemoryUsed  uint64
+	MemoryTotal uint64
+	Utilization float64 // 0..1
+}
