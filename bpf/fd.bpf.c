@@ -172,9 +172,12 @@ static __always_inline void scan_callers(u32 tgid, struct fd_info *info)
 		return;
 	}
 	u32 n = 0;
+	u64 lo = r->start[0], hi = r->end[(r->n - 1) & (MAX_TEXT_RANGES - 1)];
 	for (u32 i = 0; i < SCAN_WORDS; i++) {
 		u64 w = sc->w[i];
-		if (!in_text(r, w))
+		/* Most words (small integers, stack and heap pointers) fall
+		 * outside all code: reject them without walking the ranges. */
+		if (w < lo || w >= hi || !in_text(r, w))
 			continue;
 		info->callers[n & (MAX_CALLERS - 1)] = w;
 		if (++n >= MAX_CALLERS)

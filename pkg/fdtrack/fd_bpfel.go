@@ -21,7 +21,9 @@ const (
 	fdErrKindERR_ENTRY_STATE fdErrKind = 2
 	fdErrKindERR_COUNTERS    fdErrKind = 3
 	fdErrKindERR_READ_USER   fdErrKind = 4
-	fdErrKindERR_MAX         fdErrKind = 5
+	fdErrKindERR_READ_KERNEL fdErrKind = 5
+	fdErrKindERR_RINGBUF     fdErrKind = 6
+	fdErrKindERR_MAX         fdErrKind = 7
 )
 
 type fdFdCounts struct {
