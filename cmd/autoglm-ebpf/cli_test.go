@@ -1,8 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/report"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
@@ -217,4 +223,64 @@ func readReport(t *testing.T, path string) report.Report {
 		t.Fatalf("%v\n%s", err, b)
 	}
 	return r
+}
+
+// The live endpoint: open fds equal /proc within ±1, and the exposition passes
+// promlint, the linter behind `promtool check metrics`.
+func TestMetricsEndpoint(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := testutil.Fixture(t, "fdwork")
+	target := testutil.Start(t, bin, "pool", "60")
+	pid := strconv.Itoa(target.Process.Pid)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cmd := exec.Command(binary, "attach", "--pid", pid, "--listen", addr, "--duration", "20s")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() }()
+
+	var body []byte
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		time.Sleep(time.Second)
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			continue
+		}
+		body, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(body), "autoglm_open_fds{") {
+			break
+		}
+	}
+	var open float64 = -1
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, `autoglm_open_fds{comm="fdwork",pid="`+pid+`"}`) {
+			open, _ = strconv.ParseFloat(line[strings.LastIndex(line, " ")+1:], 64)
+		}
+	}
+	entries, err := os.ReadDir("/proc/" + pid + "/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := open - float64(len(entries)); d < -1 || d > 1 {
+		t.Errorf("autoglm_open_fds = %v, /proc has %d\n%s", open, len(entries), body)
+	}
+	problems, err := promlint.New(bytes.NewReader(body)).Lint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(problems) > 0 {
+		t.Errorf("promlint: %+v", problems)
+	}
+	for _, m := range []string{"autoglm_fds_opened_total", "autoglm_fd_limit", "autoglm_findings_total", "autoglm_bpf_events_lost_total"} {
+		if !strings.Contains(string(body), m) {
+			t.Errorf("exposition lacks %s", m)
+		}
+	}
 }
