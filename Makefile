@@ -38,7 +38,9 @@ testdata/bin/%: testdata/%.c
 
 test: deps build fixtures
 	$(GO) vet ./...
-	$(GO) test -count=1 -timeout 15m ./...
+	# -p 1: packages one at a time, so that tests which count the programs
+	# loaded in the kernel see only their own.
+	$(GO) test -count=1 -p 1 -timeout 20m ./...
 
 demo: deps build fixtures
 	@echo "== autoglm-ebpf watching a demo inference worker that leaks one fd per request (25 s) =="

@@ -173,7 +173,7 @@ func TestInterruptWritesReport(t *testing.T) {
 	testutil.RequireRoot(t)
 	before := progCount(t)
 	bin := testutil.Fixture(t, "fdwork")
-	target := testutil.Start(t, bin, "pool", "60")
+	target := testutil.Start(t, bin, "pool", "300")
 	js := filepath.Join(t.TempDir(), "report.json")
 	cmd := exec.Command(binary, "attach", "--pid", strconv.Itoa(target.Process.Pid), "--json", js)
 	if err := cmd.Start(); err != nil {
