@@ -3,6 +3,7 @@ module github.com/open-autoglm/autoglm-ebpf
 go 1.26.8
 
 require (
+	github.com/NVIDIA/go-nvml v0.13.4-1 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/cilium/ebpf v0.22.0 // indirect

@@ -27,7 +27,9 @@ enum err_kind {
 	ERR_ENTRY_STATE = 2, /* per-thread entry state could not be saved */
 	ERR_COUNTERS = 3,    /* per-process counters missing */
 	ERR_READ_USER = 4,   /* bpf_probe_read_user failed */
-	ERR_MAX = 5,
+	ERR_READ_KERNEL = 5, /* bpf_probe_read_kernel failed */
+	ERR_RINGBUF = 6,     /* ring buffer reserve failed (buffer full) */
+	ERR_MAX = 7,
 };
 
 struct {

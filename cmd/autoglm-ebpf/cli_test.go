@@ -76,6 +76,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"attach", "--pid", "1", "--interval", "0s"}, exitUsage, "--interval must be positive"},
 		{[]string{"attach", "--pid", "1", "--listen", "nohostport"}, exitUsage, "--listen"},
 		{[]string{"run"}, exitUsage, "requires at least 1 arg"},
+		{[]string{"attach", "--pid", "1", "--gpu-interval", "1ms"}, exitUsage, "--gpu-interval must be at least 10ms"},
+		{[]string{"attach", "--pid", "1", "--ctx-switch-floor", "0"}, exitUsage, "--ctx-switch-floor must be positive"},
 		{[]string{"frobnicate"}, exitUsage, "unknown command"},
 		{[]string{"attach", "--pid", "999999999"}, exitRuntime, "no process with pid 999999999"},
 	} {

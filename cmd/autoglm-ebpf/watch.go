@@ -18,9 +18,11 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ctxstorm"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/launch"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/metrics"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/nvml"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/pipeline"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/report"
@@ -35,6 +37,9 @@ type watchFlags struct {
 	listen   string
 	failOn   []string
 	maxFDs   uint32
+	ctxFloor float64
+	gpuEvery time.Duration
+	maxAlloc uint32
 }
 
 func (f *watchFlags) register(cmd *cobra.Command) {
@@ -45,6 +50,9 @@ func (f *watchFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.listen, "listen", "", "serve Prometheus metrics on ADDR (a bare :port binds 127.0.0.1)")
 	fl.StringSliceVar(&f.failOn, "fail-on", nil, "exit 3 if a finding of KIND[,KIND...] is made: "+strings.Join(model.Kinds, ", "))
 	fl.Uint32Var(&f.maxFDs, "max-fds", 1<<16, "capacity of the kernel's live fd table, all targets together")
+	fl.DurationVar(&f.gpuEvery, "gpu-interval", nvml.DefaultInterval, "how often NVML is sampled (at least "+nvml.MinInterval.String()+")")
+	fl.Uint32Var(&f.maxAlloc, "max-allocs", 1<<18, "capacity of the kernel's live GPU allocation table, all targets together")
+	fl.Float64Var(&f.ctxFloor, "ctx-switch-floor", ctxstorm.DefaultConfig().Floor, "context switches/s below which no storm is reported, whatever the baseline")
 }
 
 func (f *watchFlags) validate() error {
@@ -56,6 +64,15 @@ func (f *watchFlags) validate() error {
 	}
 	if f.maxFDs == 0 {
 		return usagef("--max-fds must be positive")
+	}
+	if f.gpuEvery < nvml.MinInterval {
+		return usagef("--gpu-interval must be at least %s, got %s", nvml.MinInterval, f.gpuEvery)
+	}
+	if f.maxAlloc == 0 {
+		return usagef("--max-allocs must be positive")
+	}
+	if f.ctxFloor <= 0 {
+		return usagef("--ctx-switch-floor must be positive, got %v", f.ctxFloor)
 	}
 	for _, k := range f.failOn {
 		if !slices.Contains(model.Kinds, k) {
@@ -190,6 +207,8 @@ func watch(cmd *cobra.Command, f *watchFlags, start func(*pipeline.Pipeline) (fu
 
 	cfg := pipeline.DefaultConfig()
 	cfg.Interval, cfg.MaxFDs = f.interval, f.maxFDs
+	cfg.CtxStorm.Floor = f.ctxFloor
+	cfg.GPUInterval, cfg.MaxAllocs = f.gpuEvery, f.maxAlloc
 	p, err := pipeline.New(cfg, sinks...)
 	if err != nil {
 		return err

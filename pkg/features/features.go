@@ -10,13 +10,17 @@ import (
 	"path/filepath"
 	"sort"
 
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/cudatrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/fdtrack"
+	gpusample "github.com/open-autoglm/autoglm-ebpf/pkg/nvml"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/socktrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/tracefs"
 )
 
@@ -78,8 +82,11 @@ func Check() []Result {
 
 	if tfErr == nil {
 		rs = append(rs, tracepoints(root)...)
+		rs = append(rs, sockTracepoint(root))
 	}
+	rs = append(rs, sched()...)
 	rs = append(rs, nvml())
+	rs = append(rs, cudaHooks()...)
 	return rs
 }
 
@@ -116,6 +123,16 @@ func tracepoints(root string) []Result {
 		rs = append(rs, r)
 	}
 	return rs
+}
+
+// sockTracepoint reports the tracepoint socket tracking cannot do without.
+func sockTracepoint(root string) Result {
+	group, event := filepath.Split(socktrack.Tracepoint)
+	r := Result{Name: "tracepoint " + socktrack.Tracepoint, OK: tracefs.EventExists(root, filepath.Clean(group), event), Detail: "present"}
+	if !r.OK {
+		r.Detail = "missing: TCP sockets (CLOSE_WAIT leaks) are not tracked"
+	}
+	return r
 }
 
 func trivial(pt ebpf.ProgramType) (*ebpf.Program, error) {
@@ -160,17 +177,59 @@ func attachUprobe() error {
 	return l.Close()
 }
 
-// nvml reports whether the NVIDIA management library is installed; GPU
-// sampling needs it and a driver.
+// nvml initializes the NVIDIA management library once: GPU sampling needs
+// the library and a loaded driver.
 func nvml() Result {
-	r := Result{Name: "NVML (libnvidia-ml.so.1)"}
-	for _, dir := range []string{"/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/nvidia/lib64"} {
-		p := filepath.Join(dir, "libnvidia-ml.so.1")
-		if _, err := os.Stat(p); err == nil {
-			r.OK, r.Detail = true, p
-			return r
+	r := Result{Name: "NVML (GPU metrics)"}
+	detail, err := gpusample.Probe(gonvml.New())
+	if err != nil {
+		r.Detail = err.Error() + " (everything else works)"
+		return r
+	}
+	r.OK, r.Detail = true, detail
+	return r
+}
+
+// cudaHooks lists, for the CUDA runtime and driver libraries installed here,
+// which hooked functions each defines. A missing function (older library) or
+// library is reported, never fatal: hooks attach to whatever a process maps.
+func cudaHooks() []Result {
+	libs, err := cudatrack.SystemLibraries()
+	multi := Result{Name: "uprobe_multi links (CUDA hooks)", Detail: "present"}
+	if merr := features.HaveBPFLinkUprobeMulti(); merr != nil {
+		multi.Detail = "unavailable (" + merr.Error() + "): one uprobe per function, slow to detach"
+	} else {
+		multi.OK = true
+	}
+	rs := []Result{multi}
+	if err != nil {
+		rs = append(rs, Result{Name: "CUDA libraries", Detail: err.Error()})
+	}
+	for _, layer := range []struct{ layer, kind, name string }{
+		{cudatrack.LayerRuntime, "runtime", "libcudart.so"},
+		{cudatrack.LayerDriver, "driver", "libcuda.so.1"},
+	} {
+		found := false
+		for _, lib := range libs {
+			if lib.Kind != layer.kind {
+				continue
+			}
+			found = true
+			missing := map[string]bool{}
+			for _, m := range lib.Missing {
+				missing[m] = true
+			}
+			for _, fn := range cudatrack.LayerSymbols(layer.layer) {
+				r := Result{Name: "CUDA hook " + fn, OK: !missing[fn], Detail: lib.Path}
+				if missing[fn] {
+					r.Detail = "not in " + lib.Path + " (older version): not hooked"
+				}
+				rs = append(rs, r)
+			}
+		}
+		if !found {
+			rs = append(rs, Result{Name: "CUDA " + layer.kind + " (" + layer.name + ")", Detail: "not installed in the standard places; hooks attach to the copy a process maps"})
 		}
 	}
-	r.Detail = "not found: no GPU metrics (everything else works)"
-	return r
+	return rs
 }

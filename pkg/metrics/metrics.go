@@ -27,6 +27,10 @@ var (
 		"File descriptors created since attach, by kind.", []string{"pid", "comm", "kind"}, nil)
 	closedDesc = prometheus.NewDesc("autoglm_fds_closed_total",
 		"File descriptors released since attach, by kind.", []string{"pid", "comm", "kind"}, nil)
+	socketsDesc = prometheus.NewDesc("autoglm_sockets",
+		"TCP sockets the process holds, by state.", []string{"pid", "comm", "state"}, nil)
+	socketFDsDesc = prometheus.NewDesc("autoglm_socket_fds",
+		"Socket file descriptors of the process, by kind (tcp, udp, unix, other).", []string{"pid", "comm", "kind"}, nil)
 	findingDesc = prometheus.NewDesc("autoglm_finding",
 		"1 while a finding is active, 0 once it no longer holds.", []string{"kind", "severity", "pid", "comm"}, nil)
 	findingsTotalDesc = prometheus.NewDesc("autoglm_findings_total",
@@ -47,6 +51,8 @@ type Metrics struct {
 	// hands over a smaller value: rate() would read that as a counter reset.
 	opened, closed map[int]map[string]uint64 // by pid, then fd kind
 	lost           map[string]uint64         // by source
+	cuda           map[int]cudaCounts        // by pid
+	switches       map[int]map[string]uint64 // context switches by pid, then type
 
 	counted map[findingID]bool // findings already in findings_total
 	total   map[string]uint64  // findings_total by kind
@@ -75,6 +81,8 @@ func New(reg prometheus.Registerer, version string) *Metrics {
 		opened:    map[int]map[string]uint64{},
 		closed:    map[int]map[string]uint64{},
 		lost:      map[string]uint64{},
+		cuda:      map[int]cudaCounts{},
+		switches:  map[int]map[string]uint64{},
 		counted:   map[findingID]bool{},
 		total:     map[string]uint64{},
 		gone:      map[int]time.Time{},
@@ -110,6 +118,8 @@ func (m *Metrics) build(s *model.Snapshot) []prometheus.Metric {
 	out := []prometheus.Metric{m.buildInfo}
 	if s != nil {
 		out = m.processSeries(s, out)
+		out = m.cudaSeries(s, out)
+		out = m.schedSeries(s, out)
 		out = m.findingSeries(s, out)
 		for src, n := range s.Lost {
 			m.lost[src] = max(m.lost[src], n)
@@ -140,6 +150,7 @@ func (m *Metrics) processSeries(s *model.Snapshot, out []prometheus.Metric) []pr
 		for kind, n := range c {
 			out = append(out, constMetric(closedDesc, prometheus.CounterValue, float64(n), pid, comm, label(kind)))
 		}
+		out = socketSeries(p, pid, comm, out)
 		if p.Exited {
 			// Served this once; the next snapshot drops the series and
 			// the state, so that a reused pid starts from its own counts.
@@ -149,6 +160,23 @@ func (m *Metrics) processSeries(s *model.Snapshot, out []prometheus.Metric) []pr
 		opened[p.PID], closed[p.PID] = o, c
 	}
 	m.opened, m.closed = opened, closed
+	return out
+}
+
+// socketSeries exports the socket view of p when the socket concern filled
+// it: every state and kind, zeros included, so that a count that drops to
+// zero reads 0 rather than vanishing.
+func socketSeries(p *model.Process, pid, comm string, out []prometheus.Metric) []prometheus.Metric {
+	if p.Sock.TCPByState != nil {
+		for _, st := range model.TCPStates {
+			out = append(out, constMetric(socketsDesc, prometheus.GaugeValue, float64(p.Sock.TCPByState[st]), pid, comm, st))
+		}
+	}
+	if p.Sock.ByKind != nil {
+		for _, k := range model.SockKinds {
+			out = append(out, constMetric(socketFDsDesc, prometheus.GaugeValue, float64(p.Sock.ByKind[k]), pid, comm, k))
+		}
+	}
 	return out
 }
 
@@ -207,7 +235,13 @@ func label(s string) string {
 type collector struct{ m *Metrics }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{openFDsDesc, fdLimitDesc, openedDesc, closedDesc, findingDesc, findingsTotalDesc, lostDesc, buildInfoDesc} {
+	for _, d := range []*prometheus.Desc{openFDsDesc, fdLimitDesc, openedDesc, closedDesc, socketsDesc, socketFDsDesc, findingDesc, findingsTotalDesc, lostDesc, buildInfoDesc} {
+		ch <- d
+	}
+	for _, d := range cudaDescs {
+		ch <- d
+	}
+	for _, d := range schedDescs {
 		ch <- d
 	}
 }

@@ -216,6 +216,49 @@ func TestLint(t *testing.T) {
 	}
 }
 
+// Socket gauges: every TCP state and socket kind of a process the socket
+// concern filled (zeros included), none for one it did not, and gone after
+// the process exits.
+func TestSocketSeries(t *testing.T) {
+	m, reg := newMetrics(t)
+	sock := proc(100, "sock\xffwork", 9, 9, 0, false)
+	sock.Sock = model.SockStats{
+		TCPByState: map[string]int{"LISTEN": 1, "CLOSE_WAIT": 7},
+		ByKind:     map[string]int{"tcp": 8, "udp": 1, "unix": 2, "other": 0},
+	}
+	m.Update(snap(1, []*model.Process{sock, proc(200, "fdwork", 3, 3, 0, false)}, nil, nil))
+	for state, want := range map[string]float64{"CLOSE_WAIT": 7, "LISTEN": 1, "ESTABLISHED": 0} {
+		if v, ok := value(t, reg, "autoglm_sockets", map[string]string{"pid": "100", "state": state}); !ok || v != want {
+			t.Errorf("autoglm_sockets{state=%s} = %v (present %v), want %v", state, v, ok, want)
+		}
+	}
+	if n := count(t, reg, "autoglm_sockets", map[string]string{"pid": "100"}); n != len(model.TCPStates) {
+		t.Errorf("%d state series, want %d", n, len(model.TCPStates))
+	}
+	for kind, want := range map[string]float64{"tcp": 8, "udp": 1, "unix": 2, "other": 0} {
+		if v, ok := value(t, reg, "autoglm_socket_fds", map[string]string{"pid": "100", "kind": kind}); !ok || v != want {
+			t.Errorf("autoglm_socket_fds{kind=%s} = %v (present %v), want %v", kind, v, ok, want)
+		}
+	}
+	if n := count(t, reg, "autoglm_sockets", map[string]string{"pid": "200"}) + count(t, reg, "autoglm_socket_fds", map[string]string{"pid": "200"}); n != 0 {
+		t.Errorf("%d socket series for a process without a socket view", n)
+	}
+	problems, err := testutil.CollectAndLint(collector{m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint: %s: %s", p.Metric, p.Text)
+	}
+
+	sock.Exited = true
+	m.Update(snap(2, []*model.Process{sock}, nil, nil))
+	m.Update(snap(3, nil, nil, nil))
+	if n := count(t, reg, "autoglm_sockets", nil) + count(t, reg, "autoglm_socket_fds", nil); n != 0 {
+		t.Errorf("%d socket series left after exit", n)
+	}
+}
+
 func TestClose(t *testing.T) {
 	m, reg := newMetrics(t)
 	if err := m.Close(snap(1, []*model.Process{proc(100, "fdwork", 7, 1, 0, false)}, nil, nil)); err != nil {

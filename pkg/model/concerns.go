@@ -35,6 +35,14 @@ type SockStats struct {
 	CloseWait  []SockConn     // sockets sitting in CLOSE_WAIT, oldest first
 }
 
+// TCPStates names the TCP states of SockStats.TCPByState, in the kernel's
+// order (include/net/tcp_states.h, from 1).
+var TCPStates = []string{"ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1", "FIN_WAIT2", "TIME_WAIT",
+	"CLOSE", "CLOSE_WAIT", "LAST_ACK", "LISTEN", "CLOSING", "NEW_SYN_RECV"}
+
+// SockKinds are the kinds of SockStats.ByKind.
+var SockKinds = []string{"tcp", "udp", "unix", "other"}
+
 // SockConn is one TCP connection of a process.
 type SockConn struct {
 	Local  string // ip:port
@@ -47,16 +55,30 @@ type SockConn struct {
 // CUDAStats is the GPU-allocation view of one process at one instant.
 type CUDAStats struct {
 	LiveBytes      uint64            // device bytes allocated and not freed, from the kernel's live map
-	LiveAllocs     int               // live allocations
+	LiveAllocs     int               // live device allocations
+	HostLiveBytes  uint64            // pinned host bytes (cudaMallocHost, cudaHostAlloc, ...) allocated and not freed; not in LiveBytes or Sites
 	AllocBytes     map[string]uint64 // bytes allocated since attach, by API (monotonic)
 	FreeBytes      map[string]uint64 // bytes freed since attach, by API (monotonic)
 	AllocCalls     map[string]uint64 // allocation calls since attach, by API (monotonic)
+	Calls          map[string]uint64 // every hooked call since attach, frees and cuMemMap/cuMemUnmap included, by API (monotonic)
 	Failures       []CUDAFailure     // failed allocation calls since attach
 	Sites          []CUDASite        // live allocations by stack, most bytes first
 	NVMLUsedBytes  uint64            // the GPU's own figure for this process (0 when NVML is absent)
 	HasNVML        bool
 	UntrackedBytes int64    // NVMLUsedBytes - LiveBytes: contexts, caching, paths not hooked
 	Libraries      []string // CUDA libraries hooked in this process
+}
+
+// Active reports whether the process shows any CUDA activity; sinks show
+// CUDA figures only for those.
+func (c *CUDAStats) Active() bool {
+	var n uint64
+	for _, m := range []map[string]uint64{c.AllocBytes, c.FreeBytes, c.AllocCalls} {
+		for _, v := range m {
+			n += v
+		}
+	}
+	return len(c.Libraries) > 0 || c.LiveBytes > 0 || len(c.Failures) > 0 || n > 0
 }
 
 // CUDAFailure is one failed allocation.
@@ -84,5 +106,6 @@ type GPU struct {
 	Name        string
 	MemoryUsed  uint64
 	MemoryTotal uint64
-	Utilization float64 // 0..1
+	Utilization float64        // 0..1
+	Processes   map[int]uint64 // device memory used on this GPU, by pid
 }

@@ -78,4 +78,5 @@ type Snapshot struct {
 	Processes []*Process        // watched processes, including those that exited this interval
 	Findings  []Finding         // every finding so far, active or not
 	Lost      map[string]uint64 // lost events and failed map updates, by source (monotonic)
+	GPUs      []GPU             // devices as NVML last reported them; nil without NVML
 }

@@ -13,10 +13,19 @@ import (
 	"slices"
 	"time"
 
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/cudatrack"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ctxstorm"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdleak"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpualloc"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/sockleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/fdtrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/nvml"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/schedtrack"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/socktrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
 )
 
@@ -47,13 +56,21 @@ type Config struct {
 	ProcRoot string
 	MaxFDs   uint32
 	FDLeak   fdleak.Config
+	CtxStorm ctxstorm.Config
+	SockLeak sockleak.Config
+	GPUAlloc gpualloc.Config
+	// MaxAllocs is the capacity of the kernel's live GPU allocation table.
+	MaxAllocs uint32
+	// GPUInterval is how often NVML is sampled.
+	GPUInterval time.Duration
 	// TopSites bounds how many opening stacks per process are symbolized.
 	TopSites int
 }
 
 // DefaultConfig is what the CLI starts from.
 func DefaultConfig() Config {
-	return Config{Interval: time.Second, ProcRoot: "/proc", MaxFDs: 1 << 16, FDLeak: fdleak.DefaultConfig(), TopSites: 64}
+	return Config{Interval: time.Second, ProcRoot: "/proc", MaxFDs: 1 << 16, FDLeak: fdleak.DefaultConfig(), CtxStorm: ctxstorm.DefaultConfig(), SockLeak: sockleak.DefaultConfig(),
+		GPUAlloc: gpualloc.DefaultConfig(), MaxAllocs: 1 << 18, GPUInterval: nvml.DefaultInterval, TopSites: 64}
 }
 
 // Pipeline owns the concerns and the per-process state.
@@ -63,6 +80,8 @@ type Pipeline struct {
 	proc     procinfo.FS
 	sym      *symbolize.Symbolizer
 	sinks    []Sink
+	gpu      *nvml.Sampler
+	stopGPU  context.CancelFunc
 
 	start    time.Time
 	targets  []int
@@ -91,6 +110,41 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 		return nil, err
 	}
 	p.concerns = append(p.concerns, fd)
+
+	// NVML is optional: without a driver the sampler reports one clear
+	// error and the GPU join is skipped.
+	ctx, cancel := context.WithCancel(context.Background())
+	p.gpu, p.stopGPU = nvml.New(gonvml.New()), cancel
+	if err := p.gpu.Start(ctx, cfg.GPUInterval); err != nil {
+		slog.Warn(err.Error())
+	}
+
+	// The other concerns are optional: a kernel that cannot host one loses
+	// that view, not the whole tool. The socket concern comes after fd so
+	// that FD.Limit is filled when its detector runs.
+	optional := []struct {
+		name string
+		new  func() (Concern, error)
+	}{
+		{"sched", func() (Concern, error) {
+			return schedtrack.NewConcern(schedtrack.Config{ProcRoot: cfg.ProcRoot}, cfg.CtxStorm)
+		}},
+		{"sock", func() (Concern, error) {
+			return socktrack.NewConcern(socktrack.Config{ProcRoot: cfg.ProcRoot}, cfg.SockLeak)
+		}},
+		{"cuda", func() (Concern, error) {
+			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites},
+				p.gpu.Joining(gpualloc.New(cfg.GPUAlloc)), p.sym)
+		}},
+	}
+	for _, o := range optional {
+		c, err := o.new()
+		if err != nil {
+			slog.Warn("concern unavailable on this machine; continuing without it", "concern", o.name, "err", err)
+			continue
+		}
+		p.concerns = append(p.concerns, c)
+	}
 	return p, nil
 }
 
@@ -222,6 +276,7 @@ func (p *Pipeline) snapshot(now time.Time) *model.Snapshot {
 		pr := *p.procs[pid]
 		s.Processes = append(s.Processes, &pr)
 	}
+	s.GPUs = p.gpu.GPUs()
 	for _, c := range p.concerns {
 		lost, err := c.Lost()
 		if err != nil {
@@ -233,8 +288,13 @@ func (p *Pipeline) snapshot(now time.Time) *model.Snapshot {
 	return s
 }
 
-// Close unloads every concern's BPF programs and maps.
+// Close unloads every concern's BPF programs and maps and stops NVML.
 func (p *Pipeline) Close() error {
+	if p.stopGPU != nil {
+		p.stopGPU()
+		p.gpu.Wait()
+		p.stopGPU = nil
+	}
 	var errs []error
 	for _, c := range p.concerns {
 		if err := c.Close(); err != nil {

@@ -26,6 +26,32 @@ type Report struct {
 	Processes       []Process         `json:"processes"`
 	Findings        []model.Finding   `json:"findings"`
 	LostEvents      map[string]uint64 `json:"lost_events"`
+	GPUs            []GPU             `json:"gpus"`
+}
+
+// GPU is one device as NVML last reported it.
+type GPU struct {
+	Index            int     `json:"index"`
+	UUID             string  `json:"uuid"`
+	Name             string  `json:"name"`
+	MemoryUsedBytes  uint64  `json:"memory_used_bytes"`
+	MemoryTotalBytes uint64  `json:"memory_total_bytes"`
+	UtilizationRatio float64 `json:"utilization_ratio"`
+	// Device memory by pid, every process NVML lists, watched or not.
+	ProcessMemoryUsedBytes map[int]uint64 `json:"process_memory_used_bytes"`
+}
+
+// CUDA is the GPU-allocation view of a process that used CUDA.
+type CUDA struct {
+	LiveBytes  uint64            `json:"live_bytes"`
+	AllocBytes map[string]uint64 `json:"alloc_bytes"` // by API
+	FreeBytes  map[string]uint64 `json:"free_bytes"`  // by API
+	AllocCalls map[string]uint64 `json:"alloc_calls"` // by API
+	Failures   int               `json:"failures"`
+	// NVML's figures; absent when NVML does not list the process.
+	NVMLUsedBytes  *uint64  `json:"nvml_used_bytes,omitempty"`
+	UntrackedBytes *int64   `json:"untracked_bytes,omitempty"`
+	Libraries      []string `json:"libraries"`
 }
 
 // Process is the last known state of one watched process.
@@ -37,6 +63,17 @@ type Process struct {
 	FDLimit   uint64            `json:"fd_limit"`
 	FDsOpened map[string]uint64 `json:"fds_opened"`
 	FDsClosed map[string]uint64 `json:"fds_closed"`
+	CUDA      *CUDA             `json:"cuda,omitempty"` // absent without CUDA activity
+
+	// TCP sockets held by state, and socket fds by kind; {} without the
+	// socket concern.
+	TCPSocketsByState map[string]int `json:"tcp_sockets_by_state"`
+	SocketFDsByKind   map[string]int `json:"socket_fds_by_kind"`
+
+	// Context switches since attach, and the p99 run-queue wait in seconds
+	// (null when no wait was seen).
+	ContextSwitches    ContextSwitches `json:"context_switches"`
+	RunqueueP99Seconds *float64        `json:"runqueue_p99_seconds"`
 }
 
 // processKey tells apart two processes that had the same pid in one run.
@@ -81,6 +118,13 @@ func (w *Writer) Update(s *model.Snapshot) {
 			FDLimit:   p.FD.Limit,
 			FDsOpened: copyCounts(p.FD.Opened),
 			FDsClosed: copyCounts(p.FD.Closed),
+			CUDA:      cudaOf(&p.CUDA),
+
+			TCPSocketsByState: copyInts(p.Sock.TCPByState),
+			SocketFDsByKind:   copyInts(p.Sock.ByKind),
+
+			ContextSwitches:    ContextSwitches{Voluntary: p.Sched.Voluntary, Involuntary: p.Sched.Involuntary},
+			RunqueueP99Seconds: p99(p.Sched.RunqLatency),
 		}
 	}
 }
@@ -117,11 +161,19 @@ func (w *Writer) report(now time.Time) *Report {
 		Processes:  w.processes(),
 		Findings:   []model.Finding{},
 		LostEvents: map[string]uint64{},
+		GPUs:       []GPU{},
 	}
 	if s := w.last; s != nil {
 		r.Start, r.End = s.Start, s.Time
 		r.Targets = append(r.Targets, s.Targets...)
 		maps.Copy(r.LostEvents, s.Lost)
+		for _, g := range s.GPUs {
+			r.GPUs = append(r.GPUs, GPU{
+				Index: g.Index, UUID: g.UUID, Name: g.Name,
+				MemoryUsedBytes: g.MemoryUsed, MemoryTotalBytes: g.MemoryTotal, UtilizationRatio: g.Utilization,
+				ProcessMemoryUsedBytes: maps.Clone(g.Processes),
+			})
+		}
 		for _, f := range s.Findings {
 			// Consumers index into these; [] and {} spare them null checks.
 			if f.Stack == nil {
@@ -150,9 +202,36 @@ func (w *Writer) processes() []Process {
 	return out
 }
 
+// cudaOf copies the CUDA view of a process, or nil if it shows no activity.
+func cudaOf(c *model.CUDAStats) *CUDA {
+	if !c.Active() {
+		return nil
+	}
+	out := &CUDA{
+		LiveBytes:  c.LiveBytes,
+		AllocBytes: copyCounts(c.AllocBytes),
+		FreeBytes:  copyCounts(c.FreeBytes),
+		AllocCalls: copyCounts(c.AllocCalls),
+		Failures:   len(c.Failures),
+		Libraries:  append([]string{}, c.Libraries...),
+	}
+	if c.HasNVML {
+		used, untracked := c.NVMLUsedBytes, c.UntrackedBytes
+		out.NVMLUsedBytes, out.UntrackedBytes = &used, &untracked
+	}
+	return out
+}
+
 // copyCounts copies m; nil becomes empty, so that the JSON shows {}.
 func copyCounts(m map[string]uint64) map[string]uint64 {
 	out := make(map[string]uint64, len(m))
+	maps.Copy(out, m)
+	return out
+}
+
+// copyInts copies m; nil becomes empty, so that the JSON shows {}.
+func copyInts(m map[string]int) map[string]int {
+	out := make(map[string]int, len(m))
 	maps.Copy(out, m)
 	return out
 }

@@ -73,6 +73,8 @@ func TestRoundTrip(t *testing.T) {
 		PID: 100, Comm: "fdwork", OpenFDs: 57, FDLimit: 1024,
 		FDsOpened: map[string]uint64{"file": 80, "socket": 2},
 		FDsClosed: map[string]uint64{"file": 23},
+
+		TCPSocketsByState: map[string]int{}, SocketFDsByKind: map[string]int{},
 	}
 	if len(r.Processes) != 1 || !reflect.DeepEqual(r.Processes[0], wantProc) {
 		t.Errorf("processes = %+v, want [%+v]", r.Processes, wantProc)

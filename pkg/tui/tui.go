@@ -36,8 +36,9 @@ type View struct {
 }
 
 type sample struct {
-	open int
-	at   time.Time
+	open     int
+	at       time.Time
+	switches uint64 // context switches since attach
 }
 
 // findingID identifies one finding across snapshots, as detectors do.
@@ -81,7 +82,7 @@ func (v *View) Update(s *model.Snapshot) {
 	prev := make(map[int]sample, len(s.Processes))
 	for _, p := range s.Processes {
 		if !p.Exited {
-			prev[p.PID] = sample{p.FD.Open, s.Time}
+			prev[p.PID] = sample{p.FD.Open, s.Time, p.Sched.Voluntary + p.Sched.Involuntary}
 		}
 	}
 	v.prev = prev
@@ -129,15 +130,20 @@ func (v *View) draw(s *model.Snapshot, counts map[int]int) {
 	}
 	b.WriteString("\n")
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PID\tCOMM\tOPEN-FDS\tRATE\tFINDINGS")
+	fmt.Fprintln(tw, "PID\tCOMM\tOPEN-FDS\tRATE\tCS/S\tFINDINGS")
 	for _, p := range byPID(s.Processes) {
 		rate := v.rate(p, s.Time)
 		if p.Exited {
 			rate = "exited"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%d\n", p.PID, p.Comm, p.FD.Open, rate, counts[p.PID])
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%d\n", p.PID, p.Comm, p.FD.Open, rate, v.switchRate(p, s.Time), counts[p.PID])
 	}
 	tw.Flush()
+	for _, p := range byPID(s.Processes) {
+		if line := gpuLine(p); line != "" {
+			fmt.Fprintln(&b, line)
+		}
+	}
 	v.drawn = bytes.Count(b.Bytes(), []byte("\n"))
 	v.w.Write(b.Bytes())
 }
@@ -146,6 +152,7 @@ func (v *View) draw(s *model.Snapshot, counts map[int]int) {
 func (v *View) log(s *model.Snapshot, counts map[int]int) {
 	for _, p := range byPID(s.Processes) {
 		state := fmt.Sprintf("pid=%d (%s) open=%d findings=%d", p.PID, p.Comm, p.FD.Open, counts[p.PID])
+		state += gpuState(p)
 		if p.Exited {
 			state += " exited"
 		}
@@ -190,6 +197,12 @@ func (v *View) summary() {
 			p.PID, comm, p.FD.Open, p.FD.Limit, sum(p.FD.Opened), sum(p.FD.Closed), counts[p.PID])
 	}
 	tw.Flush()
+	for _, pid := range slices.Sorted(maps.Keys(v.procs)) {
+		p := v.procs[pid]
+		if line := gpuLine(&p); line != "" {
+			fmt.Fprintln(v.w, line)
+		}
+	}
 
 	if len(findings) == 0 {
 		fmt.Fprintln(v.w, "\nno findings")

@@ -1,0 +1,384 @@
+// SPDX-License-Identifier: (BSD-2-Clause OR GPL-2.0)
+/* CUDA allocation tracking: uprobe/uretprobe pairs on the allocation and free
+ * entry points of the CUDA runtime (libcudart, or a statically linked copy)
+ * and driver (libcuda), attached per process by user space.
+ *
+ * The live allocations of every tracked process sit in a kernel hash keyed by
+ * (tgid, pointer): it is the source of truth, so a burst of any size loses
+ * nothing while the table has room. Per-API totals are per-CPU counters.
+ * Only failed allocations, which are rare, go through the ring buffer.
+ *
+ * The runtime implements its allocations by calling the driver on the same
+ * thread. Each layer keeps its own per-thread entry state, and a driver call
+ * made while a runtime call is in flight on the thread is ignored, so one
+ * allocation is counted once, under the outermost API.
+ *
+ * The API of each attach point comes from the BPF cookie: one program per
+ * argument shape serves every function of that shape. */
+#include "common.h"
+
+/* Hooked functions; the cookie of each attach point. Runtime first, then
+ * driver, then the driver's virtual memory management calls. The Go table in
+ * pkg/cudatrack/apis.go follows this order. */
+enum cuda_api {
+	API_CUDA_MALLOC = 0,
+	API_CUDA_MALLOC_ASYNC,
+	API_CUDA_MALLOC_FROM_POOL_ASYNC,
+	API_CUDA_MALLOC_MANAGED,
+	API_CUDA_MALLOC_PITCH,
+	API_CUDA_MALLOC_HOST,
+	API_CUDA_HOST_ALLOC,
+	API_CUDA_FREE,
+	API_CUDA_FREE_ASYNC,
+	API_CUDA_FREE_HOST,
+	API_CU_MEM_ALLOC = 10, /* first driver API */
+	API_CU_MEM_ALLOC_ASYNC,
+	API_CU_MEM_ALLOC_FROM_POOL_ASYNC,
+	API_CU_MEM_ALLOC_MANAGED,
+	API_CU_MEM_ALLOC_PITCH,
+	API_CU_MEM_ALLOC_HOST,
+	API_CU_MEM_HOST_ALLOC,
+	API_CU_MEM_FREE,
+	API_CU_MEM_FREE_ASYNC,
+	API_CU_MEM_FREE_HOST,
+	API_CU_MEM_CREATE = 20,
+	API_CU_MEM_RELEASE,
+	API_CU_MEM_MAP,
+	API_CU_MEM_UNMAP,
+	API_MAX,
+};
+
+/* Argument shapes: what the entry program saves and the return program does. */
+enum cuda_shape {
+	SHAPE_ALLOC = 0, /* (T **out, size_t size, ...) */
+	SHAPE_PITCH = 1, /* (T **out, size_t *pitch, size_t width, size_t height, ...) */
+	SHAPE_FREE = 2,  /* (T ptr, ...) */
+	SHAPE_COUNT = 3, /* (ptr, size_t size, ...): only counted */
+};
+
+enum cuda_layer {
+	LAYER_RUNTIME = 0,
+	LAYER_DRIVER = 1,
+};
+
+/* Key namespaces of the live table: cuMemCreate handles are not pointers. */
+enum cuda_ns {
+	NS_PTR = 0,
+	NS_HANDLE = 1,
+};
+
+struct cuda_alloc_key {
+	u32 tgid;
+	u32 ns; /* enum cuda_ns */
+	u64 addr;
+};
+
+struct cuda_alloc {
+	u64 size;
+	u64 time_ns;  /* bpf_ktime_get_ns at return */
+	s32 stack_id; /* user stack at return; negative: unknown */
+	u16 api;
+	u16 pad;
+};
+
+/* Per-process totals since tracking began; user space creates the entry. */
+struct cuda_counts {
+	u64 alloc_bytes[API_MAX];
+	u64 free_bytes[API_MAX];
+	u64 calls[API_MAX];
+};
+
+/* One failed allocation, sent to user space. */
+struct cuda_failure {
+	u64 time_ns;
+	u64 size;
+	u32 tgid;
+	u32 tid;
+	s32 code;
+	s32 stack_id;
+	u16 api;
+	u16 pad[3];
+};
+
+/* Saved at the entry of the outermost call of a layer on a thread. */
+struct call_state {
+	u64 sp;   /* user stack pointer at entry: nested calls are below it; 0: none */
+	u64 out;  /* user address of the out-parameter */
+	u64 size; /* requested bytes; rows for the pitch shape */
+	u64 pitch; /* user address of the pitch out-parameter */
+	u16 api;
+	u8 shape;
+	u8 pad[5];
+};
+
+/* Per-thread entry state, one slot per layer. Task storage: no hash update
+ * per call, and it goes away with the thread. */
+struct thread_calls {
+	struct call_state layer[2];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144); /* resized from Go (Config.MaxAllocs) */
+	__type(key, struct cuda_alloc_key);
+	__type(value, struct cuda_alloc);
+} live_allocs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, u32);
+	__type(value, struct cuda_counts);
+} cuda_counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct thread_calls);
+} calls SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 256 * 1024);
+} failures SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
+	__uint(max_entries, 8192);
+	__uint(key_size, sizeof(u32));
+	__uint(value_size, 127 * sizeof(u64));
+} cuda_stacks SEC(".maps");
+
+/* Force the shared types into BTF so bpf2go can generate them. */
+const struct cuda_alloc_key *unused_cuda_alloc_key __attribute__((unused));
+const struct cuda_alloc *unused_cuda_alloc __attribute__((unused));
+const struct cuda_counts *unused_cuda_counts __attribute__((unused));
+const struct cuda_failure *unused_cuda_failure __attribute__((unused));
+const enum cuda_api *unused_cuda_api __attribute__((unused));
+const enum cuda_shape *unused_cuda_shape __attribute__((unused));
+const enum cuda_ns *unused_cuda_ns __attribute__((unused));
+const enum err_kind *unused_err_kind __attribute__((unused));
+
+static __always_inline u32 layer_of(u32 api)
+{
+	return api < API_CU_MEM_ALLOC ? LAYER_RUNTIME : LAYER_DRIVER;
+}
+
+static __always_inline u32 ns_of(u32 api)
+{
+	return api == API_CU_MEM_CREATE || api == API_CU_MEM_RELEASE ? NS_HANDLE : NS_PTR;
+}
+
+/* Returns the API of the attach point, or API_MAX when the cookie is bad. */
+static __always_inline u32 api_of(struct pt_regs *ctx)
+{
+	u64 api = bpf_get_attach_cookie(ctx);
+	return api < API_MAX ? (u32)api : API_MAX;
+}
+
+/* True when the call saved in st is in flight further up this thread's
+ * stack. One below sp is stale: its return was never seen (longjmp, or the
+ * uretprobe could not be installed). One at sp itself is a call that
+ * tail-called this one when outer_too (the runtime jumping into the driver),
+ * and a stale one otherwise. */
+static __always_inline bool in_flight(const struct call_state *st, u64 sp, bool outer_too)
+{
+	return st->sp > sp || (outer_too && st->sp && st->sp == sp);
+}
+
+static __always_inline struct thread_calls *thread_calls(bool create)
+{
+	return bpf_task_storage_get(&calls, bpf_get_current_task_btf(), 0,
+				    create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+}
+
+/* Adds one call of api and its bytes to the totals of tgid. */
+static __always_inline void count(u32 tgid, u32 api, u64 alloc, u64 freed)
+{
+	struct cuda_counts *c = bpf_map_lookup_elem(&cuda_counters, &tgid);
+	if (!c) {
+		count_err(ERR_COUNTERS);
+		return;
+	}
+	/* Compare and index through one register the verifier can bound. */
+	u32 k = api;
+	asm volatile("" : "+r"(k));
+	if (k >= API_MAX)
+		return;
+	c->calls[k]++;
+	c->alloc_bytes[k] += alloc;
+	c->free_bytes[k] += freed;
+}
+
+/* Saves the entry state of an outermost call. Returns the API, or API_MAX
+ * when the call is not ours to record (untracked process, nested call). */
+static __always_inline u32 enter(struct pt_regs *ctx, u8 shape, u64 out, u64 size, u64 pitch)
+{
+	u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (!is_tracked(tgid))
+		return API_MAX;
+	u32 api = api_of(ctx);
+	if (api == API_MAX)
+		return API_MAX;
+	struct thread_calls *tc = thread_calls(true);
+	if (!tc) {
+		count_err(ERR_ENTRY_STATE);
+		return API_MAX;
+	}
+	u64 sp = PT_REGS_SP(ctx);
+	u32 layer = layer_of(api);
+	if (layer == LAYER_DRIVER && in_flight(&tc->layer[LAYER_RUNTIME], sp, true))
+		return API_MAX;
+	struct call_state *st = &tc->layer[layer == LAYER_DRIVER];
+	if (in_flight(st, sp, false))
+		return API_MAX;
+	st->sp = sp;
+	st->out = out;
+	st->size = size;
+	st->pitch = pitch;
+	st->api = api;
+	st->shape = shape;
+	return api;
+}
+
+SEC("uprobe")
+int cuda_alloc_enter(struct pt_regs *ctx)
+{
+	enter(ctx, SHAPE_ALLOC, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), 0);
+	return 0;
+}
+
+SEC("uprobe")
+int cuda_pitch_enter(struct pt_regs *ctx)
+{
+	enter(ctx, SHAPE_PITCH, PT_REGS_PARM1(ctx), PT_REGS_PARM4(ctx), PT_REGS_PARM2(ctx));
+	return 0;
+}
+
+SEC("uprobe")
+int cuda_count_enter(struct pt_regs *ctx)
+{
+	enter(ctx, SHAPE_COUNT, 0, PT_REGS_PARM2(ctx), 0);
+	return 0;
+}
+
+/* Frees are recorded at entry: once the library has released the memory,
+ * another thread may get the same address back before our return hook runs. */
+SEC("uprobe")
+int cuda_free_enter(struct pt_regs *ctx)
+{
+	u64 addr = PT_REGS_PARM1(ctx);
+	u32 api = enter(ctx, SHAPE_FREE, 0, 0, 0);
+	if (api == API_MAX)
+		return 0;
+	u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	u64 freed = 0;
+	struct cuda_alloc_key key = { .tgid = tgid, .ns = ns_of(api), .addr = addr };
+	/* Not found: allocated before tracking began, or not by a hooked API. */
+	struct cuda_alloc *a = addr ? bpf_map_lookup_elem(&live_allocs, &key) : NULL;
+	if (a) {
+		freed = a->size;
+		if (bpf_map_delete_elem(&live_allocs, &key))
+			freed = 0;
+	}
+	count(tgid, api, 0, freed);
+	return 0;
+}
+
+static __always_inline void report_failure(struct call_state *st, u32 tgid, u32 tid, s32 code, s32 stack_id)
+{
+	struct cuda_failure *f = bpf_ringbuf_reserve(&failures, sizeof(*f), 0);
+	if (!f) {
+		count_err(ERR_RINGBUF);
+		return;
+	}
+	f->time_ns = bpf_ktime_get_ns();
+	f->size = st->size;
+	f->tgid = tgid;
+	f->tid = tid;
+	f->code = code;
+	f->stack_id = stack_id;
+	f->api = st->api;
+	f->pad[0] = f->pad[1] = f->pad[2] = 0;
+	bpf_ringbuf_submit(f, 0);
+}
+
+/* Returns the bytes recorded, 0 when the allocation could not be. */
+static __always_inline u64 record_alloc(struct call_state *st, u32 tgid, s32 stack_id)
+{
+	u64 addr = 0;
+	if (bpf_probe_read_user(&addr, sizeof(addr), (void *)st->out)) {
+		count_err(ERR_READ_USER);
+		return 0;
+	}
+	u64 size = st->size;
+	if (st->shape == SHAPE_PITCH) {
+		u64 pitch = 0;
+		if (bpf_probe_read_user(&pitch, sizeof(pitch), (void *)st->pitch)) {
+			count_err(ERR_READ_USER);
+			return 0;
+		}
+		size = pitch * st->size;
+	}
+	struct cuda_alloc_key key = { .tgid = tgid, .ns = ns_of(st->api), .addr = addr };
+	struct cuda_alloc a = {
+		.size = size,
+		.time_ns = bpf_ktime_get_ns(),
+		.stack_id = stack_id,
+		.api = st->api,
+	};
+	/* A pointer already in the table was freed by a path we do not hook:
+	 * the new allocation replaces it. */
+	if (bpf_map_update_elem(&live_allocs, &key, &a, BPF_ANY)) {
+		count_err(ERR_TABLE_FULL);
+		return 0;
+	}
+	return size;
+}
+
+/* Shared by every hooked function: the entry state says what to record. */
+SEC("uretprobe")
+int cuda_return(struct pt_regs *ctx)
+{
+	u64 id = bpf_get_current_pid_tgid();
+	u32 tgid = id >> 32, tid = (u32)id;
+	if (!is_tracked(tgid))
+		return 0;
+	u32 api = api_of(ctx);
+	if (api == API_MAX)
+		return 0;
+	struct thread_calls *tc = thread_calls(false);
+	if (!tc)
+		return 0;
+	struct call_state *saved = &tc->layer[layer_of(api) == LAYER_DRIVER];
+	/* The return popped the return address: the stack pointer is 8 above
+	 * its value at entry. Lower: a nested call of the same layer returns;
+	 * higher: the saved call returned without us (stale state). */
+	u64 entry_sp = PT_REGS_SP(ctx) - 8;
+	if (saved->sp != entry_sp) {
+		if (saved->sp < entry_sp)
+			saved->sp = 0;
+		return 0;
+	}
+	struct call_state st = *saved;
+	saved->sp = 0;
+	if (st.shape == SHAPE_FREE)
+		return 0; /* recorded at entry */
+	u64 bytes = 0;
+	if (st.shape != SHAPE_COUNT) {
+		/* At return the instruction pointer is the caller's return address
+		 * and the frame pointer the caller's: the stack starts at the
+		 * caller. */
+		s32 stack_id = bpf_get_stackid(ctx, &cuda_stacks, BPF_F_USER_STACK);
+		if (stack_id < 0)
+			count_err(ERR_STACK);
+		s32 code = (s32)PT_REGS_RC(ctx);
+		if (code != 0)
+			report_failure(&st, tgid, tid, code, stack_id);
+		else
+			bytes = record_alloc(&st, tgid, stack_id);
+	}
+	count(tgid, st.api, bytes, 0);
+	return 0;
+}

@@ -1,0 +1,188 @@
+package cudatrack
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
+)
+
+// BenchmarkAllocFree measures one cudaMalloc+cudaFree pair on the stand-ins
+// (each call enters the driver stand-in too: four hooked functions per
+// pair): without hooks, with an empty entry+return program on every hooked
+// function (the bare cost of the probes), and with our hooks. ns/op is the
+// cost of one pair; scripts/bench-cuda.sh compares hooked with empty.
+func BenchmarkAllocFree(b *testing.B) {
+	testutil.RequireRoot(b)
+	runtime := testutil.CUDAStubs(b)
+	bin := testutil.Fixture(b, "cudawork")
+	setups := []struct {
+		name   string
+		attach func(b *testing.B, pid int) func()
+	}{
+		{"unhooked", func(*testing.B, int) func() { return func() {} }},
+		{"empty", func(b *testing.B, pid int) func() { return attachEmpty(b, pid, runtime) }},
+		{"hooked", func(b *testing.B, pid int) func() {
+			c, err := New(Config{ProcRoot: "/proc"}, nil, symbolize.New("/proc"))
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := c.Track(pid); err != nil {
+				b.Fatal(err)
+			}
+			if n := len(c.Libraries(pid)); n != 2 {
+				b.Fatalf("%d libraries hooked, want 2", n)
+			}
+			return func() { _ = c.Close() }
+		}},
+	}
+	for _, s := range setups {
+		b.Run(s.name, func(b *testing.B) {
+			b.StopTimer()
+			p := testutil.StartProc(b, nil, bin, runtime, "bench", "60", strconv.Itoa(b.N))
+			p.Wait(b, "loaded", 10*time.Second)
+			detach := s.attach(b, p.Cmd.Process.Pid)
+			defer detach()
+			b.StartTimer()
+			p.Signal(b)
+			line := p.Wait(b, "ns ", 10*time.Minute)
+			b.StopTimer()
+			ns, err := strconv.ParseFloat(strings.TrimPrefix(line, "ns "), 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(ns/float64(b.N), "ns/pair")
+		})
+	}
+}
+
+// attachEmpty puts a program that does nothing on the entry and return of
+// every function our hooks cover, the way our hooks are attached.
+func attachEmpty(b *testing.B, pid int, runtime string) func() {
+	b.Helper()
+	multi := haveUprobeMulti()
+	spec := &ebpf.ProgramSpec{
+		Type:         ebpf.Kprobe,
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+		License:      "GPL",
+	}
+	if multi {
+		spec.AttachType = ebpf.AttachTraceUprobeMulti
+	}
+	prog, err := ebpf.NewProgram(spec)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var links []link.Link
+	for _, lib := range []struct{ path, kind string }{{runtime, kindRuntime}, {filepath.Join(filepath.Dir(runtime), "libcuda.so.1"), kindDriver}} {
+		l, err := Inspect(lib.path, lib.path, lib.kind)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ex, err := link.OpenExecutable(lib.path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		opts := &link.UprobeMultiOptions{PID: uint32(pid)}
+		for _, h := range l.Hooks {
+			opts.Addresses = append(opts.Addresses, h.Offset)
+			if !multi {
+				for _, ret := range []bool{false, true} {
+					attach := ex.Uprobe
+					if ret {
+						attach = ex.Uretprobe
+					}
+					u, err := attach(APIs[h.API].Name, prog, &link.UprobeOptions{Address: h.Offset, PID: pid})
+					if err != nil {
+						b.Fatal(err)
+					}
+					links = append(links, u)
+				}
+			}
+		}
+		if multi {
+			in, err := ex.UprobeMulti(nil, prog, opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			out, err := ex.UretprobeMulti(nil, prog, opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			links = append(links, in, out)
+		}
+	}
+	return func() {
+		_ = closeLinks(links)
+		prog.Close()
+	}
+}
+
+// BenchmarkSustained runs allocation+free pairs at a target rate (default
+// 100k/s, CUDA_BENCH_RATE) over two threads for 10 s, polling like the
+// pipeline every second, and reports the rate reached and what was lost:
+// the BPF loss counters and any allocation the counters missed.
+func BenchmarkSustained(b *testing.B) {
+	testutil.RequireRoot(b)
+	rate := "100000"
+	if v := strings.TrimSpace(os.Getenv("CUDA_BENCH_RATE")); v != "" {
+		rate = v
+	}
+	runtime := testutil.CUDAStubs(b)
+	bin := testutil.Fixture(b, "cudawork")
+	for range b.N {
+		c, err := New(Config{ProcRoot: "/proc"}, nil, symbolize.New("/proc"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		p := testutil.StartProc(b, nil, bin, runtime, "rate", "10", rate, "2")
+		p.Wait(b, "loaded", 10*time.Second)
+		pr := &model.Process{PID: p.Cmd.Process.Pid}
+		if err := c.Track(pr.PID); err != nil {
+			b.Fatal(err)
+		}
+		p.Signal(b)
+		// Poll every second, as the pipeline does, until the workload ends.
+		var line string
+		for line == "" {
+			var ok bool
+			line, ok = p.TryWait(b, "pairs ", time.Second)
+			if _, err := c.Observe(time.Now(), []*model.Process{pr}); err != nil {
+				b.Fatal(err)
+			}
+			if !ok {
+				line = ""
+			}
+		}
+		var pairs, ns uint64
+		if _, err := fmt.Sscanf(line, "pairs %d ns %d", &pairs, &ns); err != nil {
+			b.Fatal(err)
+		}
+		lost, err := c.Lost()
+		if err != nil {
+			b.Fatal(err)
+		}
+		var total uint64
+		for _, v := range lost {
+			total += v
+		}
+		cs := pr.CUDA
+		missed := int64(pairs) - int64(cs.AllocCalls["cudaMalloc"])
+		b.ReportMetric(float64(pairs)/(float64(ns)/1e9), "allocs/s")
+		b.ReportMetric(float64(total), "lost")
+		b.ReportMetric(float64(missed), "missed")
+		b.ReportMetric(float64(cs.LiveAllocs), "live_at_end")
+		_ = c.Close()
+	}
+}

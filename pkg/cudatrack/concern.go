@@ -1,0 +1,201 @@
+package cudatrack
+
+import (
+	"cmp"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
+)
+
+// Detector judges the CUDA view of one process each interval (bursts, leaks,
+// failures); Forget drops the state of an exited process.
+type Detector interface {
+	Observe(now time.Time, p *model.Process) []model.Finding
+	Forget(pid int)
+}
+
+// maxFailures bounds the failures kept per process: the most recent ones.
+const maxFailures = 1000
+
+// Concern is the CUDA concern as the pipeline sees it: the tracker, the
+// symbolization of allocation stacks and the detector.
+type Concern struct {
+	*Tracker
+	sym      *symbolize.Symbolizer
+	det      Detector
+	topSites int
+	failures map[int][]model.CUDAFailure
+	frames   map[stackKey][]string
+}
+
+type stackKey struct {
+	pid int
+	id  int32
+}
+
+// New loads the CUDA BPF object. det may be nil (no findings).
+func New(cfg Config, det Detector, sym *symbolize.Symbolizer) (*Concern, error) {
+	t, err := NewTracker(cfg)
+	if err != nil {
+		return nil, err
+	}
+	top := cfg.TopSites
+	if top <= 0 {
+		top = 64
+	}
+	return &Concern{Tracker: t, sym: sym, det: det, topSites: top, failures: map[int][]model.CUDAFailure{}, frames: map[stackKey][]string{}}, nil
+}
+
+// Name is the concern's name in logs and `check`.
+func (c *Concern) Name() string { return "cuda" }
+
+// Untrack drops the kernel and detector state of an exited process.
+func (c *Concern) Untrack(pid int) {
+	c.Tracker.Untrack(pid)
+	if c.det != nil {
+		c.det.Forget(pid)
+	}
+	delete(c.failures, pid)
+	for k := range c.frames {
+		if k.pid == pid {
+			delete(c.frames, k)
+		}
+	}
+}
+
+// Observe hooks newly loaded CUDA libraries, fills the CUDA part of each
+// process and runs the detector.
+func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Finding, error) {
+	pids := make([]int, len(procs))
+	for i, p := range procs {
+		pids[i] = p.PID
+		// The process may exit at any point; its next liveness check ends it.
+		if err := c.Refresh(p.PID); err != nil {
+			slog.Debug("rescanning CUDA libraries", "pid", p.PID, "err", err)
+		}
+	}
+	fails, err := c.Failures()
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range fails {
+		if c.procs[f.PID] == nil {
+			continue
+		}
+		layer := APIs[f.API].Layer
+		kept := append(c.failures[f.PID], model.CUDAFailure{
+			Time:  f.Time,
+			API:   APIs[f.API].Name,
+			Size:  f.Size,
+			Code:  f.Code,
+			Error: ErrorName(layer, f.Code),
+			// Symbolized now: the library may be unloaded by the next poll.
+			Stack: c.stack(f.PID, f.StackID),
+		})
+		if len(kept) > maxFailures {
+			kept = kept[len(kept)-maxFailures:]
+		}
+		c.failures[f.PID] = kept
+	}
+	samples, err := c.Poll(pids)
+	if err != nil {
+		return nil, err
+	}
+	var out []model.Finding
+	for _, p := range procs {
+		c.fill(p, samples[p.PID])
+		if c.det != nil {
+			out = append(out, c.det.Observe(now, p)...)
+		}
+	}
+	return out, nil
+}
+
+// fill turns a kernel sample into the model view. Everything is built anew:
+// earlier snapshots share the previous maps and slices.
+func (c *Concern) fill(p *model.Process, s *Sample) {
+	cs := &p.CUDA
+	cs.LiveBytes, cs.LiveAllocs, cs.HostLiveBytes = 0, 0, 0
+	cs.AllocBytes, cs.FreeBytes = map[string]uint64{}, map[string]uint64{}
+	cs.AllocCalls, cs.Calls = map[string]uint64{}, map[string]uint64{}
+	for i, a := range APIs {
+		if s.Calls[i] > 0 {
+			cs.Calls[a.Name] = s.Calls[i]
+			if a.Alloc() {
+				cs.AllocCalls[a.Name] = s.Calls[i]
+			}
+		}
+		if s.AllocBytes[i] > 0 {
+			cs.AllocBytes[a.Name] = s.AllocBytes[i]
+		}
+		if s.FreeBytes[i] > 0 {
+			cs.FreeBytes[a.Name] = s.FreeBytes[i]
+		}
+	}
+	bySite := map[int32]*model.CUDASite{}
+	for _, a := range s.Allocs {
+		// Pinned host memory is not on the GPU: apart, so that live bytes
+		// compare with the GPU's own figure.
+		if APIs[a.API].Host {
+			cs.HostLiveBytes += a.Size
+			continue
+		}
+		cs.LiveBytes += a.Size
+		cs.LiveAllocs++
+		if a.StackID < 0 {
+			continue
+		}
+		site := bySite[a.StackID]
+		if site == nil {
+			site = &model.CUDASite{StackID: int64(a.StackID)}
+			bySite[a.StackID] = site
+		}
+		site.Bytes += a.Size
+		site.Allocs = append(site.Allocs, a.Time)
+	}
+	sites := make([]model.CUDASite, 0, len(bySite))
+	for _, site := range bySite {
+		slices.SortFunc(site.Allocs, func(a, b time.Time) int { return a.Compare(b) })
+		sites = append(sites, *site)
+	}
+	slices.SortFunc(sites, func(a, b model.CUDASite) int {
+		if a.Bytes != b.Bytes {
+			return cmp.Compare(b.Bytes, a.Bytes)
+		}
+		return cmp.Compare(a.StackID, b.StackID)
+	})
+	for i := range sites {
+		if i >= c.topSites {
+			break
+		}
+		sites[i].Stack = c.stack(p.PID, int32(sites[i].StackID))
+	}
+	cs.Sites = sites
+	cs.Failures = slices.Clone(c.failures[p.PID])
+	cs.Libraries = nil
+	for _, lib := range c.Libraries(p.PID) {
+		cs.Libraries = append(cs.Libraries, lib.Path)
+	}
+}
+
+// stack symbolizes a stack of pid once. The kernel's frame-pointer walk
+// starts at the caller of the CUDA function (it is taken at return).
+func (c *Concern) stack(pid int, id int32) []string {
+	if id < 0 {
+		return nil
+	}
+	k := stackKey{pid, id}
+	if fr, ok := c.frames[k]; ok {
+		return fr
+	}
+	fp, err := c.Stack(id)
+	if err != nil {
+		return nil
+	}
+	fr := c.sym.Frames(pid, c.sym.Unwind(pid, fp, nil))
+	c.frames[k] = fr
+	return fr
+}

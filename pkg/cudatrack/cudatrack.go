@@ -1,0 +1,483 @@
+// Package cudatrack hooks the CUDA allocation functions of tracked processes
+// with uprobes (bpf/cuda.bpf.c) and reads what the kernel side keeps: the
+// live allocations, per-API totals and failed allocations, with their stacks.
+// Libraries are found in /proc/PID/maps and hooked when they appear, so a
+// runtime loaded late with dlopen (as PyTorch does) is picked up at the next
+// poll.
+package cudatrack
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+	"golang.org/x/sys/unix"
+)
+
+// Config sizes the kernel side.
+type Config struct {
+	MaxAllocs uint32 // live allocation table capacity, all processes together
+	ProcRoot  string // normally /proc
+	TopSites  int    // allocation stacks symbolized per process (0: 64)
+}
+
+// Tracker owns the loaded CUDA BPF object and the uprobe links of each
+// tracked process.
+type Tracker struct {
+	procRoot string
+	coll     *ebpf.Collection
+	maps     cudaMaps
+	progs    [shapeCount + 1]*ebpf.Program // entry program by shape
+	ret      *ebpf.Program
+	reader   *ringbuf.Reader
+
+	// multi: hooks are attached as uprobe_multi links (Linux 6.6+), a few per
+	// library, instead of one perf event per function and direction.
+	// Removing a uprobe waits for an RCU grace period (about 100 ms), and a
+	// multi link waits once for all of its functions: detaching 48 perf
+	// events takes seconds.
+	multi bool
+
+	procs map[int]*procState
+	// Parsed libraries, shared by every process mapping the same file; a nil
+	// value records an executable without CUDA.
+	files map[fileKey]*Library
+}
+
+// procState is what one tracked process has attached.
+type procState struct {
+	libs map[fileKey]*hooked
+}
+
+// hooked is one library of one process with its links; a file without
+// hooks is kept (without links) so that it is not inspected again.
+type hooked struct {
+	lib   *Library
+	links []link.Link
+}
+
+// NewTracker loads the CUDA object. Nothing is attached until Track.
+func NewTracker(cfg Config) (*Tracker, error) {
+	spec, err := loadCuda()
+	if err != nil {
+		return nil, err
+	}
+	if cfg.MaxAllocs > 0 {
+		spec.Maps[cudaMapLiveAllocs].MaxEntries = cfg.MaxAllocs
+	}
+	multi := haveUprobeMulti()
+	if multi {
+		for _, p := range spec.Programs {
+			p.AttachType = ebpf.AttachTraceUprobeMulti
+		}
+	}
+	coll, err := ebpf.NewCollection(spec)
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("loading cuda BPF programs: %+v", ve)
+		}
+		if errors.Is(err, unix.EPERM) {
+			return nil, fmt.Errorf("loading cuda BPF programs: %w (needs root or CAP_BPF+CAP_PERFMON)", err)
+		}
+		return nil, fmt.Errorf("loading cuda BPF programs: %w", err)
+	}
+	t := &Tracker{procRoot: cfg.ProcRoot, coll: coll, multi: multi, procs: map[int]*procState{}, files: map[fileKey]*Library{}}
+	if err := coll.Assign(&t.maps); err != nil {
+		t.Close()
+		return nil, err
+	}
+	t.progs[shapeAlloc] = coll.Programs["cuda_alloc_enter"]
+	t.progs[shapePitch] = coll.Programs["cuda_pitch_enter"]
+	t.progs[shapeFree] = coll.Programs["cuda_free_enter"]
+	t.progs[shapeCount] = coll.Programs["cuda_count_enter"]
+	t.ret = coll.Programs["cuda_return"]
+	t.reader, err = ringbuf.NewReader(t.maps.Failures)
+	if err != nil {
+		t.Close()
+		return nil, fmt.Errorf("opening the cuda failure ring buffer: %w", err)
+	}
+	return t, nil
+}
+
+// Track starts watching pid: counters first (the BPF side only updates
+// existing entries), then the filter, then the CUDA libraries it has mapped.
+func (t *Tracker) Track(pid int) error {
+	tgid := uint32(pid)
+	zero := make([]cudaCudaCounts, ebpf.MustPossibleCPU())
+	if err := t.maps.CudaCounters.Update(tgid, zero, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+		return fmt.Errorf("tracking pid %d: %w", pid, err)
+	}
+	if err := t.maps.TrackedPids.Update(tgid, uint8(1), ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("tracking pid %d: %w", pid, err)
+	}
+	if t.procs[pid] == nil {
+		t.procs[pid] = &procState{libs: map[fileKey]*hooked{}}
+	}
+	return t.Refresh(pid)
+}
+
+// Refresh attaches to the CUDA libraries pid has mapped since the last call
+// and detaches from those it has unmapped. Each file is parsed once.
+func (t *Tracker) Refresh(pid int) error {
+	ps := t.procs[pid]
+	if ps == nil {
+		return fmt.Errorf("pid %d is not tracked", pid)
+	}
+	files, err := candidates(t.procRoot, pid)
+	if err != nil {
+		return fmt.Errorf("reading the mappings of pid %d: %w", pid, err)
+	}
+	present := make(map[fileKey]bool, len(files))
+	for _, mf := range files {
+		present[mf.key] = true
+		if _, ok := ps.libs[mf.key]; ok {
+			continue
+		}
+		lib, err := t.library(pid, mf)
+		if err != nil {
+			// The process may have unmapped it already; retried next time.
+			slog.Debug("inspecting CUDA library", "pid", pid, "path", mf.path, "err", err)
+			continue
+		}
+		ps.libs[mf.key] = t.attach(pid, lib)
+	}
+	for k, h := range ps.libs {
+		if !present[k] {
+			_ = closeLinks(h.links)
+			delete(ps.libs, k)
+		}
+	}
+	return nil
+}
+
+// library returns the parsed hooks of a mapped file, from the cache when
+// another process (or an earlier poll) has read it.
+func (t *Tracker) library(pid int, mf mappedFile) (*Library, error) {
+	if lib, ok := t.files[mf.key]; ok {
+		return lib, nil
+	}
+	lib, err := Inspect(t.rootPath(pid, mf.path), mf.path, mf.kind)
+	if err != nil {
+		return nil, err
+	}
+	t.files[mf.key] = lib
+	return lib, nil
+}
+
+// attach puts a uprobe and a uretprobe on each hooked function of lib,
+// restricted to pid. A function that cannot be hooked is logged and skipped.
+func (t *Tracker) attach(pid int, lib *Library) *hooked {
+	h := &hooked{lib: lib}
+	if lib == nil || len(lib.Hooks) == 0 {
+		if lib != nil {
+			slog.Warn("CUDA library defines none of the hooked functions", "pid", pid, "path", lib.Path)
+		}
+		return h
+	}
+	if len(lib.Missing) > 0 {
+		slog.Info("CUDA library lacks some hooked functions (older version?)", "pid", pid, "path", lib.Path, "missing", lib.Missing)
+	}
+	ex, err := link.OpenExecutable(t.rootPath(pid, lib.Path))
+	if err != nil {
+		slog.Warn("hooking CUDA library", "pid", pid, "path", lib.Path, "err", err)
+		return h
+	}
+	if t.multi {
+		h.links = t.attachMulti(ex, pid, lib)
+		return h
+	}
+	for _, hk := range lib.Hooks {
+		a := APIs[hk.API]
+		opts := &link.UprobeOptions{Address: hk.Offset, PID: pid, Cookie: uint64(hk.API)}
+		in, err := ex.Uprobe(a.Name, t.progs[a.Shape], opts)
+		if err != nil {
+			slog.Warn("hooking CUDA function", "pid", pid, "path", lib.Path, "func", a.Name, "err", err)
+			continue
+		}
+		// Without its return hook an entry hook would leave state behind.
+		out, err := ex.Uretprobe(a.Name, t.ret, opts)
+		if err != nil {
+			slog.Warn("hooking CUDA function return", "pid", pid, "path", lib.Path, "func", a.Name, "err", err)
+			_ = in.Close()
+			continue
+		}
+		h.links = append(h.links, in, out)
+	}
+	slog.Debug("hooked CUDA library", "pid", pid, "path", lib.Path, "kind", lib.Kind, "functions", len(h.links)/2)
+	return h
+}
+
+// attachMulti hooks lib with one uprobe_multi link per entry program (one
+// per argument shape) and one for all returns.
+func (t *Tracker) attachMulti(ex *link.Executable, pid int, lib *Library) []link.Link {
+	byShape := map[int]*link.UprobeMultiOptions{}
+	ret := &link.UprobeMultiOptions{PID: uint32(pid)}
+	for _, hk := range lib.Hooks {
+		shape := APIs[hk.API].Shape
+		o := byShape[shape]
+		if o == nil {
+			o = &link.UprobeMultiOptions{PID: uint32(pid)}
+			byShape[shape] = o
+		}
+		o.Addresses = append(o.Addresses, hk.Offset)
+		o.Cookies = append(o.Cookies, uint64(hk.API))
+		ret.Addresses = append(ret.Addresses, hk.Offset)
+		ret.Cookies = append(ret.Cookies, uint64(hk.API))
+	}
+	var links []link.Link
+	for shape, o := range byShape {
+		l, err := ex.UprobeMulti(nil, t.progs[shape], o)
+		if err != nil {
+			slog.Warn("hooking CUDA library", "pid", pid, "path", lib.Path, "err", err)
+			_ = closeLinks(links)
+			return nil
+		}
+		links = append(links, l)
+	}
+	l, err := ex.UretprobeMulti(nil, t.ret, ret)
+	if err != nil {
+		slog.Warn("hooking CUDA library returns", "pid", pid, "path", lib.Path, "err", err)
+		_ = closeLinks(links)
+		return nil
+	}
+	slog.Debug("hooked CUDA library", "pid", pid, "path", lib.Path, "kind", lib.Kind, "functions", len(lib.Hooks))
+	return append(links, l)
+}
+
+// haveUprobeMulti tells whether this kernel has uprobe_multi links; a
+// variable so that tests can take the per-function path too.
+var haveUprobeMulti = func() bool { return features.HaveBPFLinkUprobeMulti() == nil }
+
+// Libraries returns the hooked libraries of pid.
+func (t *Tracker) Libraries(pid int) []*Library {
+	ps := t.procs[pid]
+	if ps == nil {
+		return nil
+	}
+	var out []*Library
+	for _, h := range ps.libs {
+		if len(h.links) > 0 {
+			out = append(out, h.lib)
+		}
+	}
+	slices.SortFunc(out, func(a, b *Library) int { return strings.Compare(a.Path, b.Path) })
+	return out
+}
+
+// Untrack stops tracking pid: its links are closed and its kernel state
+// dropped. Per-thread entry state is task storage: it goes with the threads.
+func (t *Tracker) Untrack(pid int) {
+	tgid := uint32(pid)
+	if ps := t.procs[pid]; ps != nil {
+		for _, h := range ps.libs {
+			_ = closeLinks(h.links)
+		}
+		delete(t.procs, pid)
+	}
+	_ = t.maps.TrackedPids.Delete(tgid)
+	_ = t.maps.CudaCounters.Delete(tgid)
+	var (
+		key  cudaCudaAllocKey
+		val  cudaCudaAlloc
+		dead []cudaCudaAllocKey
+	)
+	it := t.maps.LiveAllocs.Iterate()
+	for it.Next(&key, &val) {
+		if key.Tgid == tgid {
+			dead = append(dead, key)
+		}
+	}
+	for _, k := range dead {
+		_ = t.maps.LiveAllocs.Delete(k)
+	}
+}
+
+// Alloc is one live allocation.
+type Alloc struct {
+	Addr    uint64
+	Size    uint64
+	API     int
+	StackID int32 // negative: unknown
+	Time    time.Time
+}
+
+// Sample is what the kernel holds about one process at one poll.
+type Sample struct {
+	Allocs     []Alloc
+	AllocBytes [len(cudaCudaCounts{}.AllocBytes)]uint64 // by API, since tracking began
+	FreeBytes  [len(cudaCudaCounts{}.FreeBytes)]uint64
+	Calls      [len(cudaCudaCounts{}.Calls)]uint64
+}
+
+// Poll reads the counters of each pid and the live table once.
+func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
+	out := make(map[int]*Sample, len(pids))
+	for _, pid := range pids {
+		var per []cudaCudaCounts
+		if err := t.maps.CudaCounters.Lookup(uint32(pid), &per); err != nil {
+			return nil, fmt.Errorf("reading cuda counters of pid %d: %w", pid, err)
+		}
+		s := &Sample{}
+		for _, c := range per {
+			for i := range s.Calls {
+				s.AllocBytes[i] += c.AllocBytes[i]
+				s.FreeBytes[i] += c.FreeBytes[i]
+				s.Calls[i] += c.Calls[i]
+			}
+		}
+		out[pid] = s
+	}
+	toWall := wallClock()
+	var (
+		key cudaCudaAllocKey
+		val cudaCudaAlloc
+	)
+	it := t.maps.LiveAllocs.Iterate()
+	for it.Next(&key, &val) {
+		s := out[int(key.Tgid)]
+		if s == nil {
+			continue
+		}
+		s.Allocs = append(s.Allocs, Alloc{Addr: key.Addr, Size: val.Size, API: int(val.Api), StackID: val.StackId, Time: toWall(val.TimeNs)})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading the live allocation table: %w", err)
+	}
+	return out, nil
+}
+
+// Failure is one failed allocation call.
+type Failure struct {
+	PID, TID int
+	API      int
+	Code     int
+	Size     uint64
+	StackID  int32
+	Time     time.Time
+}
+
+// Failures drains the failure ring buffer without blocking.
+func (t *Tracker) Failures() ([]Failure, error) {
+	toWall := wallClock()
+	t.reader.SetDeadline(time.Now())
+	var (
+		out []Failure
+		rec ringbuf.Record
+		f   cudaCudaFailure
+	)
+	for {
+		if err := t.reader.ReadInto(&rec); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return out, nil
+			}
+			return out, fmt.Errorf("reading cuda failures: %w", err)
+		}
+		if _, err := binary.Decode(rec.RawSample, binary.NativeEndian, &f); err != nil {
+			return out, fmt.Errorf("decoding a cuda failure: %w", err)
+		}
+		out = append(out, Failure{
+			PID: int(f.Tgid), TID: int(f.Tid), API: int(f.Api), Code: int(f.Code),
+			Size: f.Size, StackID: f.StackId, Time: toWall(f.TimeNs),
+		})
+	}
+}
+
+// Stack returns the user-space return addresses of a stack id, innermost first.
+func (t *Tracker) Stack(id int32) ([]uint64, error) {
+	var frames [127]uint64
+	if err := t.maps.CudaStacks.Lookup(uint32(id), &frames); err != nil {
+		return nil, err
+	}
+	n := 0
+	for n < len(frames) && frames[n] != 0 {
+		n++
+	}
+	return frames[:n], nil
+}
+
+// errorNames follows enum err_kind in bpf/common.h: the kinds this object
+// can count.
+var errorNames = map[cudaErrKind]string{
+	cudaErrKindERR_TABLE_FULL:  "cuda_evictions",
+	cudaErrKindERR_STACK:       "cuda_stack",
+	cudaErrKindERR_ENTRY_STATE: "cuda_entry_state",
+	cudaErrKindERR_COUNTERS:    "cuda_counters",
+	cudaErrKindERR_READ_USER:   "cuda_read_user",
+	cudaErrKindERR_RINGBUF:     "cuda_ringbuf",
+}
+
+// Lost returns the BPF error counters (monotonic since load), by source name.
+func (t *Tracker) Lost() (map[string]uint64, error) {
+	out := make(map[string]uint64, len(errorNames))
+	for k, name := range errorNames {
+		var per []uint64
+		if err := t.maps.Errors.Lookup(uint32(k), &per); err != nil {
+			return nil, fmt.Errorf("reading error counters: %w", err)
+		}
+		var sum uint64
+		for _, v := range per {
+			sum += v
+		}
+		out[name] = sum
+	}
+	return out, nil
+}
+
+// Close detaches and unloads everything; safe to call more than once.
+func (t *Tracker) Close() error {
+	var errs []error
+	for pid, ps := range t.procs {
+		for _, h := range ps.libs {
+			errs = append(errs, closeLinks(h.links))
+		}
+		delete(t.procs, pid)
+	}
+	if t.reader != nil {
+		errs = append(errs, t.reader.Close())
+		t.reader = nil
+	}
+	errs = append(errs, t.maps.Close())
+	if t.coll != nil {
+		t.coll.Close()
+		t.coll = nil
+	}
+	return errors.Join(errs...)
+}
+
+// closeLinks closes links concurrently: each uprobe waits for an RCU grace
+// period (about 100 ms) when removed, and concurrent waits share one.
+func closeLinks(links []link.Link) error {
+	errs := make([]error, len(links))
+	var wg sync.WaitGroup
+	for i, l := range links {
+		wg.Go(func() { errs[i] = l.Close() })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (t *Tracker) rootPath(pid int, path string) string {
+	return filepath.Join(t.procRoot, strconv.Itoa(pid), "root", path)
+}
+
+// wallClock returns a converter from bpf_ktime_get_ns (CLOCK_MONOTONIC) to
+// wall-clock time, anchored now.
+func wallClock() func(uint64) time.Time {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	wall, mono := time.Now(), uint64(ts.Nano())
+	return func(ns uint64) time.Time { return wall.Add(-time.Duration(mono - ns)) }
+}

@@ -1,0 +1,468 @@
+package cudatrack
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
+)
+
+const MiB = 1 << 20
+
+func newConcern(t *testing.T) *Concern {
+	t.Helper()
+	testutil.RequireRoot(t)
+	c, err := New(Config{ProcRoot: "/proc"}, nil, symbolize.New("/proc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return c
+}
+
+// target is a build of cudawork with the libraries it maps.
+type target struct {
+	bin, lib string
+	before   []string // hooked once tracked
+	after    []string // hooked once the runtime is loaded
+}
+
+// dynamic is cudawork loading the runtime stand-in late with dlopen.
+func dynamic(t *testing.T) target {
+	lib := testutil.CUDAStubs(t)
+	return target{
+		bin:   testutil.Fixture(t, "cudawork"),
+		lib:   lib,
+		after: []string{filepath.Join(filepath.Dir(lib), "libcuda.so.1"), lib},
+	}
+}
+
+// static is cudawork with the runtime stand-in linked in.
+func static(t *testing.T) target {
+	bin := testutil.CUDAStaticWork(t)
+	libs := []string{bin, filepath.Join(filepath.Dir(bin), "libcuda.so.1")}
+	return target{bin: bin, lib: "-", before: libs, after: libs}
+}
+
+// work runs a cudawork scenario in step mode, tracked from before the
+// runtime is loaded; it returns once the runtime is loaded and hooked.
+func work(t *testing.T, c *Concern, tg target, scenario string, args ...string) (*testutil.Proc, *model.Process) {
+	t.Helper()
+	p := testutil.StartProc(t, []string{"CUDAWORK_STEP=1"}, tg.bin, append([]string{tg.lib, scenario, "60"}, args...)...)
+	pr := &model.Process{PID: p.Cmd.Process.Pid}
+	if err := c.Track(pr.PID); err != nil {
+		t.Fatal(err)
+	}
+	observe(t, c, pr)
+	if !slices.Equal(pr.CUDA.Libraries, tg.before) {
+		t.Fatalf("hooked libraries before the runtime was loaded = %v, want %v", pr.CUDA.Libraries, tg.before)
+	}
+	p.Signal(t)
+	p.Wait(t, "loaded", 10*time.Second)
+	// One poll after the dlopen is enough to hook it.
+	observe(t, c, pr)
+	if !slices.Equal(pr.CUDA.Libraries, tg.after) {
+		t.Fatalf("hooked libraries after the runtime was loaded = %v, want %v", pr.CUDA.Libraries, tg.after)
+	}
+	return p, pr
+}
+
+func observe(t *testing.T, c *Concern, pr *model.Process) {
+	t.Helper()
+	if _, err := c.Observe(time.Now(), []*model.Process{pr}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func noLoss(t *testing.T, c *Concern) {
+	t.Helper()
+	lost, err := c.Lost()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lost) == 0 {
+		t.Fatal("no loss counters")
+	}
+	for k, v := range lost {
+		if !strings.HasPrefix(k, "cuda_") {
+			t.Errorf("loss counter %q lacks the cuda_ prefix", k)
+		}
+		if v != 0 {
+			t.Errorf("lost %s = %d", k, v)
+		}
+	}
+}
+
+func stackHas(stack []string, fn string) bool {
+	for _, f := range stack {
+		if f == fn || strings.HasPrefix(f, fn+"+") || strings.HasPrefix(f, fn+" ") {
+			return true
+		}
+	}
+	return false
+}
+
+// Every runtime allocation API once: each is counted once under its own
+// name, and the driver calls the stand-in runtime makes are not counted.
+func TestRuntimeCountedOnce(t *testing.T) {
+	runOnce(t, newConcern(t), dynamic(t))
+}
+
+// A runtime linked into the executable is found in its .symtab and hooked
+// there.
+func TestStaticRuntime(t *testing.T) {
+	runOnce(t, newConcern(t), static(t))
+}
+
+// The same through one perf-event uprobe per function, as on kernels
+// without uprobe_multi links.
+func TestRuntimeCountedOncePerFunction(t *testing.T) {
+	saved := haveUprobeMulti
+	haveUprobeMulti = func() bool { return false }
+	c := newConcern(t)
+	haveUprobeMulti = saved
+	if c.multi {
+		t.Fatal("still using uprobe_multi links")
+	}
+	runOnce(t, c, dynamic(t))
+}
+
+func runOnce(t *testing.T, c *Concern, tg target) {
+	p, pr := work(t, c, tg, "once")
+	p.Signal(t)
+	p.Wait(t, "done", 10*time.Second)
+	observe(t, c, pr)
+	cs := pr.CUDA
+	wantAlloc := map[string]uint64{
+		"cudaMalloc": 1 * MiB, "cudaMallocAsync": 2 * MiB, "cudaMallocFromPoolAsync": 3 * MiB,
+		"cudaMallocManaged": 4 * MiB, "cudaMallocPitch": 1024 * 10, "cudaMallocHost": 5 * MiB, "cudaHostAlloc": 6 * MiB,
+	}
+	for api, n := range wantAlloc {
+		if cs.AllocCalls[api] != 1 || cs.AllocBytes[api] != n {
+			t.Errorf("%s: %d calls, %d bytes; want 1 call, %d bytes", api, cs.AllocCalls[api], cs.AllocBytes[api], n)
+		}
+	}
+	if len(cs.AllocCalls) != len(wantAlloc) {
+		t.Errorf("allocation calls by API = %v, want only the runtime's", cs.AllocCalls)
+	}
+	wantFree := map[string]uint64{"cudaFreeAsync": 2 * MiB, "cudaFree": 4 * MiB, "cudaFreeHost": 5 * MiB}
+	for api, n := range wantFree {
+		if cs.Calls[api] != 1 || cs.FreeBytes[api] != n {
+			t.Errorf("%s: %d calls, %d bytes freed; want 1 call, %d bytes", api, cs.Calls[api], cs.FreeBytes[api], n)
+		}
+	}
+	for api := range cs.Calls {
+		if APIs[apiIndex[api]].Layer != LayerRuntime {
+			t.Errorf("driver call %s counted (%d) inside runtime calls", api, cs.Calls[api])
+		}
+	}
+	if want := uint64(1*MiB + 3*MiB + 10240); cs.LiveBytes != want || cs.LiveAllocs != 3 || cs.HostLiveBytes != 6*MiB {
+		t.Errorf("live: %d device bytes in %d allocations, %d host bytes; want %d in 3, 6 MiB", cs.LiveBytes, cs.LiveAllocs, cs.HostLiveBytes, want)
+	}
+	if len(cs.Failures) != 0 {
+		t.Errorf("failures: %+v", cs.Failures)
+	}
+	noLoss(t, c)
+}
+
+// The driver API called directly is counted under the driver's names, VMM
+// handles included.
+func TestDriverDirect(t *testing.T) {
+	c := newConcern(t)
+	p, pr := work(t, c, dynamic(t), "driver")
+	p.Signal(t)
+	p.Wait(t, "done", 10*time.Second)
+	observe(t, c, pr)
+	cs := pr.CUDA
+	want := map[string]uint64{"cuMemAlloc_v2": 1, "cuMemCreate": 1, "cuMemAllocHost_v2": 1, "cuMemMap": 1, "cuMemUnmap": 1, "cuMemFreeHost": 1}
+	if len(cs.Calls) != len(want) {
+		t.Errorf("calls = %v, want %v", cs.Calls, want)
+	}
+	for api, n := range want {
+		if cs.Calls[api] != n {
+			t.Errorf("calls[%s] = %d, want %d (all: %v)", api, cs.Calls[api], n, cs.Calls)
+		}
+	}
+	if cs.AllocCalls["cuMemMap"] != 0 || cs.AllocCalls["cuMemAlloc_v2"] != 1 {
+		t.Errorf("allocation calls = %v", cs.AllocCalls)
+	}
+	if cs.AllocBytes["cuMemAlloc_v2"] != 8*MiB || cs.AllocBytes["cuMemCreate"] != 2*MiB || cs.FreeBytes["cuMemFreeHost"] != 3*MiB {
+		t.Errorf("bytes: allocated %v, freed %v", cs.AllocBytes, cs.FreeBytes)
+	}
+	if cs.LiveBytes != 10*MiB || cs.LiveAllocs != 2 || cs.HostLiveBytes != 0 {
+		t.Errorf("live: %d bytes in %d allocations, want 10 MiB in 2", cs.LiveBytes, cs.LiveAllocs)
+	}
+	noLoss(t, c)
+}
+
+func TestFailure(t *testing.T) {
+	c := newConcern(t)
+	p, pr := work(t, c, dynamic(t), "fail")
+	p.Signal(t)
+	p.Wait(t, "done", 10*time.Second)
+	observe(t, c, pr)
+	cs := pr.CUDA
+	// The driver failed too, inside the runtime call: one failure only.
+	if len(cs.Failures) != 1 {
+		t.Fatalf("failures = %+v, want one", cs.Failures)
+	}
+	f := cs.Failures[0]
+	if f.API != "cudaMalloc" || f.Code != 2 || f.Error != "cudaErrorMemoryAllocation" || f.Size != 2048*MiB {
+		t.Errorf("failure = %+v", f)
+	}
+	if !stackHas(f.Stack, "load_checkpoint") {
+		t.Errorf("failing function not in stack: %q", f.Stack)
+	}
+	if cs.AllocCalls["cudaMalloc"] != 1 || cs.LiveAllocs != 0 || len(cs.AllocBytes) != 0 {
+		t.Errorf("after a failed call: calls %v, bytes %v, live %d", cs.AllocCalls, cs.AllocBytes, cs.LiveAllocs)
+	}
+	noLoss(t, c)
+}
+
+// Live bytes grow, and the largest site is the leaking function.
+func TestLeak(t *testing.T) {
+	c := newConcern(t)
+	_, pr := work(t, c, dynamic(t), "leak")
+	// Poll until live bytes have grown at three polls: a loaded machine
+	// may starve the workload for a while.
+	var live []uint64
+	for grew, deadline := 0, time.Now().Add(time.Minute); grew < 3; {
+		if time.Now().After(deadline) {
+			t.Fatalf("live bytes did not grow: %v", live)
+		}
+		time.Sleep(300 * time.Millisecond)
+		observe(t, c, pr)
+		if n := len(live); n > 0 && pr.CUDA.LiveBytes > live[n-1] {
+			grew++
+		}
+		live = append(live, pr.CUDA.LiveBytes)
+	}
+	for i := 1; i < len(live); i++ {
+		if live[i] < live[i-1] {
+			t.Errorf("live bytes fell while leaking: %v", live)
+		}
+	}
+	cs := pr.CUDA
+	if len(cs.Sites) == 0 {
+		t.Fatal("no allocation sites")
+	}
+	top := cs.Sites[0]
+	if !stackHas(top.Stack, "leak_weights") {
+		t.Errorf("top site is not the leak: %q", top.Stack)
+	}
+	if top.Bytes != uint64(len(top.Allocs))*MiB || top.Bytes+256<<10 < cs.LiveBytes {
+		t.Errorf("top site holds %d bytes in %d allocations; process %d live", top.Bytes, len(top.Allocs), cs.LiveBytes)
+	}
+	if cs.FreeBytes["cudaFree"] == 0 || cs.AllocCalls["cuMemAlloc_v2"] != 0 {
+		t.Errorf("bytes freed %v, allocation calls %v", cs.FreeBytes, cs.AllocCalls)
+	}
+	noLoss(t, c)
+}
+
+// A burst much larger than anything streamed: every allocation is in the
+// live table while held, and none after the release.
+func TestBurst(t *testing.T) {
+	const n = 20000
+	c := newConcern(t)
+	p, pr := work(t, c, dynamic(t), "burst", "20000")
+	p.Signal(t)
+	for round := range 2 {
+		p.Wait(t, "held", 60*time.Second)
+		observe(t, c, pr)
+		cs := pr.CUDA
+		if cs.LiveAllocs != n || cs.LiveBytes != n*64<<10 {
+			t.Fatalf("round %d held: %d allocations, %d bytes; want %d, %d", round, cs.LiveAllocs, cs.LiveBytes, n, n*64<<10)
+		}
+		if len(cs.Sites) != 1 || !stackHas(cs.Sites[0].Stack, "burst_alloc") || len(cs.Sites[0].Allocs) != n {
+			t.Fatalf("round %d sites: %+v", round, cs.Sites)
+		}
+		p.Signal(t)
+		p.Wait(t, "released", 60*time.Second)
+		observe(t, c, pr)
+		cs = pr.CUDA
+		if cs.LiveAllocs != 0 || cs.LiveBytes != 0 || len(cs.Sites) != 0 {
+			t.Fatalf("round %d released: %d allocations, %d bytes left", round, cs.LiveAllocs, cs.LiveBytes)
+		}
+		if got := cs.AllocCalls["cudaMalloc"]; got != uint64(n*(round+1)) {
+			t.Errorf("round %d: %d cudaMalloc calls, want %d", round, got, n*(round+1))
+		}
+		if cs.AllocBytes["cudaMalloc"] != cs.FreeBytes["cudaFree"] {
+			t.Errorf("round %d: allocated %d bytes, freed %d", round, cs.AllocBytes["cudaMalloc"], cs.FreeBytes["cudaFree"])
+		}
+		p.Signal(t)
+	}
+	noLoss(t, c)
+}
+
+// Balanced allocation and release: live bytes stay within the working set.
+func TestSteady(t *testing.T) {
+	c := newConcern(t)
+	_, pr := work(t, c, dynamic(t), "steady")
+	// 32 buffers of 128 KiB at a time; a sample races with the workload by
+	// at most one working set.
+	const bound = 2 * 32 * 128 << 10
+	// Poll until allocations were seen at five polls.
+	var calls []uint64
+	for grew, deadline := 0, time.Now().Add(time.Minute); grew < 5; {
+		if time.Now().After(deadline) {
+			t.Fatalf("too few allocations seen: %v", calls)
+		}
+		time.Sleep(200 * time.Millisecond)
+		observe(t, c, pr)
+		if pr.CUDA.LiveBytes > bound {
+			t.Errorf("live bytes %d above the working set", pr.CUDA.LiveBytes)
+		}
+		n := pr.CUDA.AllocCalls["cudaMalloc"]
+		if len(calls) > 0 && n > calls[len(calls)-1] {
+			grew++
+		}
+		calls = append(calls, n)
+	}
+	cs := pr.CUDA
+	if cs.AllocBytes["cudaMalloc"]-cs.FreeBytes["cudaFree"] > bound {
+		t.Errorf("allocated %d, freed %d", cs.AllocBytes["cudaMalloc"], cs.FreeBytes["cudaFree"])
+	}
+	noLoss(t, c)
+}
+
+// A library unloaded with dlclose is unhooked at the next poll.
+func TestUnload(t *testing.T) {
+	c := newConcern(t)
+	p, pr := work(t, c, dynamic(t), "unload")
+	p.Signal(t)
+	p.Wait(t, "done", 10*time.Second)
+	observe(t, c, pr)
+	if len(pr.CUDA.Libraries) != 0 {
+		t.Errorf("libraries still hooked after dlclose: %v", pr.CUDA.Libraries)
+	}
+	for k, h := range c.procs[pr.PID].libs {
+		if len(h.links) != 0 {
+			t.Errorf("%s still has %d links after dlclose", k.path, len(h.links))
+		}
+	}
+}
+
+// After Untrack nothing of the process stays; after Close no program of
+// ours stays loaded.
+func TestUntrackAndClose(t *testing.T) {
+	testutil.RequireRoot(t)
+	c, err := New(Config{ProcRoot: "/proc"}, nil, symbolize.New("/proc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, pr := work(t, c, dynamic(t), "steady")
+	time.Sleep(100 * time.Millisecond)
+	c.Untrack(pr.PID)
+	if libs := c.Libraries(pr.PID); len(libs) != 0 {
+		t.Errorf("libraries still hooked after Untrack: %v", libs)
+	}
+	var key cudaCudaAllocKey
+	var val cudaCudaAlloc
+	it := c.maps.LiveAllocs.Iterate()
+	for it.Next(&key, &val) {
+		if int(key.Tgid) == pr.PID {
+			t.Fatalf("live allocation of an untracked process: %+v", key)
+		}
+	}
+	var ids []ebpf.ProgramID
+	for _, p := range c.coll.Programs {
+		info, err := p.Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := info.ID()
+		ids = append(ids, id)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The kernel frees a program once the last link's RCU grace period has
+	// passed, after Close returns.
+	for _, id := range ids {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			p, err := ebpf.NewProgramFromID(id)
+			if err != nil {
+				break
+			}
+			p.Close()
+			if time.Now().After(deadline) {
+				t.Errorf("program %d still loaded after Close", id)
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+// cudartInstalled reports whether the real CUDA runtime is installed
+// (scripts/install-cuda-libs.sh).
+func cudartInstalled() bool {
+	out, err := exec.Command("ldconfig", "-p").Output()
+	return err == nil && strings.Contains(string(out), "libcudart.so.11.0")
+}
+
+// The real libcudart: without a GPU cudaMalloc fails, and the failure is
+// reported by name with the calling function in its stack. With a GPU it
+// succeeds, and the allocation is counted once.
+func TestRealRuntime(t *testing.T) {
+	if !cudartInstalled() {
+		if os.Getenv("CI") != "" {
+			t.Fatal("libcudart.so.11.0 is not installed: run scripts/install-cuda-libs.sh")
+		}
+		t.Skip("libcudart.so.11.0 not installed (scripts/install-cuda-libs.sh)")
+	}
+	c := newConcern(t)
+	bin := testutil.Fixture(t, "realcuda")
+	p := testutil.StartProc(t, nil, bin, "30")
+	pr := &model.Process{PID: p.Cmd.Process.Pid}
+	if err := c.Track(pr.PID); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) && len(pr.CUDA.Failures) == 0 && pr.CUDA.FreeBytes["cudaFree"] == 0 {
+		time.Sleep(200 * time.Millisecond)
+		observe(t, c, pr)
+	}
+	cs := pr.CUDA
+	// The soname is a link to the versioned file, which is what is mapped.
+	if !strings.Contains(strings.Join(cs.Libraries, ","), "libcudart.so.11") {
+		t.Errorf("libcudart not among hooked libraries: %v", cs.Libraries)
+	}
+	if len(cs.Failures) == 0 {
+		if cs.FreeBytes["cudaFree"] == 0 {
+			t.Fatalf("neither a failure nor an allocation seen: %+v", cs)
+		}
+		// A GPU is present: the allocation is counted under the runtime only.
+		if cs.AllocBytes["cudaMalloc"] < 64*MiB || cs.AllocCalls["cuMemAlloc_v2"] != 0 {
+			t.Errorf("allocated %v in %v", cs.AllocBytes, cs.AllocCalls)
+		}
+		t.Logf("GPU present: %v calls, %v bytes allocated, %v freed", cs.AllocCalls, cs.AllocBytes, cs.FreeBytes)
+		noLoss(t, c)
+		return
+	}
+	f := cs.Failures[0]
+	// No GPU: cudaErrorNoDevice with a driver, cudaErrorInsufficientDriver
+	// without one (libcuda.so.1 absent).
+	if f.API != "cudaMalloc" || (f.Error != "cudaErrorNoDevice" && f.Error != "cudaErrorInsufficientDriver") || f.Size != 64*MiB {
+		t.Errorf("failure = %+v", f)
+	}
+	if !stackHas(f.Stack, "allocate_weights") {
+		t.Errorf("calling function not in stack: %q", f.Stack)
+	}
+	t.Logf("real cudaMalloc failed with %d %s; stack %q", f.Code, f.Error, f.Stack)
+	noLoss(t, c)
+}

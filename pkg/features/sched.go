@@ -1,0 +1,31 @@
+package features
+
+import (
+	"slices"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/schedtrack"
+)
+
+// sched loads and attaches the scheduler object as a run would, and reports
+// what each sched event is traced with: tp_btf, or the classic tracepoint
+// where tp_btf does not load or attach.
+func sched() []Result {
+	t, err := schedtrack.New(schedtrack.Config{})
+	if err != nil {
+		return []Result{{Name: "sched_switch", Required: true, Detail: err.Error()}}
+	}
+	defer t.Close()
+	how := "tp_btf"
+	if t.Mode() == schedtrack.ModeTracepoint {
+		how = "tracepoint (tp_btf unavailable: " + t.BTFError().Error() + ")"
+	}
+	var rs []Result
+	for _, ev := range []string{"sched_switch", "sched_wakeup", "sched_wakeup_new"} {
+		r := Result{Name: ev, OK: true, Required: ev == "sched_switch", Detail: how}
+		if !slices.Contains(t.Events(), ev) {
+			r.OK, r.Detail = false, "not traced with classic tracepoints: a new thread's first run-queue wait is missed"
+		}
+		rs = append(rs, r)
+	}
+	return rs
+}

@@ -1,0 +1,188 @@
+package metrics
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+)
+
+var cudaNames = []string{"autoglm_cuda_alloc_bytes_total", "autoglm_cuda_free_bytes_total", "autoglm_cuda_alloc_calls_total",
+	"autoglm_cuda_live_bytes", "autoglm_cuda_alloc_failures_total", "autoglm_cuda_untracked_bytes",
+	"autoglm_gpu_memory_used_bytes", "autoglm_gpu_memory_total_bytes", "autoglm_gpu_utilization_ratio",
+	"autoglm_gpu_process_memory_used_bytes"}
+
+func failure(ms int, api, errName string) model.CUDAFailure {
+	return model.CUDAFailure{Time: t0.Add(time.Duration(ms) * time.Millisecond), API: api, Size: 1 << 30, Code: 2, Error: errName}
+}
+
+func cudaProc(pid int, comm string, exited bool, fails ...model.CUDAFailure) *model.Process {
+	p := proc(pid, comm, 10, 1, 0, exited)
+	p.CUDA = model.CUDAStats{
+		LiveBytes:  3 << 30,
+		AllocBytes: map[string]uint64{"cudaMalloc": 5 << 30, "cuMemAlloc_v2": 1 << 20},
+		FreeBytes:  map[string]uint64{"cudaFree": 2 << 30},
+		AllocCalls: map[string]uint64{"cudaMalloc": 40, "cuMemAlloc_v2": 1},
+		Failures:   fails,
+		Libraries:  []string{"/usr/lib/libcudart.so.12"},
+	}
+	return p
+}
+
+func gpus() []model.GPU {
+	return []model.GPU{
+		{Index: 0, UUID: "GPU-aaaa", Name: "H100", MemoryUsed: 10 << 30, MemoryTotal: 80 << 30, Utilization: 0.5,
+			Processes: map[int]uint64{100: 3<<30 + 512<<20, 999: 1 << 30}},
+		{Index: 1, UUID: "GPU-bbbb", Name: "H100", MemoryUsed: 0, MemoryTotal: 80 << 30},
+	}
+}
+
+func TestCUDAValues(t *testing.T) {
+	m, reg := newMetrics(t)
+	cp := cudaProc(100, "trainer", false,
+		failure(1, "cudaMalloc", "cudaErrorMemoryAllocation"),
+		failure(2, "cudaMalloc", "cudaErrorMemoryAllocation"),
+		failure(3, "cuMemAlloc_v2", "CUDA_ERROR_OUT_OF_MEMORY"))
+	cp.CUDA.HasNVML, cp.CUDA.NVMLUsedBytes, cp.CUDA.UntrackedBytes = true, 3<<30+512<<20, 512<<20
+	plain := proc(200, "fdwork", 5, 1, 0, false) // no CUDA activity: no CUDA series
+	s := snap(1, []*model.Process{cp, plain}, nil, nil)
+	s.GPUs = gpus()
+	m.Update(s)
+
+	want := `
+# HELP autoglm_cuda_alloc_bytes_total Bytes allocated through hooked CUDA calls since attach, by API.
+# TYPE autoglm_cuda_alloc_bytes_total counter
+autoglm_cuda_alloc_bytes_total{api="cuMemAlloc_v2",comm="trainer",pid="100"} 1.048576e+06
+autoglm_cuda_alloc_bytes_total{api="cudaMalloc",comm="trainer",pid="100"} 5.36870912e+09
+# HELP autoglm_cuda_free_bytes_total Bytes freed through hooked CUDA calls since attach, by API.
+# TYPE autoglm_cuda_free_bytes_total counter
+autoglm_cuda_free_bytes_total{api="cudaFree",comm="trainer",pid="100"} 2.147483648e+09
+# HELP autoglm_cuda_alloc_calls_total Hooked CUDA allocation calls since attach, by API.
+# TYPE autoglm_cuda_alloc_calls_total counter
+autoglm_cuda_alloc_calls_total{api="cuMemAlloc_v2",comm="trainer",pid="100"} 1
+autoglm_cuda_alloc_calls_total{api="cudaMalloc",comm="trainer",pid="100"} 40
+# HELP autoglm_cuda_live_bytes Bytes allocated through hooked CUDA calls and not freed.
+# TYPE autoglm_cuda_live_bytes gauge
+autoglm_cuda_live_bytes{comm="trainer",pid="100"} 3.221225472e+09
+# HELP autoglm_cuda_alloc_failures_total Failed CUDA allocation calls since attach, by API and error.
+# TYPE autoglm_cuda_alloc_failures_total counter
+autoglm_cuda_alloc_failures_total{api="cuMemAlloc_v2",comm="trainer",error="CUDA_ERROR_OUT_OF_MEMORY",pid="100"} 1
+autoglm_cuda_alloc_failures_total{api="cudaMalloc",comm="trainer",error="cudaErrorMemoryAllocation",pid="100"} 2
+# HELP autoglm_cuda_untracked_bytes Device memory NVML reports for the process minus the bytes the CUDA hooks see live.
+# TYPE autoglm_cuda_untracked_bytes gauge
+autoglm_cuda_untracked_bytes{comm="trainer",pid="100"} 5.36870912e+08
+# HELP autoglm_gpu_memory_used_bytes Device memory in use on the GPU, per NVML.
+# TYPE autoglm_gpu_memory_used_bytes gauge
+autoglm_gpu_memory_used_bytes{gpu="0",uuid="GPU-aaaa"} 1.073741824e+10
+autoglm_gpu_memory_used_bytes{gpu="1",uuid="GPU-bbbb"} 0
+# HELP autoglm_gpu_memory_total_bytes Device memory of the GPU, per NVML.
+# TYPE autoglm_gpu_memory_total_bytes gauge
+autoglm_gpu_memory_total_bytes{gpu="0",uuid="GPU-aaaa"} 8.589934592e+10
+autoglm_gpu_memory_total_bytes{gpu="1",uuid="GPU-bbbb"} 8.589934592e+10
+# HELP autoglm_gpu_utilization_ratio Share of the last sample period in which a kernel ran on the GPU, per NVML.
+# TYPE autoglm_gpu_utilization_ratio gauge
+autoglm_gpu_utilization_ratio{gpu="0",uuid="GPU-aaaa"} 0.5
+autoglm_gpu_utilization_ratio{gpu="1",uuid="GPU-bbbb"} 0
+# HELP autoglm_gpu_process_memory_used_bytes Device memory a watched process uses on the GPU, per NVML.
+# TYPE autoglm_gpu_process_memory_used_bytes gauge
+autoglm_gpu_process_memory_used_bytes{comm="trainer",gpu="0",pid="100"} 3.758096384e+09
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), cudaNames...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCUDAUntrackedOnlyWithNVML(t *testing.T) {
+	m, reg := newMetrics(t)
+	m.Update(snap(1, []*model.Process{cudaProc(100, "trainer", false)}, nil, nil))
+	if _, ok := value(t, reg, "autoglm_cuda_untracked_bytes", nil); ok {
+		t.Error("untracked_bytes exported without NVML")
+	}
+	if v, ok := value(t, reg, "autoglm_cuda_live_bytes", map[string]string{"pid": "100"}); !ok || v != 3<<30 {
+		t.Errorf("live_bytes = %v (present %v)", v, ok)
+	}
+	// A process that only loaded a CUDA library still shows, at zero.
+	p := proc(300, "idle", 1, 1, 0, false)
+	p.CUDA.Libraries = []string{"/usr/lib/libcuda.so.1"}
+	m.Update(snap(2, []*model.Process{p}, nil, nil))
+	if v, ok := value(t, reg, "autoglm_cuda_live_bytes", map[string]string{"pid": "300"}); !ok || v != 0 {
+		t.Errorf("live_bytes of a process with a CUDA library = %v (present %v), want 0", v, ok)
+	}
+}
+
+func TestCUDAFailuresCountedPastTheKeptList(t *testing.T) {
+	// The source keeps only its newest failures: a list of the same
+	// length with newer entries still counts them.
+	m, reg := newMetrics(t)
+	oom := func(ms int) model.CUDAFailure { return failure(ms, "cudaMalloc", "cudaErrorMemoryAllocation") }
+	for i, list := range [][]model.CUDAFailure{{oom(1), oom(2)}, {oom(2), oom(3)}, {oom(2), oom(3)}, {oom(7), oom(8)}} {
+		m.Update(snap(i, []*model.Process{cudaProc(100, "trainer", false, list...)}, nil, nil))
+	}
+	if v, _ := value(t, reg, "autoglm_cuda_alloc_failures_total", map[string]string{"pid": "100"}); v != 5 {
+		t.Errorf("failures_total = %v, want 5", v)
+	}
+}
+
+func TestCUDAExitedDropped(t *testing.T) {
+	m, reg := newMetrics(t)
+	s := snap(1, []*model.Process{cudaProc(100, "trainer", false), cudaProc(200, "other", false, failure(1, "cudaMalloc", "x"))}, nil, nil)
+	s.GPUs = gpus()
+	s.GPUs[0].Processes[200] = 1 << 30
+	m.Update(s)
+	if n := count(t, reg, "autoglm_gpu_process_memory_used_bytes", nil); n != 2 {
+		t.Fatalf("gpu process series = %d, want 2 (pid 999 is not watched)", n)
+	}
+
+	// pid 200 exits: its CUDA series are served once more, its GPU share
+	// no more (NVML no longer lists it, and it is gone).
+	s = snap(2, []*model.Process{cudaProc(100, "trainer", false), cudaProc(200, "other", true)}, nil, nil)
+	s.GPUs = gpus()
+	s.GPUs[0].Processes[200] = 1 << 30
+	m.Update(s)
+	if _, ok := value(t, reg, "autoglm_cuda_live_bytes", map[string]string{"pid": "200"}); !ok {
+		t.Fatal("live_bytes of the exiting process missing in its last snapshot")
+	}
+	if n := count(t, reg, "autoglm_gpu_process_memory_used_bytes", map[string]string{"pid": "200"}); n != 0 {
+		t.Error("GPU share of an exited process exported")
+	}
+
+	s = snap(3, []*model.Process{cudaProc(100, "trainer", false)}, nil, nil)
+	m.Update(s)
+	for _, name := range cudaNames {
+		if n := count(t, reg, name, map[string]string{"pid": "200"}); n != 0 {
+			t.Errorf("%s{pid=200} still exported after exit", name)
+		}
+	}
+	// Without NVML in a snapshot there are no GPU series.
+	for _, name := range []string{"autoglm_gpu_memory_used_bytes", "autoglm_gpu_process_memory_used_bytes"} {
+		if n := count(t, reg, name, nil); n != 0 {
+			t.Errorf("%s exported without GPUs in the snapshot", name)
+		}
+	}
+
+	// A reused pid starts from its own counts.
+	p := cudaProc(200, "new", false, failure(9, "cudaMalloc", "x"))
+	m.Update(snap(4, []*model.Process{p}, nil, nil))
+	if v, _ := value(t, reg, "autoglm_cuda_alloc_failures_total", map[string]string{"pid": "200"}); v != 1 {
+		t.Errorf("failures_total of the reused pid = %v, want 1", v)
+	}
+}
+
+func TestCUDALint(t *testing.T) {
+	m, _ := newMetrics(t)
+	cp := cudaProc(100, "tr\xffiner", false, failure(1, "cudaMalloc", "cudaErrorMemoryAllocation"))
+	cp.CUDA.HasNVML, cp.CUDA.UntrackedBytes = true, -5
+	s := snap(1, []*model.Process{cp}, nil, nil)
+	s.GPUs = gpus()
+	m.Update(s)
+	problems, err := testutil.CollectAndLint(collector{m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range problems {
+		t.Errorf("lint: %s: %s", p.Metric, p.Text)
+	}
+}

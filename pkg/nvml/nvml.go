@@ -1,0 +1,262 @@
+// Package nvml samples the GPUs through NVIDIA's management library: memory
+// used and total and utilization per device, and device memory used per
+// process. That is the GPU's own figure, which the eBPF CUDA hooks cannot
+// see whole (contexts, caching allocators, paths not hooked); Join puts the
+// two side by side.
+//
+// NVML is optional: without the library or a loaded driver Start fails with
+// a clear error and the rest of the tool works as before.
+package nvml
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"sync"
+	"time"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+)
+
+// Sampling intervals: the default of --gpu-interval and the least accepted.
+// NVML queries take tens of microseconds each; below 10ms the sampler would
+// mostly measure itself.
+const (
+	DefaultInterval = 100 * time.Millisecond
+	MinInterval     = 10 * time.Millisecond
+)
+
+// Sampler polls NVML in the background and keeps the latest sample.
+type Sampler struct {
+	lib gonvml.Interface
+
+	mu    sync.Mutex
+	gpus  []model.GPU
+	procs map[int]uint64 // device memory used by pid, summed over devices
+
+	done chan struct{} // closed once the loop has shut NVML down
+}
+
+// New returns a sampler over lib: gonvml.New() for the real library, a mock
+// in tests.
+func New(lib gonvml.Interface) *Sampler {
+	return &Sampler{lib: lib, procs: map[int]uint64{}, done: make(chan struct{})}
+}
+
+// Start initializes NVML, takes a first sample, and samples every interval
+// until ctx is done, then shuts NVML down (Wait waits for that). An error
+// means no GPU metrics this run; the caller logs it once and goes on: the
+// sampler then reports no GPU and no process.
+func (s *Sampler) Start(ctx context.Context, every time.Duration) error {
+	err := s.start(ctx, every)
+	if err != nil {
+		close(s.done)
+	}
+	return err
+}
+
+func (s *Sampler) start(ctx context.Context, every time.Duration) error {
+	if every < MinInterval {
+		return fmt.Errorf("GPU sampling interval %s is below the minimum %s", every, MinInterval)
+	}
+	if ret := s.lib.Init(); ret != gonvml.SUCCESS {
+		return unavailable(ret)
+	}
+	if err := s.sample(); err != nil {
+		s.shutdown()
+		return err
+	}
+	go s.loop(ctx, every)
+	return nil
+}
+
+// Wait blocks, after Start, until the sampling loop has ended (its ctx is
+// done) and NVML is shut down; after a failed Start it returns at once.
+func (s *Sampler) Wait() { <-s.done }
+
+func (s *Sampler) loop(ctx context.Context, every time.Duration) {
+	defer close(s.done)
+	defer s.shutdown()
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			if err := s.sample(); err != nil {
+				// The last good sample stays; a GPU that fell off the
+				// bus should not stop the run.
+				slog.Debug("NVML sample", "err", err)
+			}
+		}
+	}
+}
+
+func (s *Sampler) shutdown() {
+	if ret := s.lib.Shutdown(); ret != gonvml.SUCCESS {
+		slog.Debug("NVML shutdown", "err", ret.Error())
+	}
+}
+
+// sample reads every device once and replaces the kept sample. Failures of
+// single queries leave that value zero: a MIG device does not report
+// utilization, and that must not hide its memory.
+func (s *Sampler) sample() error {
+	n, ret := s.lib.DeviceGetCount()
+	if ret != gonvml.SUCCESS {
+		return fmt.Errorf("NVML: counting devices: %s", ret.Error())
+	}
+	gpus := make([]model.GPU, 0, n)
+	procs := map[int]uint64{}
+	for i := range n {
+		dev, ret := s.lib.DeviceGetHandleByIndex(i)
+		if ret != gonvml.SUCCESS {
+			slog.Debug("NVML device handle", "index", i, "err", ret.Error())
+			continue
+		}
+		g := model.GPU{Index: i, Processes: map[int]uint64{}}
+		if uuid, ret := dev.GetUUID(); ret == gonvml.SUCCESS {
+			g.UUID = uuid
+		}
+		if name, ret := dev.GetName(); ret == gonvml.SUCCESS {
+			g.Name = name
+		}
+		if mem, ret := dev.GetMemoryInfo(); ret == gonvml.SUCCESS {
+			g.MemoryUsed, g.MemoryTotal = mem.Used, mem.Total
+		}
+		if u, ret := dev.GetUtilizationRates(); ret == gonvml.SUCCESS {
+			g.Utilization = float64(u.Gpu) / 100
+		}
+		for _, list := range []func() ([]gonvml.ProcessInfo, gonvml.Return){dev.GetComputeRunningProcesses, dev.GetGraphicsRunningProcesses} {
+			infos, ret := list()
+			if ret != gonvml.SUCCESS {
+				continue
+			}
+			for _, pi := range infos {
+				// Without permission (or under some virtualization) the
+				// driver lists the process but not its memory.
+				if pi.UsedGpuMemory == notAvailable {
+					continue
+				}
+				// A process with both a compute and a graphics context is
+				// listed twice with the same total: take it once.
+				pid := int(pi.Pid)
+				g.Processes[pid] = max(g.Processes[pid], pi.UsedGpuMemory)
+			}
+		}
+		for pid, b := range g.Processes {
+			procs[pid] += b
+		}
+		gpus = append(gpus, g)
+	}
+	s.mu.Lock()
+	s.gpus, s.procs = gpus, procs
+	s.mu.Unlock()
+	return nil
+}
+
+// notAvailable is NVML_VALUE_NOT_AVAILABLE as an unsigned long long.
+const notAvailable = ^uint64(0)
+
+// GPUs returns the devices as last sampled; nil before Start succeeds.
+func (s *Sampler) GPUs() []model.GPU {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gpus == nil {
+		return nil
+	}
+	out := make([]model.GPU, len(s.gpus))
+	for i, g := range s.gpus {
+		g.Processes = maps.Clone(g.Processes)
+		out[i] = g
+	}
+	return out
+}
+
+// ProcessMemory returns the device memory pid uses on all GPUs together, and
+// whether NVML lists it at all.
+func (s *Sampler) ProcessMemory(pid int) (uint64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.procs[pid]
+	return b, ok
+}
+
+// Join records NVML's figure for p (from ProcessMemory) next to what the
+// CUDA hooks saw; p.CUDA.LiveBytes must be filled first. The difference is
+// memory the hooks do not account for: contexts, module images, allocator
+// caches, allocation paths not hooked.
+func Join(p *model.Process, used uint64, ok bool) {
+	if !ok {
+		p.CUDA.NVMLUsedBytes, p.CUDA.HasNVML, p.CUDA.UntrackedBytes = 0, false, 0
+		return
+	}
+	p.CUDA.NVMLUsedBytes, p.CUDA.HasNVML = used, true
+	p.CUDA.UntrackedBytes = int64(used) - int64(p.CUDA.LiveBytes)
+}
+
+// Detector is what the CUDA concern runs on each process every interval.
+type Detector interface {
+	Observe(now time.Time, p *model.Process) []model.Finding
+	Forget(pid int)
+}
+
+// Joining returns d with NVML's figure joined into each process (Join)
+// before d sees it, so that its findings can show untracked bytes. It works
+// whether or not Start succeeded.
+func (s *Sampler) Joining(d Detector) Detector { return joining{s, d} }
+
+type joining struct {
+	s *Sampler
+	Detector
+}
+
+func (j joining) Observe(now time.Time, p *model.Process) []model.Finding {
+	used, ok := j.s.ProcessMemory(p.PID)
+	Join(p, used, ok)
+	return j.Detector.Observe(now, p)
+}
+
+// Probe initializes NVML once and describes what it finds, for `check`.
+func Probe(lib gonvml.Interface) (string, error) {
+	if ret := lib.Init(); ret != gonvml.SUCCESS {
+		return "", unavailable(ret)
+	}
+	defer lib.Shutdown()
+	driver, ret := lib.SystemGetDriverVersion()
+	if ret != gonvml.SUCCESS {
+		driver = "unknown"
+	}
+	n, ret := lib.DeviceGetCount()
+	if ret != gonvml.SUCCESS {
+		return "", fmt.Errorf("NVML: counting devices: %s", ret.Error())
+	}
+	return fmt.Sprintf("driver %s, %d devices", driver, n), nil
+}
+
+// ErrUnavailable is wrapped by the errors of Start and Probe when NVML
+// cannot be initialized.
+var ErrUnavailable = errors.New("NVML unavailable")
+
+// unavailable explains a failed nvmlInit in the terms a user can act on.
+func unavailable(ret gonvml.Return) error {
+	var reason string
+	switch ret {
+	case gonvml.ERROR_LIBRARY_NOT_FOUND:
+		reason = "libnvidia-ml.so.1 not found (no NVIDIA driver installed)"
+	case gonvml.ERROR_DRIVER_NOT_LOADED:
+		reason = "the NVIDIA kernel driver is not loaded"
+	case gonvml.ERROR_NO_PERMISSION:
+		reason = "no permission to open the NVIDIA device files"
+	case gonvml.ERROR_LIB_RM_VERSION_MISMATCH:
+		reason = "libnvidia-ml and the kernel driver versions differ (reboot or reinstall the driver)"
+	default:
+		reason = ret.Error()
+	}
+	return fmt.Errorf("%w: %s; GPU metrics off", ErrUnavailable, reason)
+}

@@ -1,0 +1,308 @@
+package nvml
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+)
+
+const gib = 1 << 30
+
+// fakeGPU is one mocked device whose used memory a test may change while
+// the sampler runs.
+type fakeGPU struct {
+	mu       sync.Mutex
+	used     uint64
+	util     uint32
+	utilRet  gonvml.Return
+	compute  []gonvml.ProcessInfo
+	graphics []gonvml.ProcessInfo
+}
+
+func (f *fakeGPU) setUsed(b uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.used = b
+}
+
+func (f *fakeGPU) device(uuid string) *mock.Device {
+	return &mock.Device{
+		GetUUIDFunc: func() (string, gonvml.Return) { return uuid, gonvml.SUCCESS },
+		GetNameFunc: func() (string, gonvml.Return) { return "NVIDIA H100 80GB HBM3", gonvml.SUCCESS },
+		GetMemoryInfoFunc: func() (gonvml.Memory, gonvml.Return) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			return gonvml.Memory{Total: 80 * gib, Used: f.used, Free: 80*gib - f.used}, gonvml.SUCCESS
+		},
+		GetUtilizationRatesFunc: func() (gonvml.Utilization, gonvml.Return) {
+			return gonvml.Utilization{Gpu: f.util}, f.utilRet
+		},
+		GetComputeRunningProcessesFunc:  func() ([]gonvml.ProcessInfo, gonvml.Return) { return f.compute, gonvml.SUCCESS },
+		GetGraphicsRunningProcessesFunc: func() ([]gonvml.ProcessInfo, gonvml.Return) { return f.graphics, gonvml.SUCCESS },
+	}
+}
+
+// twoGPUs mocks a machine with two devices: pid 100 on both (and with a
+// graphics context too on the first), pid 200 on the first, pid 300 listed
+// without a memory figure on the second.
+func twoGPUs() (*mock.Interface, []*fakeGPU) {
+	fakes := []*fakeGPU{
+		{
+			used: 10 * gib, util: 45, utilRet: gonvml.SUCCESS,
+			compute:  []gonvml.ProcessInfo{{Pid: 100, UsedGpuMemory: 4 * gib}, {Pid: 200, UsedGpuMemory: 1 * gib}},
+			graphics: []gonvml.ProcessInfo{{Pid: 100, UsedGpuMemory: 4 * gib}},
+		},
+		{
+			used: 3 * gib, utilRet: gonvml.ERROR_NOT_SUPPORTED, // as on a MIG device
+			compute: []gonvml.ProcessInfo{{Pid: 100, UsedGpuMemory: 2 * gib}, {Pid: 300, UsedGpuMemory: notAvailable}},
+		},
+	}
+	devs := []gonvml.Device{fakes[0].device("GPU-aaaa"), fakes[1].device("GPU-bbbb")}
+	lib := &mock.Interface{
+		InitFunc:           func() gonvml.Return { return gonvml.SUCCESS },
+		ShutdownFunc:       func() gonvml.Return { return gonvml.SUCCESS },
+		DeviceGetCountFunc: func() (int, gonvml.Return) { return len(devs), gonvml.SUCCESS },
+		DeviceGetHandleByIndexFunc: func(i int) (gonvml.Device, gonvml.Return) {
+			return devs[i], gonvml.SUCCESS
+		},
+		SystemGetDriverVersionFunc: func() (string, gonvml.Return) { return "550.54.15", gonvml.SUCCESS },
+	}
+	return lib, fakes
+}
+
+func TestSamplerTwoDevices(t *testing.T) {
+	lib, fakes := twoGPUs()
+	s := New(lib)
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := s.Start(ctx, MinInterval); err != nil {
+		t.Fatal(err)
+	}
+
+	gpus := s.GPUs()
+	if len(gpus) != 2 {
+		t.Fatalf("GPUs() = %d devices, want 2", len(gpus))
+	}
+	want0 := model.GPU{Index: 0, UUID: "GPU-aaaa", Name: "NVIDIA H100 80GB HBM3", MemoryUsed: 10 * gib, MemoryTotal: 80 * gib, Utilization: 0.45}
+	g := gpus[0]
+	if g.Index != want0.Index || g.UUID != want0.UUID || g.Name != want0.Name || g.MemoryUsed != want0.MemoryUsed ||
+		g.MemoryTotal != want0.MemoryTotal || g.Utilization != want0.Utilization {
+		t.Errorf("GPU 0 = %+v, want %+v", g, want0)
+	}
+	if g.Processes[100] != 4*gib || g.Processes[200] != 1*gib || len(g.Processes) != 2 {
+		t.Errorf("GPU 0 processes = %v, want 100: 4 GiB (counted once), 200: 1 GiB", g.Processes)
+	}
+	if g := gpus[1]; g.UUID != "GPU-bbbb" || g.MemoryUsed != 3*gib || g.Utilization != 0 || len(g.Processes) != 1 {
+		t.Errorf("GPU 1 = %+v, want GPU-bbbb, 3 GiB used, no utilization, pid 300 left out", g)
+	}
+
+	for _, c := range []struct {
+		pid  int
+		want uint64
+		ok   bool
+	}{{100, 6 * gib, true}, {200, 1 * gib, true}, {300, 0, false}, {400, 0, false}} {
+		if b, ok := s.ProcessMemory(c.pid); b != c.want || ok != c.ok {
+			t.Errorf("ProcessMemory(%d) = %d, %v; want %d, %v", c.pid, b, ok, c.want, c.ok)
+		}
+	}
+
+	// The copy handed out is the caller's.
+	gpus[0].Processes[100] = 0
+	if s.GPUs()[0].Processes[100] != 4*gib {
+		t.Error("GPUs() shares its maps with the sampler")
+	}
+
+	// The loop keeps sampling.
+	fakes[1].setUsed(5 * gib)
+	deadline := time.Now().Add(10 * time.Second)
+	for s.GPUs()[1].MemoryUsed != 5*gib {
+		if time.Now().After(deadline) {
+			t.Fatal("a later sample never showed the new memory figure")
+		}
+		time.Sleep(MinInterval)
+	}
+
+	cancel()
+	s.Wait()
+	if n := len(lib.ShutdownCalls()); n != 1 {
+		t.Errorf("Shutdown called %d times after ctx done, want 1", n)
+	}
+}
+
+func TestJoin(t *testing.T) {
+	lib, _ := twoGPUs()
+	s := New(lib)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer func() { cancel(); s.Wait() }()
+	if err := s.Start(ctx, time.Second); err != nil {
+		t.Fatal(err)
+	}
+
+	// pid 100: 6 GiB on the GPUs, 5.5 GiB seen by the hooks.
+	p := &model.Process{PID: 100, CUDA: model.CUDAStats{LiveBytes: 5*gib + gib/2}}
+	used, ok := s.ProcessMemory(p.PID)
+	Join(p, used, ok)
+	if !p.CUDA.HasNVML || p.CUDA.NVMLUsedBytes != 6*gib || p.CUDA.UntrackedBytes != gib/2 {
+		t.Errorf("join pid 100: %+v, want NVML 6 GiB, untracked 0.5 GiB", p.CUDA)
+	}
+
+	// The hooks may see more than NVML reports (freed memory the caching
+	// allocator already returned): untracked goes negative, not wrapping.
+	p = &model.Process{PID: 200, CUDA: model.CUDAStats{LiveBytes: 2 * gib}}
+	used, ok = s.ProcessMemory(p.PID)
+	Join(p, used, ok)
+	if !p.CUDA.HasNVML || p.CUDA.UntrackedBytes != -gib {
+		t.Errorf("join pid 200: %+v, want untracked -1 GiB", p.CUDA)
+	}
+
+	// A process NVML does not list has no NVML figure, even if a stale one
+	// was set before.
+	p = &model.Process{PID: 400, CUDA: model.CUDAStats{LiveBytes: gib, NVMLUsedBytes: 3, HasNVML: true, UntrackedBytes: 7}}
+	used, ok = s.ProcessMemory(p.PID)
+	Join(p, used, ok)
+	if p.CUDA.HasNVML || p.CUDA.NVMLUsedBytes != 0 || p.CUDA.UntrackedBytes != 0 {
+		t.Errorf("join pid 400 (not on any GPU): %+v, want no NVML figures", p.CUDA)
+	}
+}
+
+func TestInitFailure(t *testing.T) {
+	for _, c := range []struct {
+		ret    gonvml.Return
+		reason string
+	}{
+		{gonvml.ERROR_LIBRARY_NOT_FOUND, "libnvidia-ml.so.1 not found"},
+		{gonvml.ERROR_DRIVER_NOT_LOADED, "driver is not loaded"},
+	} {
+		// Only Init is mocked: any other call would panic.
+		lib := &mock.Interface{InitFunc: func() gonvml.Return { return c.ret }}
+		s := New(lib)
+		err := s.Start(context.Background(), DefaultInterval)
+		if err == nil {
+			t.Fatalf("%v: Start succeeded", c.ret)
+		}
+		msg := err.Error()
+		if !errors.Is(err, ErrUnavailable) || !strings.HasPrefix(msg, "NVML unavailable: ") ||
+			!strings.Contains(msg, c.reason) || !strings.HasSuffix(msg, "; GPU metrics off") {
+			t.Errorf("%v: error %q, want NVML unavailable: ...%s...; GPU metrics off", c.ret, msg, c.reason)
+		}
+		if s.GPUs() != nil {
+			t.Errorf("%v: GPUs() = %v after failed Start, want nil", c.ret, s.GPUs())
+		}
+		if _, ok := s.ProcessMemory(100); ok {
+			t.Errorf("%v: ProcessMemory reports a process after failed Start", c.ret)
+		}
+		if _, err := Probe(lib); err == nil || !strings.Contains(err.Error(), c.reason) {
+			t.Errorf("%v: Probe error %v, want the same reason", c.ret, err)
+		}
+	}
+}
+
+func TestFirstSampleFailure(t *testing.T) {
+	lib := &mock.Interface{
+		InitFunc:           func() gonvml.Return { return gonvml.SUCCESS },
+		ShutdownFunc:       func() gonvml.Return { return gonvml.SUCCESS },
+		DeviceGetCountFunc: func() (int, gonvml.Return) { return 0, gonvml.ERROR_GPU_IS_LOST },
+	}
+	err := New(lib).Start(context.Background(), DefaultInterval)
+	if err == nil || !strings.Contains(err.Error(), "NVML") {
+		t.Fatalf("Start = %v, want an NVML error", err)
+	}
+	if n := len(lib.ShutdownCalls()); n != 1 {
+		t.Errorf("Shutdown called %d times after a failed first sample, want 1", n)
+	}
+}
+
+func TestIntervalMinimum(t *testing.T) {
+	lib := &mock.Interface{} // Init must not be reached
+	if err := New(lib).Start(context.Background(), 5*time.Millisecond); err == nil || !strings.Contains(err.Error(), "minimum 10ms") {
+		t.Fatalf("Start(5ms) = %v, want a minimum-interval error", err)
+	}
+}
+
+func TestProbe(t *testing.T) {
+	lib, _ := twoGPUs()
+	got, err := Probe(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "driver 550.54.15, 2 devices"; got != want {
+		t.Errorf("Probe = %q, want %q", got, want)
+	}
+	if n := len(lib.ShutdownCalls()); n != 1 {
+		t.Errorf("Probe left NVML initialized (%d shutdowns)", n)
+	}
+}
+
+// TestRealLibrary runs the sampler on this machine's NVML: without a driver
+// the error must say so; with one the devices must show.
+func TestRealLibrary(t *testing.T) {
+	s := New(gonvml.New())
+	ctx, cancel := context.WithCancel(context.Background())
+	err := s.Start(ctx, DefaultInterval)
+	if err != nil {
+		cancel()
+		if !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "NVML unavailable") {
+			t.Fatalf("Start without a usable NVML: %v, want an NVML unavailable error", err)
+		}
+		t.Logf("no NVML here: %v", err)
+		return
+	}
+	gpus := s.GPUs()
+	cancel()
+	s.Wait()
+	if len(gpus) == 0 {
+		t.Fatal("NVML initialized but reports no GPU")
+	}
+	for _, g := range gpus {
+		if g.MemoryTotal == 0 || g.UUID == "" {
+			t.Errorf("GPU %d: %+v, want a UUID and total memory", g.Index, g)
+		}
+	}
+}
+
+// seen records what a detector was handed.
+type seen struct{ procs []model.CUDAStats }
+
+func (s *seen) Observe(_ time.Time, p *model.Process) []model.Finding {
+	s.procs = append(s.procs, p.CUDA)
+	return nil
+}
+func (s *seen) Forget(int) {}
+
+func TestJoining(t *testing.T) {
+	lib, _ := twoGPUs()
+	s := New(lib)
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := s.Start(ctx, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	var det seen
+	d := s.Joining(&det)
+	d.Observe(t0(), &model.Process{PID: 100, CUDA: model.CUDAStats{LiveBytes: 5 * gib}})
+	cancel()
+	s.Wait()
+	if len(det.procs) != 1 || !det.procs[0].HasNVML || det.procs[0].UntrackedBytes != gib {
+		t.Errorf("detector saw %+v, want NVML joined: untracked 1 GiB", det.procs)
+	}
+
+	// Without NVML the detector sees no NVML figures, and Wait does not block.
+	failed := New(&mock.Interface{InitFunc: func() gonvml.Return { return gonvml.ERROR_LIBRARY_NOT_FOUND }})
+	if err := failed.Start(context.Background(), time.Second); err == nil {
+		t.Fatal("Start succeeded")
+	}
+	failed.Wait()
+	det = seen{}
+	failed.Joining(&det).Observe(t0(), &model.Process{PID: 100, CUDA: model.CUDAStats{LiveBytes: gib, HasNVML: true}})
+	if len(det.procs) != 1 || det.procs[0].HasNVML {
+		t.Errorf("detector saw %+v without NVML", det.procs)
+	}
+}
+
+func t0() time.Time { return time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC) }

@@ -1,0 +1,84 @@
+package schedtrack
+
+import (
+	"cmp"
+	"errors"
+	"slices"
+	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ctxstorm"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
+)
+
+// Concern is the scheduler concern as the pipeline sees it: the tracker,
+// thread names and CPU affinity from the system, and the storm detector.
+type Concern struct {
+	*Tracker
+	proc procinfo.FS
+	det  *ctxstorm.Detector
+}
+
+// NewConcern loads and attaches the scheduler BPF object.
+func NewConcern(cfg Config, det ctxstorm.Config) (*Concern, error) {
+	proc, err := procinfo.New(cfg.ProcRoot)
+	if err != nil {
+		return nil, err
+	}
+	t, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Concern{Tracker: t, proc: proc, det: ctxstorm.New(det)}, nil
+}
+
+// Name is the concern's name in logs and `check`.
+func (c *Concern) Name() string { return "sched" }
+
+// Untrack drops the kernel and detector state of an exited process.
+func (c *Concern) Untrack(pid int) {
+	c.Tracker.Untrack(pid)
+	c.det.Forget(pid)
+}
+
+// Observe fills the scheduler part of each process and runs the storm
+// detector.
+func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Finding, error) {
+	pids := make([]int, len(procs))
+	for i, p := range procs {
+		pids[i] = p.PID
+	}
+	samples, err := c.Poll(pids)
+	if err != nil {
+		return nil, err
+	}
+	var out []model.Finding
+	for _, p := range procs {
+		c.fill(p, samples[p.PID])
+		out = append(out, c.det.Observe(now, p)...)
+	}
+	return out, nil
+}
+
+// fill turns a kernel sample into the model view.
+func (c *Concern) fill(p *model.Process, s *Sample) {
+	p.Sched.Voluntary = s.Voluntary
+	p.Sched.Involuntary = s.Involuntary
+	threads := make([]model.ThreadSched, 0, len(s.Threads))
+	for _, th := range s.Threads {
+		name, err := c.proc.ThreadName(p.PID, th.TID)
+		if errors.Is(err, procinfo.ErrNoProcess) {
+			c.Forget(th.TID)
+			continue
+		}
+		threads = append(threads, model.ThreadSched{TID: th.TID, Name: name, Voluntary: th.Voluntary, Involuntary: th.Involuntary})
+	}
+	slices.SortFunc(threads, func(a, b model.ThreadSched) int {
+		return cmp.Or(cmp.Compare(b.Voluntary+b.Involuntary, a.Voluntary+a.Involuntary), cmp.Compare(a.TID, b.TID))
+	})
+	p.Sched.Threads = threads
+	if n, err := procinfo.AllowedCPUs(p.PID); err == nil {
+		p.Sched.AllowedCPUs = n
+	}
+	p.Sched.RunqLatency = s.Histogram()
+}

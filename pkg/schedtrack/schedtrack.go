@@ -1,0 +1,327 @@
+// Package schedtrack loads and attaches the scheduler BPF object and reads
+// its maps: context switches per thread and per process, split voluntary and
+// involuntary as the kernel splits them, and run-queue latency per process.
+package schedtrack
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math"
+	"slices"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/tracefs"
+)
+
+// How the programs attach: typed BTF tracepoints where the kernel allows,
+// else the classic tracepoints.
+const (
+	ModeBTF        = "tp_btf"
+	ModeTracepoint = "tracepoint"
+)
+
+// The programs of each mode and the sched event each goes on. The classic
+// sched_wakeup_new record cannot be attributed to a process (see
+// bpf/sched.bpf.c), so that mode has no program for it.
+var modePrograms = map[string]map[string]string{
+	ModeBTF:        {"switch_btf": "sched_switch", "wakeup_btf": "sched_wakeup", "wakeup_new_btf": "sched_wakeup_new"},
+	ModeTracepoint: {"switch_tp": "sched_switch", "wakeup_tp": "sched_wakeup"},
+}
+
+// Config chooses how to attach and where /proc is.
+type Config struct {
+	ProcRoot string // normally /proc
+	// Tracepoint uses the classic tracepoints even where tp_btf works, so
+	// that tests and benchmarks cover the fallback on any kernel.
+	Tracepoint bool
+}
+
+// Tracker owns the loaded scheduler BPF object and its links.
+type Tracker struct {
+	coll   *ebpf.Collection
+	maps   schedMaps
+	links  []link.Link
+	mode   string
+	btfErr error           // why tp_btf is not used; nil when it is or was not tried
+	pids   map[uint32]bool // tracked tgids, from which tracked_bits is computed
+}
+
+// New loads the scheduler object and attaches it: tp_btf if this kernel
+// loads and attaches it, else the classic tracepoints.
+func New(cfg Config) (*Tracker, error) {
+	t := &Tracker{pids: map[uint32]bool{}}
+	if !cfg.Tracepoint {
+		err := t.load(ModeBTF)
+		if err == nil {
+			return t, nil
+		}
+		t.btfErr = err
+		slog.Debug("tp_btf unavailable, using the classic sched tracepoints", "err", err)
+	}
+	if _, _, err := tracefs.Ensure(); err != nil {
+		return nil, err
+	}
+	if err := t.load(ModeTracepoint); err != nil {
+		if t.btfErr != nil {
+			err = fmt.Errorf("%w (tp_btf: %v)", err, t.btfErr)
+		}
+		return nil, err
+	}
+	return t, nil
+}
+
+// load loads the object with the programs of mode only and attaches them;
+// on failure nothing stays loaded.
+func (t *Tracker) load(mode string) error {
+	spec, err := loadSched()
+	if err != nil {
+		return err
+	}
+	for m, progs := range modePrograms {
+		if m == mode {
+			continue
+		}
+		for name := range progs {
+			delete(spec.Programs, name)
+		}
+	}
+	coll, err := ebpf.NewCollection(spec)
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return fmt.Errorf("loading sched BPF programs (%s): %+v", mode, ve)
+		}
+		if errors.Is(err, unix.EPERM) {
+			return fmt.Errorf("loading sched BPF programs (%s): %w (needs root or CAP_BPF+CAP_PERFMON)", mode, err)
+		}
+		return fmt.Errorf("loading sched BPF programs (%s): %w", mode, err)
+	}
+	t.coll = coll
+	if err := coll.Assign(&t.maps); err != nil {
+		t.Close()
+		return err
+	}
+	for _, name := range slices.Sorted(maps.Keys(modePrograms[mode])) {
+		event := modePrograms[mode][name]
+		var l link.Link
+		if mode == ModeBTF {
+			l, err = link.AttachTracing(link.TracingOptions{Program: coll.Programs[name]})
+		} else {
+			l, err = link.Tracepoint("sched", event, coll.Programs[name], nil)
+		}
+		if err != nil {
+			t.Close()
+			return fmt.Errorf("attaching %s to sched/%s: %w", name, event, err)
+		}
+		t.links = append(t.links, l)
+	}
+	t.mode = mode
+	return nil
+}
+
+// Mode says how the programs are attached: ModeBTF or ModeTracepoint.
+func (t *Tracker) Mode() string { return t.mode }
+
+// BTFError says why tp_btf is not used, or nil.
+func (t *Tracker) BTFError() error { return t.btfErr }
+
+// Events returns the sched events the attached programs trace.
+func (t *Tracker) Events() []string {
+	return slices.Sorted(maps.Values(modePrograms[t.mode]))
+}
+
+// Close detaches and unloads everything; safe to call more than once.
+func (t *Tracker) Close() error {
+	var errs []error
+	for _, l := range t.links {
+		errs = append(errs, l.Close())
+	}
+	t.links = nil
+	errs = append(errs, t.maps.Close())
+	t.maps = schedMaps{}
+	if t.coll != nil {
+		t.coll.Close()
+		t.coll = nil
+	}
+	return errors.Join(errs...)
+}
+
+// Track starts counting pid: its counters first (the BPF side only updates
+// existing ones), then the filter.
+func (t *Tracker) Track(pid int) error {
+	tgid := uint32(pid)
+	zero := make([]schedProcSched, ebpf.MustPossibleCPU())
+	if err := t.maps.ProcCounts.Update(tgid, zero, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+		return fmt.Errorf("tracking pid %d: %w", pid, err)
+	}
+	if err := t.maps.TrackedPids.Update(tgid, uint8(1), ebpf.UpdateAny); err != nil {
+		return fmt.Errorf("tracking pid %d: %w", pid, err)
+	}
+	t.pids[tgid] = true
+	if err := t.updateBits(tgid); err != nil {
+		return fmt.Errorf("tracking pid %d: %w", pid, err)
+	}
+	return nil
+}
+
+// trackedBits is the size of the kernel's tracked_bits prefilter.
+const trackedBits = 1 << 18
+
+// updateBits rewrites the prefilter word that holds tgid's bit from the
+// tracked set: other tracked tgids may share the bit.
+func (t *Tracker) updateBits(tgid uint32) error {
+	word := tgid / 64 % (trackedBits / 64)
+	var w uint64
+	for p := range t.pids {
+		if p/64%(trackedBits/64) == word {
+			w |= 1 << (p % 64)
+		}
+	}
+	return t.maps.TrackedBits.Update(word, w, ebpf.UpdateAny)
+}
+
+// Untrack stops counting pid and drops all its kernel state.
+func (t *Tracker) Untrack(pid int) {
+	tgid := uint32(pid)
+	delete(t.pids, tgid)
+	_ = t.updateBits(tgid)
+	_ = t.maps.TrackedPids.Delete(tgid)
+	_ = t.maps.ProcCounts.Delete(tgid)
+	var (
+		tid  uint32
+		th   schedThreadSched
+		dead []uint32
+	)
+	for it := t.maps.ThreadCounts.Iterate(); it.Next(&tid, &th); {
+		if th.Tgid == tgid {
+			dead = append(dead, tid)
+		}
+	}
+	for _, k := range dead {
+		_ = t.maps.ThreadCounts.Delete(k)
+	}
+}
+
+// Forget drops the entry of one thread, for a thread that is gone without
+// the final switch that drops it in the kernel (the thread that execs in a
+// multi-threaded process takes the leader's tid).
+func (t *Tracker) Forget(tid int) {
+	_ = t.maps.ThreadCounts.Delete(uint32(tid))
+}
+
+// Thread is one thread's switch-outs since tracking began.
+type Thread struct {
+	TID         int
+	Voluntary   uint64
+	Involuntary uint64
+}
+
+// Sample is what the kernel counted for one process since tracking began.
+type Sample struct {
+	Voluntary   uint64
+	Involuntary uint64
+	Threads     []Thread // live threads that have switched, by tid
+	RunqSlots   [len(schedProcSched{}.RunqSlots)]uint64
+	RunqSumNs   uint64
+}
+
+// Poll returns a sample for each tracked pid in pids.
+func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
+	out := make(map[int]*Sample, len(pids))
+	for _, pid := range pids {
+		var per []schedProcSched
+		if err := t.maps.ProcCounts.Lookup(uint32(pid), &per); err != nil {
+			return nil, fmt.Errorf("reading sched counters of pid %d: %w", pid, err)
+		}
+		s := &Sample{}
+		for _, c := range per {
+			s.Voluntary += c.Voluntary
+			s.Involuntary += c.Involuntary
+			s.RunqSumNs += c.RunqSumNs
+			for i, n := range c.RunqSlots {
+				s.RunqSlots[i] += n
+			}
+		}
+		out[pid] = s
+	}
+	var (
+		tid uint32
+		th  schedThreadSched
+	)
+	it := t.maps.ThreadCounts.Iterate()
+	for it.Next(&tid, &th) {
+		// A thread woken but not yet switched out has an entry and no counts.
+		if s := out[int(th.Tgid)]; s != nil && th.Voluntary+th.Involuntary > 0 {
+			s.Threads = append(s.Threads, Thread{TID: int(tid), Voluntary: th.Voluntary, Involuntary: th.Involuntary})
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("reading sched thread table: %w", err)
+	}
+	for _, s := range out {
+		slices.SortFunc(s.Threads, func(a, b Thread) int { return a.TID - b.TID })
+	}
+	return out, nil
+}
+
+// firstSlot is the kernel slot whose upper bound is the first histogram
+// bound: slots below it (waits under about a microsecond) are merged into
+// it, as nothing useful is told apart there.
+const firstSlot = 9
+
+// Histogram turns the kernel's log2 slots (slot i: waits of [2^i, 2^(i+1))
+// ns) into a model histogram with bounds in seconds. The last slot has no
+// upper bound, so it counts in Count and Sum only.
+func (s *Sample) Histogram() model.Histogram {
+	last := len(s.RunqSlots) - 1
+	h := model.Histogram{Sum: float64(s.RunqSumNs) / 1e9}
+	for i := firstSlot; i < last; i++ {
+		h.Bounds = append(h.Bounds, math.Ldexp(1, i+1)/1e9)
+		h.Counts = append(h.Counts, s.RunqSlots[i])
+	}
+	for i := range firstSlot {
+		h.Counts[0] += s.RunqSlots[i]
+	}
+	for _, n := range s.RunqSlots {
+		h.Count += n
+	}
+	return h
+}
+
+// errorNames follows enum err_kind in bpf/common.h; the object uses these.
+var errorNames = map[schedErrKind]string{
+	schedErrKindERR_TABLE_FULL: "sched_table_full",
+	schedErrKindERR_COUNTERS:   "sched_counters",
+}
+
+// Lost returns the BPF error counters (monotonic since load), by source name.
+func (t *Tracker) Lost() (map[string]uint64, error) {
+	out := make(map[string]uint64, len(errorNames))
+	for k, name := range errorNames {
+		var per []uint64
+		if err := t.maps.Errors.Lookup(uint32(k), &per); err != nil {
+			return nil, fmt.Errorf("reading sched error counters: %w", err)
+		}
+		var n uint64
+		for _, v := range per {
+			n += v
+		}
+		out[name] = n
+	}
+	// A program the kernel skips because a BPF program already runs on that
+	// CPU (a wake-up from an interrupt during another) loses its event.
+	var misses uint64
+	for _, p := range t.coll.Programs {
+		if st, err := p.Stats(); err == nil {
+			misses += st.RecursionMisses
+		}
+	}
+	out["sched_recursion_misses"] = misses
+	return out, nil
+}

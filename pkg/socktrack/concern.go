@@ -1,0 +1,73 @@
+package socktrack
+
+import (
+	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/sockleak"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+)
+
+// Concern is the socket concern as the pipeline sees it: the tracker and the
+// socket-leak detector.
+type Concern struct {
+	*Tracker
+	det *sockleak.Detector
+}
+
+// NewConcern loads the socket BPF object.
+func NewConcern(cfg Config, det sockleak.Config) (*Concern, error) {
+	t, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Concern{Tracker: t, det: sockleak.New(det)}, nil
+}
+
+// Name is the concern's name in logs and `check`.
+func (c *Concern) Name() string { return "sock" }
+
+// Untrack drops the kernel and detector state of an exited process.
+func (c *Concern) Untrack(pid int) {
+	c.Tracker.Untrack(pid)
+	c.det.Forget(pid)
+}
+
+// Observe fills the socket part of each process and runs the leak detector.
+// A process whose sockets could not be read this time (it is exiting) keeps
+// its previous view and is not judged.
+func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Finding, error) {
+	pids := make([]int, len(procs))
+	for i, p := range procs {
+		pids[i] = p.PID
+	}
+	samples, err := c.Poll(pids)
+	if err != nil {
+		return nil, err
+	}
+	var out []model.Finding
+	for _, p := range procs {
+		s := samples[p.PID]
+		if s == nil {
+			continue
+		}
+		p.Sock = stats(s)
+		out = append(out, c.det.Observe(now, p)...)
+	}
+	return out, nil
+}
+
+// stats turns a sample into the model view. Opening stacks are left out:
+// they belong to the fd concern's table.
+func stats(s *Sample) model.SockStats {
+	st := model.SockStats{TCPByState: map[string]int{}, ByKind: map[string]int{}}
+	for _, k := range model.SockKinds {
+		st.ByKind[k] = s.ByKind[k]
+	}
+	for _, c := range s.Conns {
+		st.TCPByState[c.State]++
+		if c.State == "CLOSE_WAIT" {
+			st.CloseWait = append(st.CloseWait, model.SockConn{Local: c.Local, Remote: c.Remote, State: c.State, Since: c.Since})
+		}
+	}
+	return st
+}
