@@ -30,7 +30,20 @@ generate: generate-deps
 check-generate: generate
 	@git diff --exit-code --stat -- pkg bpf || { echo "generated BPF files drifted: run 'make generate' and commit"; exit 1; }
 
-fixtures: $(FIXTURES)
+CUDA_STUBS := testdata/bin/cuda/libcuda.so.1 testdata/bin/cuda/libcudart.so.11.0
+STUB_CFLAGS := -shared -fPIC -O1 -g -fno-omit-frame-pointer -Wall
+
+fixtures: $(FIXTURES) $(CUDA_STUBS)
+
+# Stand-ins for the CUDA driver and runtime, with their real sonames and
+# version node (the tests build the same in pkg/testutil).
+testdata/bin/cuda/libcuda.so.1: testdata/cuda_stub.c
+	@mkdir -p $(@D)
+	$(CC) $(STUB_CFLAGS) -Wl,-soname,libcuda.so.1 -o $@ $<
+
+testdata/bin/cuda/libcudart.so.11.0: testdata/cudart_stub.c testdata/cudart_stub.map testdata/bin/cuda/libcuda.so.1
+	$(CC) $(STUB_CFLAGS) -Wl,-soname,libcudart.so.11.0 -Wl,--version-script=testdata/cudart_stub.map \
+		-o $@ testdata/cudart_stub.c testdata/bin/cuda/libcuda.so.1 '-Wl,-rpath,$$ORIGIN'
 
 testdata/bin/%: testdata/%.c
 	@mkdir -p testdata/bin
@@ -42,9 +55,12 @@ test: deps build fixtures
 	# loaded in the kernel see only their own.
 	$(GO) test -count=1 -p 1 -timeout 20m ./...
 
+# The worker leaks an fd per request, bursts 3 GiB of (stand-in) GPU memory
+# at 12 s and fails an allocation at 15 s; the stand-in GPU has 1 GiB free
+# per allocation.
 demo: deps build fixtures
-	@echo "== autoglm-ebpf watching a demo inference worker that leaks one fd per request (25 s) =="
-	./$(BIN) run --duration 25s --json demo-report.json -- testdata/bin/demo 60
+	@echo "== autoglm-ebpf watching a demo inference worker for 25 s: fd leak, GPU burst, GPU allocation failure =="
+	CUDA_STUB_LIMIT=1073741824 ./$(BIN) run --duration 25s --json demo-report.json -- testdata/bin/demo 60 testdata/bin/cuda/libcudart.so.11.0
 	@echo "== JSON report: demo-report.json =="
 
 bench: deps build fixtures
