@@ -24,6 +24,8 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
 	"golang.org/x/sys/unix"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 )
 
 // Config sizes the kernel side.
@@ -83,16 +85,9 @@ func NewTracker(cfg Config) (*Tracker, error) {
 			p.AttachType = ebpf.AttachTraceUprobeMulti
 		}
 	}
-	coll, err := ebpf.NewCollection(spec)
+	coll, err := bpfobj.LoadCollection(spec, "cuda BPF programs")
 	if err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("loading cuda BPF programs: %+v", ve)
-		}
-		if errors.Is(err, unix.EPERM) {
-			return nil, fmt.Errorf("loading cuda BPF programs: %w (needs root or CAP_BPF+CAP_PERFMON)", err)
-		}
-		return nil, fmt.Errorf("loading cuda BPF programs: %w", err)
+		return nil, err
 	}
 	t := &Tracker{procRoot: cfg.ProcRoot, coll: coll, multi: multi, procs: map[int]*procState{}, files: map[fileKey]*Library{}}
 	if err := coll.Assign(&t.maps); err != nil {
@@ -421,17 +416,9 @@ var errorNames = map[cudaErrKind]string{
 
 // Lost returns the BPF error counters (monotonic since load), by source name.
 func (t *Tracker) Lost() (map[string]uint64, error) {
-	out := make(map[string]uint64, len(errorNames))
-	for k, name := range errorNames {
-		var per []uint64
-		if err := t.maps.Errors.Lookup(uint32(k), &per); err != nil {
-			return nil, fmt.Errorf("reading error counters: %w", err)
-		}
-		var sum uint64
-		for _, v := range per {
-			sum += v
-		}
-		out[name] = sum
+	out, err := bpfobj.Counters(t.maps.Errors, errorNames)
+	if err != nil {
+		return nil, fmt.Errorf("reading error counters: %w", err)
 	}
 	return out, nil
 }

@@ -4,16 +4,14 @@
 package fdtrack
 
 import (
-	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"golang.org/x/sys/unix"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/tracefs"
 )
@@ -81,41 +79,23 @@ func New(cfg Config) (*Tracker, error) {
 	}
 	// Optional programs whose tracepoint this kernel lacks are removed from the
 	// spec before loading, so they are neither loaded nor fatal.
-	for name, p := range spec.Programs {
-		group, event, _ := strings.Cut(strings.TrimPrefix(p.SectionName, "tracepoint/"), "/")
-		if tracefs.EventExists(root, group, event) {
-			continue
-		}
-		if required[name] {
-			return nil, fmt.Errorf("tracepoint %s/%s is missing: this kernel cannot trace fds (CONFIG_FTRACE_SYSCALLS off?)", group, event)
-		}
-		t.skipped = append(t.skipped, group+"/"+event)
-		delete(spec.Programs, name)
-	}
-	coll, err := ebpf.NewCollection(spec)
+	t.skipped, err = bpfobj.PruneTracepoints(spec, root, func(prog, _ string) bool { return required[prog] },
+		"trace fds (CONFIG_FTRACE_SYSCALLS off?)")
 	if err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("loading fd BPF programs: %+v", ve)
-		}
-		if errors.Is(err, unix.EPERM) {
-			return nil, fmt.Errorf("loading fd BPF programs: %w (needs root or CAP_BPF+CAP_PERFMON)", err)
-		}
-		return nil, fmt.Errorf("loading fd BPF programs: %w", err)
+		return nil, err
+	}
+	coll, err := bpfobj.LoadCollection(spec, "fd BPF programs")
+	if err != nil {
+		return nil, err
 	}
 	t.coll = coll
 	if err := coll.Assign(&t.maps); err != nil {
 		t.Close()
 		return nil, err
 	}
-	for name, p := range spec.Programs {
-		group, event, _ := strings.Cut(strings.TrimPrefix(p.SectionName, "tracepoint/"), "/")
-		l, err := link.Tracepoint(group, event, coll.Programs[name], nil)
-		if err != nil {
-			t.Close()
-			return nil, fmt.Errorf("attaching %s to %s/%s: %w", name, group, event, err)
-		}
-		t.links = append(t.links, l)
+	if t.links, err = bpfobj.AttachTracepoints(spec, coll); err != nil {
+		t.Close()
+		return nil, err
 	}
 	if len(t.skipped) > 0 {
 		slog.Debug("fd tracepoints missing on this kernel", "skipped", t.skipped)
@@ -128,15 +108,7 @@ func (t *Tracker) Skipped() []string { return t.skipped }
 
 // Close detaches and unloads everything; safe to call more than once.
 func (t *Tracker) Close() error {
-	var errs []error
-	for _, l := range t.links {
-		errs = append(errs, l.Close())
-	}
-	t.links = nil
-	errs = append(errs, t.maps.Close())
-	if t.coll != nil {
-		t.coll.Close()
-		t.coll = nil
-	}
-	return errors.Join(errs...)
+	err := bpfobj.Close(t.links, &t.maps, t.coll)
+	t.links, t.coll = nil, nil
+	return err
 }

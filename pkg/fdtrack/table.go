@@ -7,6 +7,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 )
 
 // nKinds is the number of fd kinds the BPF side distinguishes.
@@ -234,17 +236,9 @@ var errorNames = map[fdErrKind]string{
 
 // Lost returns the BPF error counters (monotonic since load), by source name.
 func (t *Tracker) Lost() (map[string]uint64, error) {
-	out := make(map[string]uint64, len(errorNames))
-	for k, name := range errorNames {
-		var per []uint64
-		if err := t.maps.Errors.Lookup(uint32(k), &per); err != nil {
-			return nil, fmt.Errorf("reading error counters: %w", err)
-		}
-		var sum uint64
-		for _, v := range per {
-			sum += v
-		}
-		out[name] = sum
+	out, err := bpfobj.Counters(t.maps.Errors, errorNames)
+	if err != nil {
+		return nil, fmt.Errorf("reading error counters: %w", err)
 	}
 	return out, nil
 }

@@ -13,8 +13,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"golang.org/x/sys/unix"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/tracefs"
 )
@@ -91,16 +91,9 @@ func (t *Tracker) load(mode string) error {
 			delete(spec.Programs, name)
 		}
 	}
-	coll, err := ebpf.NewCollection(spec)
+	coll, err := bpfobj.LoadCollection(spec, fmt.Sprintf("sched BPF programs (%s)", mode))
 	if err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			return fmt.Errorf("loading sched BPF programs (%s): %+v", mode, ve)
-		}
-		if errors.Is(err, unix.EPERM) {
-			return fmt.Errorf("loading sched BPF programs (%s): %w (needs root or CAP_BPF+CAP_PERFMON)", mode, err)
-		}
-		return fmt.Errorf("loading sched BPF programs (%s): %w", mode, err)
+		return err
 	}
 	t.coll = coll
 	if err := coll.Assign(&t.maps); err != nil {
@@ -138,18 +131,9 @@ func (t *Tracker) Events() []string {
 
 // Close detaches and unloads everything; safe to call more than once.
 func (t *Tracker) Close() error {
-	var errs []error
-	for _, l := range t.links {
-		errs = append(errs, l.Close())
-	}
-	t.links = nil
-	errs = append(errs, t.maps.Close())
-	t.maps = schedMaps{}
-	if t.coll != nil {
-		t.coll.Close()
-		t.coll = nil
-	}
-	return errors.Join(errs...)
+	err := bpfobj.Close(t.links, &t.maps, t.coll)
+	t.links, t.maps, t.coll = nil, schedMaps{}, nil
+	return err
 }
 
 // Track starts counting pid: its counters first (the BPF side only updates
@@ -302,17 +286,9 @@ var errorNames = map[schedErrKind]string{
 
 // Lost returns the BPF error counters (monotonic since load), by source name.
 func (t *Tracker) Lost() (map[string]uint64, error) {
-	out := make(map[string]uint64, len(errorNames))
-	for k, name := range errorNames {
-		var per []uint64
-		if err := t.maps.Errors.Lookup(uint32(k), &per); err != nil {
-			return nil, fmt.Errorf("reading sched error counters: %w", err)
-		}
-		var n uint64
-		for _, v := range per {
-			n += v
-		}
-		out[name] = n
+	out, err := bpfobj.Counters(t.maps.Errors, errorNames)
+	if err != nil {
+		return nil, fmt.Errorf("reading sched error counters: %w", err)
 	}
 	// A program the kernel skips because a BPF program already runs on that
 	// CPU (a wake-up from an interrupt during another) loses its event.

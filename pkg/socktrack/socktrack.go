@@ -12,15 +12,13 @@
 package socktrack
 
 import (
-	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"golang.org/x/sys/unix"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/tracefs"
 )
@@ -90,42 +88,23 @@ func New(cfg Config) (*Tracker, error) {
 	// Missing accept tracepoints only cost accepted sockets their exact
 	// dates until the next poll lists them; those programs are dropped from
 	// the spec so they are neither loaded nor fatal.
-	for name, p := range spec.Programs {
-		tp := strings.TrimPrefix(p.SectionName, "tracepoint/")
-		group, event, _ := strings.Cut(tp, "/")
-		if tracefs.EventExists(root, group, event) {
-			continue
-		}
-		if tp == Tracepoint {
-			return nil, fmt.Errorf("tracepoint %s is missing: this kernel cannot trace TCP state changes", tp)
-		}
-		t.skipped = append(t.skipped, tp)
-		delete(spec.Programs, name)
-	}
-	coll, err := ebpf.NewCollection(spec)
+	t.skipped, err = bpfobj.PruneTracepoints(spec, root, func(_, tp string) bool { return tp == Tracepoint },
+		"trace TCP state changes")
 	if err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("loading socket BPF programs: %+v", ve)
-		}
-		if errors.Is(err, unix.EPERM) {
-			return nil, fmt.Errorf("loading socket BPF programs: %w (needs root or CAP_BPF+CAP_PERFMON)", err)
-		}
-		return nil, fmt.Errorf("loading socket BPF programs: %w", err)
+		return nil, err
+	}
+	coll, err := bpfobj.LoadCollection(spec, "socket BPF programs")
+	if err != nil {
+		return nil, err
 	}
 	t.coll = coll
 	if err := coll.Assign(&t.maps); err != nil {
 		t.Close()
 		return nil, err
 	}
-	for name, p := range spec.Programs {
-		group, event, _ := strings.Cut(strings.TrimPrefix(p.SectionName, "tracepoint/"), "/")
-		l, err := link.Tracepoint(group, event, coll.Programs[name], nil)
-		if err != nil {
-			t.Close()
-			return nil, fmt.Errorf("attaching %s to %s/%s: %w", name, group, event, err)
-		}
-		t.links = append(t.links, l)
+	if t.links, err = bpfobj.AttachTracepoints(spec, coll); err != nil {
+		t.Close()
+		return nil, err
 	}
 	if len(t.skipped) > 0 {
 		slog.Debug("socket tracepoints missing on this kernel", "skipped", t.skipped)
@@ -138,15 +117,7 @@ func (t *Tracker) Skipped() []string { return t.skipped }
 
 // Close detaches and unloads everything; safe to call more than once.
 func (t *Tracker) Close() error {
-	var errs []error
-	for _, l := range t.links {
-		errs = append(errs, l.Close())
-	}
-	t.links = nil
-	errs = append(errs, t.maps.Close())
-	if t.coll != nil {
-		t.coll.Close()
-		t.coll = nil
-	}
-	return errors.Join(errs...)
+	err := bpfobj.Close(t.links, &t.maps, t.coll)
+	t.links, t.coll = nil, nil
+	return err
 }

@@ -8,6 +8,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 )
 
 // Conn is one TCP socket a process holds.
@@ -216,17 +218,9 @@ var errorNames = map[sockErrKind]string{
 // Lost returns the BPF error counters (monotonic since load), by source name,
 // and the socket inodes that could not be handed to the kernel.
 func (t *Tracker) Lost() (map[string]uint64, error) {
-	out := make(map[string]uint64, len(errorNames)+1)
-	for k, name := range errorNames {
-		var per []uint64
-		if err := t.maps.Errors.Lookup(uint32(k), &per); err != nil {
-			return nil, fmt.Errorf("reading error counters: %w", err)
-		}
-		var sum uint64
-		for _, v := range per {
-			sum += v
-		}
-		out[name] = sum
+	out, err := bpfobj.Counters(t.maps.Errors, errorNames)
+	if err != nil {
+		return nil, fmt.Errorf("reading error counters: %w", err)
 	}
 	out["sock_inodes_update"] = t.inodesFailed
 	return out, nil

@@ -22,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/series"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
@@ -229,7 +230,7 @@ func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, st *pr
 	slices.SortFunc(top, func(a, b threadRate) int { return cmp.Or(cmp.Compare(b.rate, a.rate), cmp.Compare(a.tid, b.tid)) })
 	topEv := make([]map[string]any, 0, topThreads)
 	for _, t := range top[:min(len(top), topThreads)] {
-		topEv = append(topEv, map[string]any{"tid": t.tid, "name": t.name, "rate": round(t.rate, 1)})
+		topEv = append(topEv, map[string]any{"tid": t.tid, "name": t.name, "rate": series.Round(t.rate, 1)})
 	}
 
 	volRatio := 0.0
@@ -246,7 +247,7 @@ func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, st *pr
 	}
 	var baseline any // null until an interval has been learned
 	if st.n > 0 {
-		baseline = round(st.mean, 1)
+		baseline = series.Round(st.mean, 1)
 	}
 
 	f.Comm = p.Comm
@@ -268,17 +269,17 @@ func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, st *pr
 	f.Summary = fmt.Sprintf("%s: %s switches/s (%.0f%% voluntary) over %d threads on %d CPUs, %s; %s",
 		head, rough(iv.rate), 100*volRatio, len(p.Sched.Threads), p.Sched.AllowedCPUs, base, hint)
 	f.Evidence = map[string]any{
-		"rate_per_second":         round(iv.rate, 1),
-		"voluntary_per_second":    round(iv.vol, 1),
-		"involuntary_per_second":  round(iv.invol, 1),
-		"voluntary_ratio":         round(volRatio, 3),
-		"threshold_per_second":    round(iv.threshold, 1),
+		"rate_per_second":         series.Round(iv.rate, 1),
+		"voluntary_per_second":    series.Round(iv.vol, 1),
+		"involuntary_per_second":  series.Round(iv.invol, 1),
+		"voluntary_ratio":         series.Round(volRatio, 3),
+		"threshold_per_second":    series.Round(iv.threshold, 1),
 		"baseline_mean":           baseline,
 		"top_threads":             topEv,
 		"threads":                 len(p.Sched.Threads),
 		"allowed_cpus":            p.Sched.AllowedCPUs,
 		"runqueue_p99_seconds":    p99,
-		"runqueue_window_seconds": round(cur.t.Sub(st.window[0].t).Seconds(), 1),
+		"runqueue_window_seconds": series.Round(cur.t.Sub(st.window[0].t).Seconds(), 1),
 		"hint":                    hint,
 	}
 	return f
@@ -296,9 +297,4 @@ func rough(x float64) string {
 	default:
 		return fmt.Sprintf("%.0f", x)
 	}
-}
-
-func round(x float64, digits int) float64 {
-	p := math.Pow10(digits)
-	return math.Round(x*p) / p
 }

@@ -22,6 +22,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/series"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
@@ -54,13 +55,9 @@ func DefaultConfig() Config {
 // the end of the window, and never gives back or takes a large share of its
 // rise in one step. A burst is one big step, a trimmed pool gives back a big
 // step, and a start-up ramp stops rising.
-const (
-	minRisingShare = 0.6  // share of steps between samples that must be rises
-	minRiseOfMean  = 0.25 // a step is a rise when it adds this share of the mean step
-	maxStepShare   = 0.5  // largest allowed |step| as a share of the total rise
-	minLateShare   = 0.25 // share of the total rise the later half of the window must carry
-	topSitesShown  = 3    // sites listed in the evidence
-)
+var steadiness = series.Steadiness{MinRisingShare: 0.6, MinRiseOfMean: 0.25, MaxStepShare: 0.5, MinLateShare: 0.25}
+
+const topSitesShown = 3 // sites listed in the evidence
 
 // Detector keeps a short history per process. It is safe for concurrent use.
 type Detector struct {
@@ -127,18 +124,9 @@ func (d *Detector) Observe(now time.Time, p *model.Process) []model.Finding {
 		st = &procState{}
 		d.procs[p.PID] = st
 	}
-	// A timestamp that does not move forward means the clock stepped; a
-	// series mixing both sides of the step would give a meaningless slope.
-	if n := len(st.series); n > 0 && !now.After(st.series[n-1].t) {
-		st.series = st.series[:0]
-	}
 	sites, old := d.sites(now, p.FD.Sites)
-	st.series = append(st.series, sample{t: now, open: p.FD.Open, old: old})
-	cut := 0
-	for now.Sub(st.series[cut].t) > d.cfg.Window {
-		cut++
-	}
-	st.series = st.series[cut:]
+	st.series = series.Push(st.series, sample{t: now, open: p.FD.Open, old: old}, now, d.cfg.Window,
+		func(s sample) time.Time { return s.t })
 
 	a := d.assess(p, st.series, sites)
 	switch {
@@ -210,30 +198,29 @@ type assessment struct {
 	attributed bool          // some live fds have a known opening stack
 }
 
-func (d *Detector) assess(p *model.Process, series []sample, sites []siteView) assessment {
-	first, last := series[0], series[len(series)-1]
+func (d *Detector) assess(p *model.Process, smps []sample, sites []siteView) assessment {
+	first, last := smps[0], smps[len(smps)-1]
 	a := assessment{span: last.t.Sub(first.t), sites: sites}
-	open := make([]int, len(series))
-	for i, smp := range series {
-		open[i] = smp.open
+	ts := make([]time.Time, len(smps))
+	open := make([]int, len(smps))
+	for i, smp := range smps {
+		ts[i], open[i] = smp.t, smp.open
 	}
-	if n := len(series); n >= 2 {
-		// One average interval of slack: samples come about, not exactly,
-		// every interval, so the oldest one may just have left the window.
-		a.covered = a.span >= d.cfg.Window-a.span/time.Duration(n-1)
-		a.slope = slope(series)
-		a.steady = steady(open)
+	if len(smps) >= 2 {
+		a.covered = series.Covered(a.span, d.cfg.Window, len(smps))
+		a.slope = series.Slope(ts, open)
+		a.steady = series.Steady(open, steadiness)
 	}
 	// Rank sites by how their old count grew, not by its size: a big pool that
 	// warmed up long ago holds more old fds than a young leak. Growth in one
 	// step is not counted, because that is a batch of fds opened together
 	// (a pool warming up, a burst) crossing MinAge at once.
-	vals := make([]int, len(series))
+	vals := make([]int, len(smps))
 	for i := range sites {
-		for j, smp := range series {
+		for j, smp := range smps {
 			vals[j] = smp.old[sites[i].id]
 		}
-		sites[i].growth = spreadRise(vals)
+		sites[i].growth = series.SpreadRise(vals, steadiness.MaxStepShare)
 	}
 	slices.SortFunc(sites, func(x, y siteView) int {
 		return cmp.Or(cmp.Compare(y.growth, x.growth), cmp.Compare(y.old, x.old), cmp.Compare(x.id, y.id))
@@ -272,7 +259,7 @@ func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, a asse
 	tteSec := math.Inf(1)
 	if p.FD.Limit > 0 && a.slope > 0 {
 		tteSec = max(0, float64(p.FD.Limit)-float64(p.FD.Open)) / a.slope
-		tte = round(tteSec, 1)
+		tte = series.Round(tteSec, 1)
 	}
 
 	top := make([]map[string]any, 0, topSitesShown)
@@ -281,7 +268,7 @@ func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, a asse
 			"stack":               slices.Clone(s.stack),
 			"unclosed_fds":        s.old,
 			"unclosed_fds_growth": s.growth,
-			"oldest_age_seconds":  round(s.oldest.Seconds(), 1),
+			"oldest_age_seconds":  series.Round(s.oldest.Seconds(), 1),
 		})
 	}
 
@@ -299,8 +286,8 @@ func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, a asse
 	f.Summary = d.summary(p, a, active, tte != nil, tteSec)
 	f.Evidence = map[string]any{
 		"open_fds":                   p.FD.Open,
-		"growth_fds_per_second":      round(a.slope, 2),
-		"window_seconds":             round(a.span.Seconds(), 1),
+		"growth_fds_per_second":      series.Round(a.slope, 2),
+		"window_seconds":             series.Round(a.span.Seconds(), 1),
 		"limit":                      p.FD.Limit,
 		"time_to_exhaustion_seconds": tte,
 		"top_sites":                  top,
@@ -355,60 +342,6 @@ func callSite(stack []string) string {
 	return stack[0]
 }
 
-// slope is the least-squares growth of the open count over time, in fds/s.
-func slope(s []sample) float64 {
-	var sx, sy, sxx, sxy float64
-	for _, v := range s {
-		x, y := v.t.Sub(s[0].t).Seconds(), float64(v.open)
-		sx += x
-		sy += y
-		sxx += x * x
-		sxy += x * y
-	}
-	n := float64(len(s))
-	den := n*sxx - sx*sx
-	if den == 0 {
-		return 0
-	}
-	return (n*sxy - sx*sy) / den
-}
-
-// steady reports whether the open count rose in many small steps and was
-// still rising in the later half of the window.
-func steady(open []int) bool {
-	rise := spreadRise(open)
-	if rise == 0 {
-		return false
-	}
-	// Churn noise adds small ups and downs; only steps that carry a fair
-	// part of the growth count, else a few batches plus noise pass for steady.
-	mean := float64(rise) / float64(len(open)-1)
-	rising := 0
-	for i := 1; i < len(open); i++ {
-		if step := open[i] - open[i-1]; step > 0 && float64(step) >= minRiseOfMean*mean {
-			rising++
-		}
-	}
-	late := open[len(open)-1] - open[len(open)/2]
-	return float64(rising) >= minRisingShare*float64(len(open)-1) && float64(late) >= minLateShare*float64(rise)
-}
-
-// spreadRise returns the rise from the first value to the last when it is
-// positive and no single step, up or down, is more than maxStepShare of it;
-// else 0.
-func spreadRise(vals []int) int {
-	rise := vals[len(vals)-1] - vals[0]
-	if rise <= 0 {
-		return 0
-	}
-	for i := 1; i < len(vals); i++ {
-		if math.Abs(float64(vals[i]-vals[i-1])) > maxStepShare*float64(rise) {
-			return 0
-		}
-	}
-	return rise
-}
-
 // roughSeconds renders a duration in seconds as one rounded unit, e.g. "3m".
 func roughSeconds(s float64) string {
 	switch {
@@ -421,9 +354,4 @@ func roughSeconds(s float64) string {
 	default:
 		return fmt.Sprintf("%.0fd", s/86400)
 	}
-}
-
-func round(x float64, digits int) float64 {
-	p := math.Pow10(digits)
-	return math.Round(x*p) / p
 }

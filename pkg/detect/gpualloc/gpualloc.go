@@ -24,6 +24,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/series"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
@@ -72,13 +73,9 @@ func DefaultConfig() Config {
 // leak adds bytes on most steps, keeps adding them to the end of the window,
 // and never takes a large share of its rise in one step. A pool that warms
 // up is one big step, or a ramp that stops.
-const (
-	minRisingShare = 0.6  // share of steps between samples that must be rises
-	minRiseOfMean  = 0.25 // a step is a rise when it adds this share of the mean step
-	maxStepShare   = 0.5  // largest allowed |step| as a share of the total rise
-	minLateShare   = 0.25 // share of the total rise the later half of the window must carry
-	topSitesShown  = 3    // sites listed in the evidence
-)
+var steadiness = series.Steadiness{MinRisingShare: 0.6, MinRiseOfMean: 0.25, MaxStepShare: 0.5, MinLateShare: 0.25}
+
+const topSitesShown = 3 // sites listed in the evidence
 
 // Detector keeps a short history per process. It is safe for concurrent use.
 type Detector struct {
@@ -295,7 +292,7 @@ func (d *Detector) fillBurst(f *model.Finding, bursts int, p *model.Process, w b
 	f.Evidence = map[string]any{
 		"bytes_in_window":       w.bytes,
 		"calls_in_window":       w.calls,
-		"window_seconds":        round(w.seconds, 2),
+		"window_seconds":        series.Round(w.seconds, 2),
 		"baseline_bytes_mean":   math.Round(w.mean),
 		"baseline_bytes_stddev": math.Round(w.stddev),
 		"bursts":                bursts,
@@ -352,18 +349,9 @@ type siteView struct {
 }
 
 func (d *Detector) observeLeak(now time.Time, p *model.Process, st *procState) []model.Finding {
-	// A timestamp that does not move forward means the clock stepped; a
-	// series mixing both sides of the step would give a meaningless slope.
-	if n := len(st.series); n > 0 && !now.After(st.series[n-1].t) {
-		st.series = st.series[:0]
-	}
 	sites, old := d.leakSites(now, p.CUDA.Sites)
-	st.series = append(st.series, sample{t: now, live: int64(p.CUDA.LiveBytes), old: old})
-	cut := 0
-	for now.Sub(st.series[cut].t) > d.cfg.LeakWindow {
-		cut++
-	}
-	st.series = st.series[cut:]
+	st.series = series.Push(st.series, sample{t: now, live: int64(p.CUDA.LiveBytes), old: old}, now, d.cfg.LeakWindow,
+		func(s sample) time.Time { return s.t })
 
 	a := d.assess(st.series, sites)
 	switch {
@@ -427,27 +415,26 @@ type assessment struct {
 	topGrew bool          // sites[0]'s old bytes grew over the window
 }
 
-func (d *Detector) assess(series []sample, sites []siteView) assessment {
-	first, last := series[0], series[len(series)-1]
+func (d *Detector) assess(smps []sample, sites []siteView) assessment {
+	first, last := smps[0], smps[len(smps)-1]
 	a := assessment{span: last.t.Sub(first.t), sites: sites}
-	live := make([]int64, len(series))
-	for i, smp := range series {
-		live[i] = smp.live
+	ts := make([]time.Time, len(smps))
+	live := make([]int64, len(smps))
+	for i, smp := range smps {
+		ts[i], live[i] = smp.t, smp.live
 	}
-	if n := len(series); n >= 2 {
-		// One average interval of slack: samples come about, not exactly,
-		// every interval, so the oldest one may just have left the window.
-		a.covered = a.span >= d.cfg.LeakWindow-a.span/time.Duration(n-1)
-		a.slope = slope(series)
-		a.steady = steady(live)
+	if len(smps) >= 2 {
+		a.covered = series.Covered(a.span, d.cfg.LeakWindow, len(smps))
+		a.slope = series.Slope(ts, live)
+		a.steady = series.Steady(live, steadiness)
 	}
 	// Rank sites by how their old bytes grew, not by their size: a pool
 	// that warmed up long ago holds more old bytes than a young leak. A
 	// batch allocated together crosses LeakMinAge in one step and does not
 	// count as growth.
-	vals := make([]int64, len(series))
+	vals := make([]int64, len(smps))
 	for i := range sites {
-		for j, smp := range series {
+		for j, smp := range smps {
 			vals[j] = smp.old[sites[i].id]
 		}
 		sites[i].growth = lateRise(vals)
@@ -480,7 +467,7 @@ func (d *Detector) fillLeak(f model.Finding, now time.Time, p *model.Process, a 
 			"old_bytes":          s.oldBytes,
 			"old_bytes_growth":   s.growth,
 			"allocations":        s.allocs,
-			"oldest_age_seconds": round(s.oldest.Seconds(), 1),
+			"oldest_age_seconds": series.Round(s.oldest.Seconds(), 1),
 		})
 	}
 	f.Comm = p.Comm
@@ -512,7 +499,7 @@ func (d *Detector) fillLeak(f model.Finding, now time.Time, p *model.Process, a 
 		"live_bytes":               p.CUDA.LiveBytes,
 		"live_allocations":         p.CUDA.LiveAllocs,
 		"growth_bytes_per_second":  math.Round(a.slope),
-		"window_seconds":           round(a.span.Seconds(), 1),
+		"window_seconds":           series.Round(a.span.Seconds(), 1),
 		"old_bytes_at_top_site":    oldTop,
 		"top_sites":                top,
 		"min_age_seconds":          d.cfg.LeakMinAge.Seconds(),
@@ -526,68 +513,14 @@ func (d *Detector) fillLeak(f model.Finding, now time.Time, p *model.Process, a 
 	return f
 }
 
-// slope is the least-squares growth of live bytes over time, in bytes/s.
-func slope(s []sample) float64 {
-	var sx, sy, sxx, sxy float64
-	for _, v := range s {
-		x, y := v.t.Sub(s[0].t).Seconds(), float64(v.live)
-		sx += x
-		sy += y
-		sxx += x * x
-		sxy += x * y
-	}
-	n := float64(len(s))
-	den := n*sxx - sx*sx
-	if den == 0 {
-		return 0
-	}
-	return (n*sxy - sx*sy) / den
-}
-
-// steady reports whether vals rose in many small steps and were still
-// rising in the later half of the window.
-func steady(vals []int64) bool {
-	rise := spreadRise(vals)
-	if rise == 0 {
-		return false
-	}
-	// Churn adds small ups and downs; only steps that carry a fair part of
-	// the growth count, else a few batches plus noise pass for steady.
-	mean := float64(rise) / float64(len(vals)-1)
-	rising := 0
-	for i := 1; i < len(vals); i++ {
-		if step := vals[i] - vals[i-1]; step > 0 && float64(step) >= minRiseOfMean*mean {
-			rising++
-		}
-	}
-	late := vals[len(vals)-1] - vals[len(vals)/2]
-	return float64(rising) >= minRisingShare*float64(len(vals)-1) && float64(late) >= minLateShare*float64(rise)
-}
-
 // lateRise is spreadRise for a site's old bytes, but only when the later
 // half of the window carries a fair share of the rise: a leak keeps piling up
 // old bytes, while buffers that fill a ring or a pool once stop ageing into
 // the count once it is full.
 func lateRise(vals []int64) int64 {
-	rise := spreadRise(vals)
-	if late := vals[len(vals)-1] - vals[len(vals)/2]; float64(late) < minLateShare*float64(rise) {
+	rise := series.SpreadRise(vals, steadiness.MaxStepShare)
+	if float64(series.LateRise(vals)) < steadiness.MinLateShare*float64(rise) {
 		return 0
-	}
-	return rise
-}
-
-// spreadRise returns the rise from the first value to the last when it is
-// positive and no single step, up or down, is more than maxStepShare of it;
-// else 0.
-func spreadRise(vals []int64) int64 {
-	rise := vals[len(vals)-1] - vals[0]
-	if rise <= 0 {
-		return 0
-	}
-	for i := 1; i < len(vals); i++ {
-		if math.Abs(float64(vals[i]-vals[i-1])) > maxStepShare*float64(rise) {
-			return 0
-		}
 	}
 	return rise
 }
@@ -784,9 +717,4 @@ func human(b float64) string {
 		return fmt.Sprintf("%.0f B", b)
 	}
 	return fmt.Sprintf("%.1f %s", b, units[i])
-}
-
-func round(x float64, digits int) float64 {
-	p := math.Pow10(digits)
-	return math.Round(x*p) / p
 }

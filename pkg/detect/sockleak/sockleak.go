@@ -25,6 +25,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/series"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
@@ -105,10 +106,6 @@ func (d *Detector) Observe(now time.Time, p *model.Process) []model.Finding {
 		st = &procState{}
 		d.procs[p.PID] = st
 	}
-	// A timestamp that does not move forward means the clock stepped.
-	if n := len(st.series); n > 0 && !now.After(st.series[n-1].t) {
-		st.series = st.series[:0]
-	}
 	smp := sample{t: now, total: len(p.Sock.CloseWait)}
 	for _, c := range p.Sock.CloseWait {
 		age := now.Sub(c.Since)
@@ -117,12 +114,7 @@ func (d *Detector) Observe(now time.Time, p *model.Process) []model.Finding {
 		}
 		smp.oldest = max(smp.oldest, age)
 	}
-	st.series = append(st.series, smp)
-	cut := 0
-	for now.Sub(st.series[cut].t) > d.cfg.Window {
-		cut++
-	}
-	st.series = st.series[cut:]
+	st.series = series.Push(st.series, smp, now, d.cfg.Window, func(s sample) time.Time { return s.t })
 
 	a := d.assess(st.series, p.Sock.CloseWait)
 	switch {
@@ -160,8 +152,8 @@ type assessment struct {
 	retained int     // sockets old at the window's start still in CLOSE_WAIT
 }
 
-func (d *Detector) assess(series []sample, closeWait []model.SockConn) assessment {
-	first, last := series[0], series[len(series)-1]
+func (d *Detector) assess(smps []sample, closeWait []model.SockConn) assessment {
+	first, last := smps[0], smps[len(smps)-1]
 	a := assessment{span: last.t.Sub(first.t), first: first, last: last}
 	// Sockets old at the window's start are those that entered CLOSE_WAIT
 	// MinAge before it; those still listed now were never closed.
@@ -171,15 +163,14 @@ func (d *Detector) assess(series []sample, closeWait []model.SockConn) assessmen
 			a.retained++
 		}
 	}
-	if n := len(series); n >= 2 {
-		// One average interval of slack: samples come about, not exactly,
-		// every interval, so the oldest one may just have left the window.
-		a.covered = a.span >= d.cfg.Window-a.span/time.Duration(n-1)
-		a.slope = slope(series)
-		old := make([]int, n)
-		for i, s := range series {
-			old[i] = s.old
+	if n := len(smps); n >= 2 {
+		a.covered = series.Covered(a.span, d.cfg.Window, n)
+		ts := make([]time.Time, n)
+		total, old := make([]int, n), make([]int, n)
+		for i, s := range smps {
+			ts[i], total[i], old[i] = s.t, s.total, s.old
 		}
+		a.slope = series.Slope(ts, total)
 		a.grows = grows(old)
 	}
 	return a
@@ -209,7 +200,7 @@ func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, a asse
 	tteSec := math.Inf(1)
 	if p.FD.Limit > 0 && a.slope > 0 {
 		tteSec = max(0, float64(p.FD.Limit)-float64(max(p.FD.Open, a.last.total))) / a.slope
-		tte = round(tteSec, 1)
+		tte = series.Round(tteSec, 1)
 	}
 	pairs := topPairs(p.Sock.CloseWait)
 	top := make([]map[string]any, 0, len(pairs))
@@ -243,9 +234,9 @@ func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, a asse
 		"close_wait":                a.last.total,
 		"close_wait_older_than_min": a.last.old,
 		"min_age_seconds":           d.cfg.MinAge.Seconds(),
-		"growth_per_second":         round(a.slope, 2),
-		"oldest_close_wait_seconds": round(oldest.Seconds(), 1),
-		"window_seconds":            round(a.span.Seconds(), 1),
+		"growth_per_second":         series.Round(a.slope, 2),
+		"oldest_close_wait_seconds": series.Round(oldest.Seconds(), 1),
+		"window_seconds":            series.Round(a.span.Seconds(), 1),
 		"fd_limit":                  p.FD.Limit,
 		"time_to_fd_limit_seconds":  tte,
 		"top_pairs":                 top,
@@ -311,29 +302,5 @@ func grows(vals []int) bool {
 	if float64(drops) > maxDropShare*float64(rise) {
 		return false
 	}
-	late := vals[len(vals)-1] - vals[len(vals)/2]
-	return float64(late) >= minLateShare*float64(rise)
-}
-
-// slope is the least-squares growth of the CLOSE_WAIT count, in sockets/s.
-func slope(s []sample) float64 {
-	var sx, sy, sxx, sxy float64
-	for _, v := range s {
-		x, y := v.t.Sub(s[0].t).Seconds(), float64(v.total)
-		sx += x
-		sy += y
-		sxx += x * x
-		sxy += x * y
-	}
-	n := float64(len(s))
-	den := n*sxx - sx*sx
-	if den == 0 {
-		return 0
-	}
-	return (n*sxy - sx*sy) / den
-}
-
-func round(x float64, digits int) float64 {
-	p := math.Pow10(digits)
-	return math.Round(x*p) / p
+	return float64(series.LateRise(vals)) >= minLateShare*float64(rise)
 }

@@ -1,0 +1,174 @@
+package bpfobj
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
+)
+
+func tracepointSpec(tps ...string) *ebpf.CollectionSpec {
+	spec := &ebpf.CollectionSpec{Programs: map[string]*ebpf.ProgramSpec{}}
+	for _, tp := range tps {
+		name := strings.ReplaceAll(tp, "/", "_")
+		spec.Programs[name] = &ebpf.ProgramSpec{
+			Name: name, Type: ebpf.TracePoint, SectionName: "tracepoint/" + tp, License: "GPL",
+			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+		}
+	}
+	return spec
+}
+
+// fakeTracefs makes a tracefs root in which only the given events exist.
+func fakeTracefs(t *testing.T, tps ...string) string {
+	root := t.TempDir()
+	for _, tp := range tps {
+		dir := filepath.Join(root, "events", tp)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, "id"), []byte("1\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return root
+}
+
+func TestTracepoint(t *testing.T) {
+	for _, tc := range []struct{ section, group, event string }{
+		{"tracepoint/syscalls/sys_enter_close", "syscalls", "sys_enter_close"},
+		{"tracepoint/sock/inet_sock_set_state", "sock", "inet_sock_set_state"},
+		{"sched/sched_switch", "sched", "sched_switch"},
+		{"tracepoint/lonely", "lonely", ""},
+	} {
+		g, e := Tracepoint(&ebpf.ProgramSpec{SectionName: tc.section})
+		if g != tc.group || e != tc.event {
+			t.Errorf("Tracepoint(%q) = %q, %q; want %q, %q", tc.section, g, e, tc.group, tc.event)
+		}
+	}
+}
+
+func TestPruneTracepoints(t *testing.T) {
+	root := fakeTracefs(t, "a/here", "b/here")
+	none := func(string, string) bool { return false }
+	for _, tc := range []struct {
+		name      string
+		tps       []string
+		required  func(prog, tp string) bool
+		wantSkip  []string
+		wantProgs []string
+		wantErr   string
+	}{
+		{"all present", []string{"a/here", "b/here"}, none, nil, []string{"a_here", "b_here"}, ""},
+		{"optional missing", []string{"a/here", "a/gone", "c/gone"}, none, []string{"a/gone", "c/gone"}, []string{"a_here"}, ""},
+		{"required by program", []string{"a/here", "a/gone"}, func(p, _ string) bool { return p == "a_gone" }, nil, nil,
+			"tracepoint a/gone is missing: this kernel cannot trace things"},
+		{"required by tracepoint", []string{"c/gone"}, func(_, tp string) bool { return tp == "c/gone" }, nil, nil,
+			"tracepoint c/gone is missing: this kernel cannot trace things"},
+		{"required but present", []string{"a/here"}, func(string, string) bool { return true }, nil, []string{"a_here"}, ""},
+	} {
+		spec := tracepointSpec(tc.tps...)
+		skipped, err := PruneTracepoints(spec, root, tc.required, "trace things")
+		if tc.wantErr != "" {
+			if err == nil || err.Error() != tc.wantErr {
+				t.Errorf("%s: err = %v, want %q", tc.name, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", tc.name, err)
+			continue
+		}
+		slices.Sort(skipped)
+		if !slices.Equal(skipped, tc.wantSkip) {
+			t.Errorf("%s: skipped %v, want %v", tc.name, skipped, tc.wantSkip)
+		}
+		var progs []string
+		for name := range spec.Programs {
+			progs = append(progs, name)
+		}
+		slices.Sort(progs)
+		if !slices.Equal(progs, tc.wantProgs) {
+			t.Errorf("%s: programs left %v, want %v", tc.name, progs, tc.wantProgs)
+		}
+	}
+}
+
+type closer struct {
+	closed int
+	err    error
+}
+
+func (c *closer) Close() error { c.closed++; return c.err }
+
+func TestCloseNothingLoaded(t *testing.T) {
+	if err := Close(nil, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("boom")
+	m := &closer{err: boom}
+	if err := Close(nil, m, nil); !errors.Is(err, boom) || m.closed != 1 {
+		t.Fatalf("Close = %v after %d map closes, want boom after 1", err, m.closed)
+	}
+}
+
+func TestLoadAttachCounters(t *testing.T) {
+	testutil.RequireRoot(t)
+
+	// A program the verifier rejects (it reads R0 before setting it) names
+	// the object and carries the verifier log.
+	bad := tracepointSpec("syscalls/sys_enter_close")
+	bad.Programs["syscalls_sys_enter_close"].Instructions = asm.Instructions{asm.Return()}
+	if _, err := LoadCollection(bad, "test BPF programs"); err == nil ||
+		!strings.HasPrefix(err.Error(), "loading test BPF programs: ") || !strings.Contains(err.Error(), "R0") {
+		t.Fatalf("loading a bad program: %v", err)
+	}
+
+	spec := tracepointSpec("syscalls/sys_enter_close")
+	spec.Maps = map[string]*ebpf.MapSpec{
+		"errors": {Name: "errors", Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 4},
+	}
+	coll, err := LoadCollection(spec, "test BPF programs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	links, err := AttachTracepoints(spec, coll)
+	if err != nil {
+		coll.Close()
+		t.Fatal(err)
+	}
+	if len(links) != 1 {
+		t.Errorf("attached %d links, want 1", len(links))
+	}
+
+	m := coll.Maps["errors"]
+	per := make([]uint64, ebpf.MustPossibleCPU())
+	for i := range per {
+		per[i] = uint64(i + 1)
+	}
+	if err := m.Put(uint32(2), per); err != nil {
+		t.Fatal(err)
+	}
+	type kind uint32
+	got, err := Counters(m, map[kind]string{0: "zero", 2: "two"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := uint64(len(per))
+	if got["zero"] != 0 || got["two"] != n*(n+1)/2 || len(got) != 2 {
+		t.Errorf("Counters = %v, want zero:0 two:%d", got, n*(n+1)/2)
+	}
+	if _, err := Counters(m, map[kind]string{9: "out of range"}); err == nil {
+		t.Error("Counters past the map's end: no error")
+	}
+	if err := Close(links, nil, coll); err != nil {
+		t.Fatal(err)
+	}
+}

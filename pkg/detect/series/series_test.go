@@ -1,0 +1,172 @@
+package series
+
+import (
+	"math"
+	"slices"
+	"testing"
+	"time"
+)
+
+var t0 = time.Unix(1000, 0)
+
+func at(secs ...float64) []time.Time {
+	out := make([]time.Time, len(secs))
+	for i, s := range secs {
+		out[i] = t0.Add(time.Duration(s * float64(time.Second)))
+	}
+	return out
+}
+
+func TestSlope(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ts   []time.Time
+		vs   []int
+		want float64
+	}{
+		{"one sample", at(0), []int{5}, 0},
+		{"same time", at(1, 1, 1), []int{1, 2, 3}, 0},
+		{"flat", at(0, 1, 2, 3), []int{4, 4, 4, 4}, 0},
+		{"two per second", at(0, 1, 2, 3), []int{10, 12, 14, 16}, 2},
+		{"uneven times", at(0, 0.5, 2), []int{0, 1, 4}, 2},
+		{"falling", at(0, 2, 4), []int{8, 4, 0}, -2},
+		{"noisy fit", at(0, 1, 2), []int{0, 2, 1}, 0.5},
+	} {
+		if got := Slope(tc.ts, tc.vs); math.Abs(got-tc.want) > 1e-9 {
+			t.Errorf("%s: Slope = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestSpreadRise(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		vals  []int64
+		share float64
+		want  int64
+	}{
+		{"even steps", []int64{0, 2, 4, 6, 8}, 0.5, 8},
+		{"falls", []int64{8, 6, 4}, 0.5, 0},
+		{"flat", []int64{3, 3, 3}, 0.5, 0},
+		{"one big step", []int64{0, 0, 10, 10}, 0.5, 0},
+		{"step at the share", []int64{0, 5, 10}, 0.5, 10},
+		{"big drop inside", []int64{0, 10, 4, 8}, 0.5, 0},
+		{"looser share", []int64{0, 0, 10, 10}, 1, 10},
+	} {
+		if got := SpreadRise(tc.vals, tc.share); got != tc.want {
+			t.Errorf("%s: SpreadRise = %d, want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestLateRise(t *testing.T) {
+	for _, tc := range []struct {
+		vals []int
+		want int
+	}{
+		{[]int{0, 1, 2, 3}, 1},
+		{[]int{0, 1, 2, 3, 4}, 2},
+		{[]int{0, 9, 9, 9}, 0},
+		{[]int{5, 3, 1}, -2},
+	} {
+		if got := LateRise(tc.vals); got != tc.want {
+			t.Errorf("LateRise(%v) = %d, want %d", tc.vals, got, tc.want)
+		}
+	}
+}
+
+func TestSteady(t *testing.T) {
+	th := Steadiness{MinRisingShare: 0.6, MinRiseOfMean: 0.25, MaxStepShare: 0.5, MinLateShare: 0.25}
+	for _, tc := range []struct {
+		name string
+		vals []int
+		want bool
+	}{
+		{"ramp", []int{0, 2, 4, 6, 8, 10}, true},
+		{"ramp with a pause", []int{0, 2, 4, 4, 6, 8}, true},
+		{"burst", []int{0, 0, 0, 10, 10, 10}, false},
+		{"ramp that stopped", []int{0, 3, 6, 9, 9, 9, 9}, false},
+		{"rises often but not late", []int{0, 2, 4, 6, 8, 10, 10, 10, 10}, false},
+		{"mostly flat steps", []int{0, 0, 0, 4, 8, 8, 8, 12}, false},
+		{"falling", []int{10, 8, 6, 4}, false},
+		{"flat", []int{5, 5, 5, 5}, false},
+	} {
+		if got := Steady(tc.vals, th); got != tc.want {
+			t.Errorf("%s: Steady(%v) = %v, want %v", tc.name, tc.vals, got, tc.want)
+		}
+	}
+}
+
+func TestCovered(t *testing.T) {
+	for _, tc := range []struct {
+		span, window time.Duration
+		n            int
+		want         bool
+	}{
+		{8 * time.Second, 8 * time.Second, 9, true},
+		{7 * time.Second, 8 * time.Second, 8, true}, // one interval short: the slack
+		{6 * time.Second, 8 * time.Second, 7, false},
+		{10 * time.Second, 8 * time.Second, 1, false},
+		{0, 8 * time.Second, 2, false},
+	} {
+		if got := Covered(tc.span, tc.window, tc.n); got != tc.want {
+			t.Errorf("Covered(%v, %v, %d) = %v, want %v", tc.span, tc.window, tc.n, got, tc.want)
+		}
+	}
+}
+
+func TestPush(t *testing.T) {
+	type smp struct {
+		t time.Time
+		v int
+	}
+	tOf := func(s smp) time.Time { return s.t }
+	push := func(s []smp, secs float64) []smp {
+		now := at(secs)[0]
+		return Push(s, smp{now, int(secs)}, now, 3*time.Second, tOf)
+	}
+	vals := func(s []smp) []int {
+		var out []int
+		for _, x := range s {
+			out = append(out, x.v)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name string
+		secs []float64
+		want []int
+	}{
+		{"within the window", []float64{0, 1, 2, 3}, []int{0, 1, 2, 3}},
+		{"oldest leaves", []float64{0, 1, 2, 3, 4, 5}, []int{2, 3, 4, 5}},
+		{"gap drops all but the new", []float64{0, 1, 10}, []int{10}},
+		{"clock back starts again", []float64{0, 1, 2, 1}, []int{1}},
+		{"same time starts again", []float64{0, 1, 1}, []int{1}},
+	} {
+		var s []smp
+		for _, sec := range tc.secs {
+			s = push(s, sec)
+		}
+		if got := vals(s); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: kept %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestRound(t *testing.T) {
+	for _, tc := range []struct {
+		x      float64
+		digits int
+		want   float64
+	}{
+		{1.26, 1, 1.3},
+		{1.24, 1, 1.2},
+		{-2.5, 0, -3},
+		{1234.5678, 2, 1234.57},
+		{1234, -2, 1200},
+	} {
+		if got := Round(tc.x, tc.digits); got != tc.want {
+			t.Errorf("Round(%v, %d) = %v, want %v", tc.x, tc.digits, got, tc.want)
+		}
+	}
+}
