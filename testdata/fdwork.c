@@ -3,7 +3,7 @@
  *
  *   fdwork leak RATE SECONDS      leak RATE fds/s from leak_tick()
  *   fdwork pool SECONDS           32 fds kept open, fast open/close churn
- *   fdwork burst N SECONDS        open N fds at once, hold 2s, release, repeat
+ *   fdwork burst N SECONDS        open N fds at once, hold 2.3s, release, repeat
  *   fdwork startup N SECONDS      open N fds over ~1s at start, then idle
  *   fdwork kinds SECONDS          one of every fd kind, dup2/close_range/exec paths
  *   fdwork loop N                 N open+close pairs as fast as possible (benchmark)
@@ -214,12 +214,14 @@ int main(int argc, char **argv)
 		int n = atoi(argv[2]);
 		int *fds = calloc(n, sizeof(int));
 		ready();
+		/* Hold and pause for odd lengths, so that the burst does not fall
+		 * at the same point of every 1 s sampling interval. */
 		while (now() < end) {
 			burst_open(fds, n);
-			sleep_s(2);
+			sleep_s(2.3);
 			for (int i = 0; i < n; i++)
 				close(fds[i]);
-			sleep_s(3);
+			sleep_s(3.1);
 		}
 	} else if (!strcmp(mode, "startup") && argc == 4) {
 		int n = atoi(argv[2]);

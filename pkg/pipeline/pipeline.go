@@ -158,8 +158,12 @@ func (p *Pipeline) Watch(pid int) error {
 	if err != nil {
 		return err
 	}
-	for _, c := range p.concerns {
+	for i, c := range p.concerns {
 		if err := c.Track(pid); err != nil {
+			// Leave no half-tracked process behind in the kernel.
+			for _, d := range p.concerns[:i] {
+				d.Untrack(pid)
+			}
 			return fmt.Errorf("%s: %w", c.Name(), err)
 		}
 	}
