@@ -40,6 +40,7 @@ type watchFlags struct {
 	ctxFloor float64
 	gpuEvery time.Duration
 	maxAlloc uint32
+	children bool
 }
 
 func (f *watchFlags) register(cmd *cobra.Command) {
@@ -50,6 +51,7 @@ func (f *watchFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.listen, "listen", "", "serve Prometheus metrics on ADDR (a bare :port binds 127.0.0.1)")
 	fl.StringSliceVar(&f.failOn, "fail-on", nil, "exit 3 if a finding of KIND[,KIND...] is made: "+strings.Join(model.Kinds, ", "))
 	fl.Uint32Var(&f.maxFDs, "max-fds", 1<<16, "capacity of the kernel's live fd table, all targets together")
+	fl.BoolVar(&f.children, "children", false, "also watch the targets' child processes (found every interval), like strace -f")
 	fl.DurationVar(&f.gpuEvery, "gpu-interval", nvml.DefaultInterval, "how often NVML is sampled (at least "+nvml.MinInterval.String()+")")
 	fl.Uint32Var(&f.maxAlloc, "max-allocs", 1<<18, "capacity of the kernel's live GPU allocation table, all targets together")
 	fl.Float64Var(&f.ctxFloor, "ctx-switch-floor", ctxstorm.DefaultConfig().Floor, "context switches/s below which no storm is reported, whatever the baseline")
@@ -209,6 +211,7 @@ func watch(cmd *cobra.Command, f *watchFlags, start func(*pipeline.Pipeline) (fu
 	cfg.Interval, cfg.MaxFDs = f.interval, f.maxFDs
 	cfg.CtxStorm.Floor = f.ctxFloor
 	cfg.GPUInterval, cfg.MaxAllocs = f.gpuEvery, f.maxAlloc
+	cfg.Children = f.children
 	p, err := pipeline.New(cfg, sinks...)
 	if err != nil {
 		return err

@@ -65,6 +65,9 @@ type Config struct {
 	GPUInterval time.Duration
 	// TopSites bounds how many opening stacks per process are symbolized.
 	TopSites int
+	// Children also watches the descendants of the targets, found every
+	// interval (what they did before being found is seeded from /proc).
+	Children bool
 }
 
 // DefaultConfig is what the CLI starts from.
@@ -148,9 +151,17 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 	return p, nil
 }
 
-// Watch starts tracking pid. It fails with a clear error for a pid that does
-// not exist or is a kernel thread.
+// Watch starts tracking pid as a target. It fails with a clear error for a
+// pid that does not exist or is a kernel thread.
 func (p *Pipeline) Watch(pid int) error {
+	if err := p.watch(pid); err != nil {
+		return err
+	}
+	p.targets = append(p.targets, pid)
+	return nil
+}
+
+func (p *Pipeline) watch(pid int) error {
 	if err := p.proc.Check(pid); err != nil {
 		return err
 	}
@@ -167,7 +178,6 @@ func (p *Pipeline) Watch(pid int) error {
 			return fmt.Errorf("%s: %w", c.Name(), err)
 		}
 	}
-	p.targets = append(p.targets, pid)
 	p.procs[pid] = &model.Process{PID: pid, Comm: comm, Started: time.Now()}
 	p.order = append(p.order, pid)
 	return nil
@@ -217,6 +227,9 @@ func (p *Pipeline) allExited() bool {
 }
 
 func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
+	if p.cfg.Children {
+		p.adoptChildren()
+	}
 	var live []*model.Process
 	for _, pid := range p.order {
 		pr := p.procs[pid]
@@ -255,6 +268,33 @@ func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 		}
 	}
 	return p.snapshot(now), nil
+}
+
+// adoptChildren starts watching descendants of the live watched processes
+// that are not watched yet.
+func (p *Pipeline) adoptChildren() {
+	var roots []int
+	for _, pid := range p.order {
+		if !p.procs[pid].Exited {
+			roots = append(roots, pid)
+		}
+	}
+	kids, err := p.proc.Descendants(roots)
+	if err != nil {
+		slog.Warn("listing child processes", "err", err)
+		return
+	}
+	for _, pid := range kids {
+		if _, ok := p.procs[pid]; ok {
+			continue
+		}
+		// A child may exit between the listing and here; that is no error.
+		if err := p.watch(pid); err != nil {
+			slog.Debug("child not watched", "pid", pid, "err", err)
+			continue
+		}
+		slog.Debug("watching child", "pid", pid)
+	}
 }
 
 // record merges a detector verdict into the run's findings, keyed by kind,

@@ -5,6 +5,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -163,4 +164,56 @@ func runScenario(t *testing.T, bin string, sc scenario) {
 		t.Errorf("leaking function not in stack: %q", leak.Stack)
 	}
 	t.Logf("%s: found at interval %d: %s", sc.name, polls, leak.Summary)
+}
+
+// With Children set, a leak in a forked child of the target is found and
+// attributed to the child.
+func TestChildLeakFound(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := testutil.Fixture(t, "fdwork")
+	proc, _ := procinfo.New("/proc")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*intervals*time.Second)
+	defer cancel()
+	polls := 0
+	rec := &recorder{proc: proc, cancel: cancel}
+	rec.stop = func(s *model.Snapshot) bool {
+		polls++
+		return polls > intervals+2 || len(s.Findings) > 0
+	}
+	cfg := DefaultConfig()
+	cfg.Children = true
+	p, err := New(cfg, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	// "; true" keeps the shell from exec'ing the command in place.
+	g, err := launch.Start([]string{"/bin/sh", "-c", bin + " leak 40 60; true"}, nil, nil, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Abort)
+	shell := g.Cmd.Process.Pid
+	if err := p.Watch(shell); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Release(); err != nil {
+		t.Fatal(err)
+	}
+	final, err := p.Run(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(final.Targets) != 1 || final.Targets[0] != shell {
+		t.Errorf("targets %v, want only the shell %d", final.Targets, shell)
+	}
+	if len(final.Findings) == 0 {
+		t.Fatalf("no finding after %d intervals; processes: %d", polls, len(final.Processes))
+	}
+	f := final.Findings[0]
+	if f.Kind != model.KindFDLeak || f.PID == shell || f.Comm != "fdwork" || !strings.Contains(strings.Join(f.Stack, " "), "leak_tick") {
+		t.Fatalf("finding %+v: want an fd_leak in the fdwork child (shell %d) naming leak_tick", f, shell)
+	}
+	// Cleanup kills the shell only; its child would outlive it.
+	_ = syscall.Kill(f.PID, syscall.SIGKILL)
 }
