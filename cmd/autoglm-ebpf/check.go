@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -34,7 +35,20 @@ func newCheck() *cobra.Command {
 				fmt.Fprintln(cmd.OutOrStdout(), "verdict: NOT READY: a required feature is missing (see MISSING above)")
 				return errors.New("this machine cannot run autoglm-ebpf")
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), "verdict: ready: fd tracking works here")
+			views := []string{"fd leaks"}
+			for _, v := range []struct{ probe, view string }{
+				{"sched_switch", "context-switch storms"},
+				{"tracepoint sock/inet_sock_set_state", "socket leaks"},
+				{"uprobe attach (CUDA hooks)", "GPU allocations"},
+				{"NVML (GPU metrics)", "GPU metrics (NVML)"},
+			} {
+				for _, r := range rs {
+					if r.Name == v.probe && r.OK {
+						views = append(views, v.view)
+					}
+				}
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "verdict: ready: %s\n", strings.Join(views, ", "))
 			return nil
 		},
 	}
