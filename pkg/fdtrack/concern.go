@@ -97,6 +97,7 @@ func (c *Concern) fill(pr *model.Process, s *Sample) {
 			bySite[st] = ms
 		}
 		ms.Opened = append(ms.Opened, fd.Opened)
+		ms.FDs = append(ms.FDs, fd.Num)
 	}
 	sites := make([]model.FDSite, 0, len(bySite))
 	byID := map[int64]*site{}

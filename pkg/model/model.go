@@ -47,6 +47,7 @@ type FDSite struct {
 	StackID int64       // BPF stack id; negative when unknown (seeded from /proc, or stack map full)
 	Stack   []string    // symbolized frames, innermost first
 	Opened  []time.Time // open time of each live fd opened here
+	FDs     []int32     // the fd numbers, in the order of Opened
 }
 
 // FDStats is the fd view of one process at one instant.

@@ -217,3 +217,54 @@ func TestChildLeakFound(t *testing.T) {
 	// Cleanup kills the shell only; its child would outlive it.
 	_ = syscall.Kill(f.PID, syscall.SIGKILL)
 }
+
+// A CLOSE_WAIT leak found by the socket concern carries the stack that
+// opened the sockets, joined from the fd concern's table.
+func TestSocketLeakNamesOpeningStack(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := testutil.Fixture(t, "sockwork")
+	proc, _ := procinfo.New("/proc")
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	polls := 0
+	rec := &recorder{proc: proc, cancel: cancel}
+	rec.stop = func(s *model.Snapshot) bool {
+		polls++
+		for _, f := range s.Findings {
+			if f.Kind == model.KindSocketLeak {
+				return true
+			}
+		}
+		return polls > 40
+	}
+	p, err := New(DefaultConfig(), rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	g, err := launch.Start([]string{bin, "leaky-server", "10", "120"}, nil, nil, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Abort)
+	if err := p.Watch(g.Cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Release(); err != nil {
+		t.Fatal(err)
+	}
+	final, err := p.Run(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range final.Findings {
+		if f.Kind != model.KindSocketLeak {
+			continue
+		}
+		if !strings.Contains(strings.Join(f.Stack, " "), "accept_conn") || !strings.Contains(f.Summary, "opened at accept_conn") {
+			t.Fatalf("socket leak without its opening stack: %q %q", f.Summary, f.Stack)
+		}
+		return
+	}
+	t.Fatalf("no socket leak in %d intervals", polls)
+}

@@ -50,15 +50,30 @@ func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Findin
 		if s == nil {
 			continue
 		}
-		p.Sock = stats(s)
+		p.Sock = stats(s, openingStacks(p.FD.Sites))
 		out = append(out, c.det.Observe(now, p)...)
 	}
 	return out, nil
 }
 
-// stats turns a sample into the model view. Opening stacks are left out:
-// they belong to the fd concern's table.
-func stats(s *Sample) model.SockStats {
+// openingStacks maps fd numbers to the symbolized stack that opened them,
+// from the fd concern (which runs first in each interval).
+func openingStacks(sites []model.FDSite) map[int][]string {
+	out := map[int][]string{}
+	for _, site := range sites {
+		if site.Stack == nil {
+			continue
+		}
+		for _, fd := range site.FDs {
+			out[int(fd)] = site.Stack
+		}
+	}
+	return out
+}
+
+// stats turns a sample into the model view; CLOSE_WAIT sockets get the
+// stack that opened their fd where the fd table knows it.
+func stats(s *Sample, stacks map[int][]string) model.SockStats {
 	st := model.SockStats{TCPByState: map[string]int{}, ByKind: map[string]int{}}
 	for _, k := range model.SockKinds {
 		st.ByKind[k] = s.ByKind[k]
@@ -66,7 +81,7 @@ func stats(s *Sample) model.SockStats {
 	for _, c := range s.Conns {
 		st.TCPByState[c.State]++
 		if c.State == "CLOSE_WAIT" {
-			st.CloseWait = append(st.CloseWait, model.SockConn{Local: c.Local, Remote: c.Remote, State: c.State, Since: c.Since})
+			st.CloseWait = append(st.CloseWait, model.SockConn{Local: c.Local, Remote: c.Remote, State: c.State, Since: c.Since, Stack: stacks[c.FD]})
 		}
 	}
 	return st

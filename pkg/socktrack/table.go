@@ -15,6 +15,7 @@ import (
 // Conn is one TCP socket a process holds.
 type Conn struct {
 	Inode         uint64
+	FD            int    // the process's fd for the socket (its lowest, if several)
 	Local, Remote string // ip:port
 	State         string
 	Since         time.Time // when it entered State
@@ -143,7 +144,7 @@ func (t *Tracker) sample(pid int, st *procState, kernel map[uint64]sockSockInfo,
 			continue
 		}
 		held[ino] = true
-		c := Conn{Inode: ino, Local: row.local, Remote: row.remote, State: stateName(uint64(row.state))}
+		c := Conn{Inode: ino, FD: sfd.num, Local: row.local, Remote: row.remote, State: stateName(uint64(row.state))}
 		prev, ok := st.seen[ino]
 		if !ok || prev.state != row.state {
 			prev = seen{state: row.state, since: nowWall}

@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/series"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/stack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
@@ -308,7 +309,7 @@ func (d *Detector) summary(p *model.Process, a assessment, active, hasTTE bool, 
 		top := a.sites[0]
 		frame := fmt.Sprintf("stack #%d", top.id)
 		if len(top.stack) > 0 {
-			frame = callSite(top.stack)
+			frame = stack.CallSite(top.stack)
 		}
 		fmt.Fprintf(&b, "; %d unclosed fds older than %s opened at %s", top.old, d.cfg.MinAge, frame)
 	}
@@ -322,24 +323,6 @@ func (d *Detector) summary(p *model.Process, a assessment, active, hasTTE bool, 
 		}
 	}
 	return b.String()
-}
-
-// callSite names the frame a reader wants: the first one outside the
-// innermost frame's module, i.e. the caller of the libc syscall wrapper.
-func callSite(stack []string) string {
-	module := func(f string) string {
-		if i := strings.LastIndex(f, " ("); i >= 0 {
-			return f[i:]
-		}
-		return ""
-	}
-	inner := module(stack[0])
-	for _, f := range stack[1:] {
-		if m := module(f); m != "" && m != inner {
-			return f
-		}
-	}
-	return stack[0]
 }
 
 // roughSeconds renders a duration in seconds as one rounded unit, e.g. "3m".

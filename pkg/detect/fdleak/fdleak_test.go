@@ -580,18 +580,3 @@ func TestRoughSeconds(t *testing.T) {
 		}
 	}
 }
-
-func TestCallSite(t *testing.T) {
-	for _, tc := range []struct {
-		stack []string
-		want  string
-	}{
-		{[]string{"__open64+0x51 (libc.so.6)", "cache_tokenizer+0x1a (demo)", "main+0x5f (demo)"}, "cache_tokenizer+0x1a (demo)"},
-		{[]string{"leak_tick+0x1a (fdwork)", "main+0x40 (fdwork)"}, "leak_tick+0x1a (fdwork)"},
-		{[]string{"__open64+0x51 (libc.so.6)", "0x7ffd0000"}, "__open64+0x51 (libc.so.6)"},
-	} {
-		if got := callSite(tc.stack); got != tc.want {
-			t.Errorf("callSite(%q) = %q, want %q", tc.stack, got, tc.want)
-		}
-	}
-}

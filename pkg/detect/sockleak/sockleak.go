@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/series"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/stack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
@@ -208,6 +209,8 @@ func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, a asse
 		top = append(top, map[string]any{"local": pr.local, "remote": pr.remote, "count": pr.count})
 	}
 
+	frames, opened := openingStack(p.Sock.CloseWait)
+	f.Stack = frames
 	f.Comm = p.Comm
 	f.LastSeen = now
 	f.Active = active
@@ -225,6 +228,9 @@ func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, a asse
 	if len(pairs) > 0 {
 		fmt.Fprintf(&b, "; most %s <- %s (%d)", pairs[0].local, pairs[0].remote, pairs[0].count)
 	}
+	if len(frames) > 0 {
+		fmt.Fprintf(&b, "; %d opened at %s", opened, stack.CallSite(frames))
+	}
 	if tte != nil {
 		fmt.Fprintf(&b, "; fd limit %d reached in ~%.0fs", p.FD.Limit, tteSec)
 	}
@@ -240,8 +246,29 @@ func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, a asse
 		"fd_limit":                  p.FD.Limit,
 		"time_to_fd_limit_seconds":  tte,
 		"top_pairs":                 top,
+		"opening_stack_sockets":     opened,
 	}
 	return f
+}
+
+// openingStack returns the stack that opened the most CLOSE_WAIT sockets
+// (as the fd table knows it) and how many it opened; nil when none is known.
+func openingStack(conns []model.SockConn) ([]string, int) {
+	counts := map[string]int{}
+	stacks := map[string][]string{}
+	best := ""
+	for _, c := range conns {
+		if len(c.Stack) == 0 {
+			continue
+		}
+		k := strings.Join(c.Stack, "\n")
+		counts[k]++
+		stacks[k] = c.Stack
+		if counts[k] > counts[best] || (counts[k] == counts[best] && k < best) {
+			best = k
+		}
+	}
+	return stacks[best], counts[best]
 }
 
 // pair is a local/remote address pair with its ephemeral port masked.

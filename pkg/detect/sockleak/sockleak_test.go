@@ -415,3 +415,16 @@ func TestTopPairs(t *testing.T) {
 		t.Errorf("topPairs = %v\nwant %v", got, want)
 	}
 }
+
+func TestOpeningStack(t *testing.T) {
+	a := []string{"accept4+0x10 (libc.so.6)", "accept_conn+0x9 (server)"}
+	b := []string{"accept4+0x10 (libc.so.6)", "admin_accept+0x9 (server)"}
+	conns := []model.SockConn{{Stack: b}, {Stack: a}, {Stack: a}, {}}
+	got, n := openingStack(conns)
+	if n != 2 || len(got) != 2 || got[1] != a[1] {
+		t.Fatalf("openingStack = %q, %d; want %q, 2", got, n, a)
+	}
+	if got, n := openingStack([]model.SockConn{{}, {}}); got != nil || n != 0 {
+		t.Fatalf("no known stacks: got %q, %d", got, n)
+	}
+}
