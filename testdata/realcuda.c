@@ -2,9 +2,10 @@
  * fixture builds without CUDA headers) from a named function, so a test can
  * check that a failed cudaMalloc is reported with its error name and stack.
  *
- * usage: realcuda SECONDS
- * Prints "ready" once the runtime is loaded, waits a moment for the tracer to
- * hook it, then calls allocate_weights every 100 ms until SECONDS have passed.
+ * usage: realcuda SECONDS [DELAY_MS]
+ * Prints "ready" once the runtime is loaded, waits DELAY_MS (300) for the
+ * tracer to hook it, then calls allocate_weights every 100 ms until SECONDS
+ * have passed.
  * On a machine without a GPU every call fails (cudaErrorNoDevice). */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -31,6 +32,7 @@ __attribute__((noinline)) int allocate_weights(size_t bytes)
 int main(int argc, char **argv)
 {
 	int seconds = argc > 1 ? atoi(argv[1]) : 30;
+	int delay_ms = argc > 2 ? atoi(argv[2]) : 300;
 	void *h = dlopen("libcudart.so.11.0", RTLD_NOW);
 	if (!h) {
 		fprintf(stderr, "realcuda: %s\n", dlerror());
@@ -44,7 +46,7 @@ int main(int argc, char **argv)
 	}
 	printf("ready\n");
 	fflush(stdout);
-	usleep(300 * 1000);
+	usleep(delay_ms * 1000);
 	time_t end = time(NULL) + seconds;
 	int last = -1;
 	while (time(NULL) < end) {

@@ -52,6 +52,16 @@ func New(cfg Config, det Detector, sym *symbolize.Symbolizer) (*Concern, error) 
 // Name is the concern's name in logs and `check`.
 func (c *Concern) Name() string { return "cuda" }
 
+// Track starts watching pid and remembers its mappings for symbolization,
+// as Observe does for libraries hooked later.
+func (c *Concern) Track(pid int) error {
+	if err := c.Tracker.Track(pid); err != nil {
+		return err
+	}
+	c.sym.Refresh(pid)
+	return nil
+}
+
 // Untrack drops the kernel and detector state of an exited process.
 func (c *Concern) Untrack(pid int) {
 	c.Tracker.Untrack(pid)
@@ -73,8 +83,14 @@ func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Findin
 	for i, p := range procs {
 		pids[i] = p.PID
 		// The process may exit at any point; its next liveness check ends it.
-		if err := c.Refresh(p.PID); err != nil {
+		hooked, err := c.Refresh(p.PID)
+		if err != nil {
 			slog.Debug("rescanning CUDA libraries", "pid", p.PID, "err", err)
+		}
+		if hooked {
+			// Remember where the new library lies while it can be read: a
+			// failed allocation often comes right before the process dies.
+			c.sym.Refresh(p.PID)
 		}
 	}
 	fails, err := c.Failures()

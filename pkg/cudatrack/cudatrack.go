@@ -121,20 +121,23 @@ func (t *Tracker) Track(pid int) error {
 	if t.procs[pid] == nil {
 		t.procs[pid] = &procState{libs: map[fileKey]*hooked{}}
 	}
-	return t.Refresh(pid)
+	_, err := t.Refresh(pid)
+	return err
 }
 
 // Refresh attaches to the CUDA libraries pid has mapped since the last call
-// and detaches from those it has unmapped. Each file is parsed once.
-func (t *Tracker) Refresh(pid int) error {
+// and detaches from those it has unmapped. Each file is parsed once. It
+// reports whether a library was newly hooked.
+func (t *Tracker) Refresh(pid int) (bool, error) {
 	ps := t.procs[pid]
 	if ps == nil {
-		return fmt.Errorf("pid %d is not tracked", pid)
+		return false, fmt.Errorf("pid %d is not tracked", pid)
 	}
 	files, err := candidates(t.procRoot, pid)
 	if err != nil {
-		return fmt.Errorf("reading the mappings of pid %d: %w", pid, err)
+		return false, fmt.Errorf("reading the mappings of pid %d: %w", pid, err)
 	}
+	hooked := false
 	present := make(map[fileKey]bool, len(files))
 	for _, mf := range files {
 		present[mf.key] = true
@@ -148,6 +151,7 @@ func (t *Tracker) Refresh(pid int) error {
 			continue
 		}
 		ps.libs[mf.key] = t.attach(pid, lib)
+		hooked = true
 	}
 	for k, h := range ps.libs {
 		if !present[k] {
@@ -155,7 +159,7 @@ func (t *Tracker) Refresh(pid int) error {
 			delete(ps.libs, k)
 		}
 	}
-	return nil
+	return hooked, nil
 }
 
 // library returns the parsed hooks of a mapped file, from the cache when

@@ -230,42 +230,45 @@ func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 	if p.cfg.Children {
 		p.adoptChildren()
 	}
-	var live []*model.Process
+	// A process found dead this interval is observed once more: the kernel
+	// still holds what it did since the last poll (a failed allocation just
+	// before it crashed, say). Then its kernel state is dropped and its last
+	// observation kept.
+	var observe, exiting []*model.Process
 	for _, pid := range p.order {
 		pr := p.procs[pid]
 		if pr.Exited {
 			continue
 		}
 		if !p.proc.Alive(pid) {
-			// The kernel dropped its state without syscalls: keep the last
-			// observation as its final state and forget the rest.
-			pr.Exited = true
-			for _, c := range p.concerns {
-				c.Untrack(pid)
-			}
-			p.sym.Forget(pid)
-			for _, f := range p.findings {
-				if f.PID == pid && f.Active {
-					p.record(f, now, false)
-				}
-			}
-			slog.Debug("target exited", "pid", pid)
-			continue
-		}
-		// comm changes at exec (run starts the command through a shell).
-		if comm, err := p.proc.Comm(pid); err == nil {
+			exiting = append(exiting, pr)
+		} else if comm, err := p.proc.Comm(pid); err == nil {
+			// comm changes at exec (run starts the command through a shell).
 			pr.Comm = comm
 		}
-		live = append(live, pr)
+		observe = append(observe, pr)
 	}
 	for _, c := range p.concerns {
-		fs, err := c.Observe(now, live)
+		fs, err := c.Observe(now, observe)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", c.Name(), err)
 		}
 		for _, f := range fs {
 			p.record(f, now, f.Active)
 		}
+	}
+	for _, pr := range exiting {
+		pr.Exited = true
+		for _, c := range p.concerns {
+			c.Untrack(pr.PID)
+		}
+		p.sym.Forget(pr.PID)
+		for _, f := range p.findings {
+			if f.PID == pr.PID && f.Active {
+				p.record(f, now, false)
+			}
+		}
+		slog.Debug("target exited", "pid", pr.PID)
 	}
 	return p.snapshot(now), nil
 }

@@ -268,3 +268,50 @@ func TestSocketLeakNamesOpeningStack(t *testing.T) {
 	}
 	t.Fatalf("no socket leak in %d intervals", polls)
 }
+
+// Failed allocations made between the last poll and the process's exit are
+// still reported, with their stack symbolized after the process is gone.
+func TestFailureJustBeforeExit(t *testing.T) {
+	testutil.RequireRoot(t)
+	if _, err := os.Stat("/usr/lib/x86_64-linux-gnu/libcudart.so.11.0"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("libcudart.so.11.0 missing: CI installs it with scripts/install-cuda-libs.sh")
+		}
+		t.Skip("libcudart.so.11.0 not installed (scripts/install-cuda-libs.sh)")
+	}
+	bin := testutil.Fixture(t, "realcuda")
+	proc, _ := procinfo.New("/proc")
+	rec := &recorder{proc: proc, cancel: func() {}, stop: func(*model.Snapshot) bool { return false }}
+	cfg := DefaultConfig()
+	// One poll right away, the next long after the fixture is gone: only the
+	// final observation of the exited process can see its failures.
+	cfg.Interval = 8 * time.Second
+	p, err := New(cfg, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	// Fails cudaMalloc from 1.5 s after start for about a second, then exits.
+	cmd := testutil.Start(t, bin, "2", "1500")
+	if err := p.Watch(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	final, err := p.Run(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !final.Processes[0].Exited {
+		t.Fatal("the fixture did not exit")
+	}
+	for _, f := range final.Findings {
+		if f.Kind == model.KindGPUAllocFailure {
+			if !strings.Contains(strings.Join(f.Stack, " "), "allocate_weights") {
+				t.Fatalf("failure stack not symbolized after exit: %q", f.Stack)
+			}
+			return
+		}
+	}
+	t.Fatalf("no gpu_alloc_failure reported; findings %+v", final.Findings)
+}

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/prometheus/procfs"
 )
@@ -102,6 +103,14 @@ func (pm *procMaps) find(addr uint64) *mapping {
 		m = findMapping(pm.maps, addr)
 	}
 	return m
+}
+
+// Refresh re-reads and caches the mappings of pid now, e.g. right after it
+// loaded a library, so that its addresses can be symbolized after it exits.
+func (s *Symbolizer) Refresh(pid int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.loadMaps(pid)
 }
 
 // Forget drops the cached maps of pid (call when the process exits).
@@ -227,7 +236,32 @@ func (s *Symbolizer) open(pid int, m *mapping) (*os.File, error) {
 		}
 	}
 	name := strconv.FormatUint(m.start, 16) + "-" + strconv.FormatUint(m.end, 16)
-	return openRegular(filepath.Join(s.procRoot, strconv.Itoa(pid), "map_files", name))
+	if f, err := openRegular(filepath.Join(s.procRoot, strconv.Itoa(pid), "map_files", name)); err == nil {
+		return f, nil
+	}
+	// The process is gone (its root and map_files with it): the same path in
+	// our own mount namespace will do if it is the very same file.
+	return openSame(m)
+}
+
+// openSame opens m's path as we see it if its device and inode are the ones
+// the process had mapped.
+func openSame(m *mapping) (*os.File, error) {
+	if m.key.inode == 0 || m.deleted {
+		return nil, os.ErrNotExist
+	}
+	f, err := openRegular(m.path)
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.Stat()
+	if err == nil {
+		if sys, ok := st.Sys().(*syscall.Stat_t); ok && sys.Dev == m.key.dev && sys.Ino == m.key.inode {
+			return f, nil
+		}
+	}
+	f.Close()
+	return nil, os.ErrNotExist
 }
 
 func (s *Symbolizer) rootPath(pid int, path string) string {
