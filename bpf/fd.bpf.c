@@ -31,12 +31,19 @@ struct fd_key {
 };
 
 #define SCAN_WORDS 32
+/* Largest distance from the stack pointer to the innermost frame pointer we
+ * believe: a syscall wrapper's own frame is small. */
+#define FP_MAX_FRAME (64 * 1024)
 #define MAX_CALLERS 4
 #define MAX_TEXT_RANGES 16
 
+/* fd_info.stack_id when the frame-pointer walk was skipped: see add_fd. */
+#define STACK_NO_FP -2
+
 struct fd_info {
 	u64 open_ns;  /* bpf_ktime_get_ns at open; 0 when seeded from /proc */
-	s32 stack_id; /* user stack of the opening syscall; -1 unknown */
+	u64 ip;       /* user instruction pointer at the syscall */
+	s32 stack_id; /* user stack of the opening syscall; -1 unknown, STACK_NO_FP */
 	u8 kind;      /* enum fd_kind */
 	u8 pad[3];
 	/* Words near the user stack pointer that point into executable code:
@@ -158,15 +165,13 @@ __noinline int in_text(const struct text_ranges *r, u64 w)
 /* Fills info->callers with the first words above the user stack pointer that
  * point into the process's code. User space keeps those that follow a call
  * instruction. */
-static __always_inline void scan_callers(u32 tgid, struct fd_info *info)
+static __always_inline void scan_callers(u32 tgid, u64 sp, struct fd_info *info)
 {
 	const struct text_ranges *r = bpf_map_lookup_elem(&text_map, &tgid);
 	u32 zero = 0;
 	struct scan *sc = bpf_map_lookup_elem(&scan_scratch, &zero);
 	if (!r || !sc)
 		return;
-	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-	u64 sp = BPF_CORE_READ(regs, sp);
 	if (bpf_probe_read_user(sc->w, sizeof(sc->w), (void *)sp)) {
 		count_err(ERR_READ_USER);
 		return;
@@ -198,10 +203,21 @@ static __always_inline void add_fd(void *ctx, u32 tgid, s32 fd, u8 kind)
 		.open_ns = bpf_ktime_get_ns(),
 		.kind = kind,
 	};
-	info.stack_id = bpf_get_stackid(ctx, &fd_stacks, BPF_F_USER_STACK);
-	if (info.stack_id < 0)
-		count_err(ERR_STACK);
-	scan_callers(tgid, &info);
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	u64 sp = BPF_CORE_READ(regs, sp), bp = BPF_CORE_READ(regs, bp);
+	info.ip = BPF_CORE_READ(regs, ip);
+	/* A frame pointer that does not point a little above the stack pointer
+	 * means the code at the syscall uses rbp for data (glibc's wrappers do):
+	 * the walk would give the instruction pointer and noise, so skip it and
+	 * keep the instruction pointer alone. */
+	if (bp > sp && bp - sp < FP_MAX_FRAME) {
+		info.stack_id = bpf_get_stackid(ctx, &fd_stacks, BPF_F_USER_STACK);
+		if (info.stack_id < 0)
+			count_err(ERR_STACK);
+	} else {
+		info.stack_id = STACK_NO_FP;
+	}
+	scan_callers(tgid, sp, &info);
 	if (bpf_map_update_elem(&fd_table, &key, &info, BPF_ANY)) {
 		count_err(ERR_TABLE_FULL);
 		return;

@@ -21,10 +21,12 @@ type Concern struct {
 }
 
 // siteKey identifies an opening call site of one process: the kernel's
-// frame-pointer stack plus the return addresses scanned from the stack.
+// frame-pointer stack (or, where it was skipped, the instruction pointer)
+// plus the return addresses scanned from the stack.
 type siteKey struct {
 	pid     int
 	stack   int32
+	ip      uint64
 	callers Callers
 }
 
@@ -87,10 +89,14 @@ func (c *Concern) fill(pr *model.Process, s *Sample) {
 	pr.FD.Closed = kindMap(s.Closed[:])
 	bySite := map[*site]*model.FDSite{}
 	for _, fd := range s.FDs {
-		if fd.StackID < 0 {
+		if !fd.Known() {
 			continue
 		}
-		st := c.site(siteKey{pr.PID, fd.StackID, fd.Callers})
+		key := siteKey{pr.PID, fd.StackID, 0, fd.Callers}
+		if fd.StackID == StackNoFP {
+			key.ip = fd.IP
+		}
+		st := c.site(key)
 		ms := bySite[st]
 		if ms == nil {
 			ms = &model.FDSite{StackID: st.id}
@@ -137,9 +143,12 @@ func (c *Concern) frames(pid int, st *site) []string {
 	if st.frames != nil {
 		return st.frames
 	}
-	fp, err := c.Stack(st.key.stack)
-	if err != nil {
-		return nil
+	fp := []uint64{st.key.ip}
+	if st.key.stack >= 0 {
+		var err error
+		if fp, err = c.Stack(st.key.stack); err != nil {
+			return nil
+		}
 	}
 	var scan []uint64
 	for _, a := range st.key.callers {

@@ -43,6 +43,7 @@ type fdFdEntry struct {
 type fdFdInfo struct {
 	_       structs.HostLayout
 	OpenNs  uint64
+	Ip      uint64
 	StackId int32
 	Kind    uint8
 	Pad     [3]uint8

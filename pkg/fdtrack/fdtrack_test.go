@@ -51,7 +51,7 @@ func TestKindsMatchProc(t *testing.T) {
 		t.Fatalf("seeded table has %d fds, /proc has %d", got, want)
 	}
 	for _, fd := range s.FDs {
-		if fd.StackID >= 0 {
+		if fd.Known() {
 			t.Errorf("seeded fd %d has a stack id", fd.Num)
 		}
 	}
@@ -80,7 +80,7 @@ func TestLiveKinds(t *testing.T) {
 	}
 	byKind := map[string]int{}
 	for _, fd := range s.FDs {
-		if fd.StackID >= 0 {
+		if fd.Known() {
 			byKind[kindName(fd.Kind)]++
 		}
 	}

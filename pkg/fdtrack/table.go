@@ -18,10 +18,18 @@ const nKinds = len(fdFdCounts{}.Opened)
 type FD struct {
 	Num     int32
 	Kind    uint8
-	StackID int32     // negative: unknown (seeded from /proc or stack map full)
+	StackID int32     // kernel stack id; StackNoFP, or -1 when unknown (seeded from /proc, stack map full)
+	IP      uint64    // user instruction pointer at the syscall
 	Opened  time.Time // wall-clock open time; tracking start for seeded fds
 	Callers Callers   // candidate return addresses scanned from the user stack
 }
+
+// StackNoFP is the StackID of an fd whose opening code used rbp for data:
+// the kernel skipped the frame-pointer walk and kept only IP (bpf/fd.bpf.c).
+const StackNoFP = -2
+
+// Known reports whether the fd's opening site was recorded.
+func (fd FD) Known() bool { return fd.StackID >= 0 || fd.StackID == StackNoFP }
 
 // Callers are words found near the user stack pointer that point into code.
 type Callers [len(fdFdInfo{}.Callers)]uint64
@@ -204,7 +212,7 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		if info.OpenNs != 0 {
 			opened = nowWall.Add(-time.Duration(nowMono - info.OpenNs))
 		}
-		s.FDs = append(s.FDs, FD{Num: key.Fd, Kind: info.Kind, StackID: info.StackId, Opened: opened, Callers: info.Callers})
+		s.FDs = append(s.FDs, FD{Num: key.Fd, Kind: info.Kind, StackID: info.StackId, IP: info.Ip, Opened: opened, Callers: info.Callers})
 	}
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("reading fd table: %w", err)
