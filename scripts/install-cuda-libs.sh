@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Installs the real CUDA runtime (libcudart.so.11.0) and NVML from Debian
-# non-free, so the CUDA integration tests run against the real library and
-# not only the stand-ins. No GPU is needed: without one, cudaMalloc fails with
-# cudaErrorNoDevice, which is what the test expects. Idempotent.
+# Installs the real CUDA runtime (libcudart.so.11.0), the driver's user-space
+# library (libcuda.so.1) and NVML from Debian non-free, so the CUDA
+# integration tests run against the real libraries and not only the
+# stand-ins. No GPU or kernel driver is needed: cudaMalloc then fails with
+# cudaErrorNoDevice (100; without libcuda1 it would be 35,
+# cudaErrorInsufficientDriver), which is what the tests expect. Idempotent.
 set -euo pipefail
 
-pkgs=(libcudart11.0 libnvidia-ml1)
+pkgs=(libcudart11.0 libcuda1 libnvidia-ml1)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
