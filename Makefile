@@ -6,7 +6,7 @@ GO      ?= go
 BIN     := bin/autoglm-ebpf
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 CFLAGS  := -O1 -g -fno-omit-frame-pointer -Wall -pthread
-FIXTURES := testdata/bin/fdwork testdata/bin/demo testdata/bin/schedwork testdata/bin/sockwork testdata/bin/cudawork testdata/bin/realcuda
+FIXTURES := testdata/bin/fdwork testdata/bin/demo testdata/bin/schedwork testdata/bin/sockwork testdata/bin/cudawork testdata/bin/realcuda testdata/bin/leaderexit
 GOSRC   := $(shell find cmd pkg -name '*.go' -o -name '*.o') go.mod go.sum
 
 .PHONY: build deps generate-deps generate check-generate fixtures test demo bench clean

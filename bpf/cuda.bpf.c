@@ -104,8 +104,9 @@ struct cuda_failure {
 struct call_state {
 	u64 sp;   /* user stack pointer at entry: nested calls are below it; 0: none */
 	u64 out;  /* user address of the out-parameter */
-	u64 size; /* requested bytes; rows for the pitch shape */
+	u64 size; /* requested bytes; rows (height) for the pitch shape */
 	u64 pitch; /* user address of the pitch out-parameter */
+	u64 width; /* bytes per row asked for, pitch shape only */
 	u16 api;
 	u8 shape;
 	u8 pad[5];
@@ -213,7 +214,7 @@ static __always_inline void count(u32 tgid, u32 api, u64 alloc, u64 freed)
 
 /* Saves the entry state of an outermost call. Returns the API, or API_MAX
  * when the call is not ours to record (untracked process, nested call). */
-static __always_inline u32 enter(struct pt_regs *ctx, u8 shape, u64 out, u64 size, u64 pitch)
+static __always_inline u32 enter(struct pt_regs *ctx, u8 shape, u64 out, u64 size, u64 pitch, u64 width)
 {
 	u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	if (!is_tracked(tgid))
@@ -237,6 +238,7 @@ static __always_inline u32 enter(struct pt_regs *ctx, u8 shape, u64 out, u64 siz
 	st->out = out;
 	st->size = size;
 	st->pitch = pitch;
+	st->width = width;
 	st->api = api;
 	st->shape = shape;
 	return api;
@@ -245,21 +247,21 @@ static __always_inline u32 enter(struct pt_regs *ctx, u8 shape, u64 out, u64 siz
 SEC("uprobe")
 int cuda_alloc_enter(struct pt_regs *ctx)
 {
-	enter(ctx, SHAPE_ALLOC, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), 0);
+	enter(ctx, SHAPE_ALLOC, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), 0, 0);
 	return 0;
 }
 
 SEC("uprobe")
 int cuda_pitch_enter(struct pt_regs *ctx)
 {
-	enter(ctx, SHAPE_PITCH, PT_REGS_PARM1(ctx), PT_REGS_PARM4(ctx), PT_REGS_PARM2(ctx));
+	enter(ctx, SHAPE_PITCH, PT_REGS_PARM1(ctx), PT_REGS_PARM4(ctx), PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx));
 	return 0;
 }
 
 SEC("uprobe")
 int cuda_count_enter(struct pt_regs *ctx)
 {
-	enter(ctx, SHAPE_COUNT, 0, PT_REGS_PARM2(ctx), 0);
+	enter(ctx, SHAPE_COUNT, 0, PT_REGS_PARM2(ctx), 0, 0);
 	return 0;
 }
 
@@ -269,7 +271,7 @@ SEC("uprobe")
 int cuda_free_enter(struct pt_regs *ctx)
 {
 	u64 addr = PT_REGS_PARM1(ctx);
-	u32 api = enter(ctx, SHAPE_FREE, 0, 0, 0);
+	u32 api = enter(ctx, SHAPE_FREE, 0, 0, 0, 0);
 	if (api == API_MAX)
 		return 0;
 	u32 tgid = bpf_get_current_pid_tgid() >> 32;
@@ -294,7 +296,8 @@ static __always_inline void report_failure(struct call_state *st, u32 tgid, u32 
 		return;
 	}
 	f->time_ns = bpf_ktime_get_ns();
-	f->size = st->size;
+	/* The pitch was never written: the bytes asked for are width x rows. */
+	f->size = st->shape == SHAPE_PITCH ? st->width * st->size : st->size;
 	f->tgid = tgid;
 	f->tid = tid;
 	f->code = code;

@@ -6,6 +6,7 @@
  *   fdwork burst N SECONDS        open N fds at once, hold 2.3s, release, repeat
  *   fdwork startup N SECONDS      open N fds over ~1s at start, then idle
  *   fdwork kinds SECONDS          one of every fd kind, dup2/close_range/exec paths
+ *   fdwork passfd N SECONDS       after 1s, receive N fds over a unix socket (SCM_RIGHTS): no syscall tracepoint sees them
  *   fdwork loop N                 N open+close pairs as fast as possible (benchmark)
  *   fdwork server N               N loopback TCP connections served (benchmark)
  *
@@ -85,6 +86,30 @@ NOINLINE void startup_open(int *fds, int n)
 		fds[i] = open("/dev/null", O_RDONLY);
 		sleep_s(1.0 / n);
 	}
+}
+
+/* Passes an fd to ourselves over a unix socket: the received copy is created
+ * by recvmsg, which no fd-creating tracepoint covers. */
+NOINLINE int pass_fd(int sp[2])
+{
+	int fd = open("/dev/null", O_RDONLY);
+	char c = 'x', ctl[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = { &c, 1 };
+	struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl) };
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+	if (sendmsg(sp[0], &msg, 0) != 1)
+		exit(1);
+	close(fd);
+	memset(ctl, 0, sizeof(ctl));
+	msg.msg_controllen = sizeof(ctl);
+	if (recvmsg(sp[1], &msg, 0) != 1)
+		exit(1);
+	memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&msg)), sizeof(int));
+	return fd;
 }
 
 NOINLINE void open_kinds(void)
@@ -227,6 +252,16 @@ int main(int argc, char **argv)
 		int n = atoi(argv[2]);
 		int *fds = calloc(n, sizeof(int));
 		startup_open(fds, n);
+		ready();
+		while (now() < end)
+			sleep_s(0.1);
+	} else if (!strcmp(mode, "passfd") && argc == 4) {
+		int sp[2], n = atoi(argv[2]);
+		if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp))
+			return 1;
+		sleep_s(1); /* after the reconcile that follows our exec */
+		for (int i = 0; i < n; i++)
+			pass_fd(sp);
 		ready();
 		while (now() < end)
 			sleep_s(0.1);

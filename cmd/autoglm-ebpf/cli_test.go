@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -284,5 +285,24 @@ func TestMetricsEndpoint(t *testing.T) {
 		if !strings.Contains(string(body), m) {
 			t.Errorf("exposition lacks %s", m)
 		}
+	}
+}
+
+// A command that ignores SIGTERM does not keep `run` from ending: it is
+// killed after the grace period.
+func TestRunKillsCommandIgnoringSIGTERM(t *testing.T) {
+	testutil.RequireRoot(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, "run", "--duration", "2s", "--", "/bin/sh", "-c", `trap "" TERM; exec sleep 300`)
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("run still waiting for a command that ignores SIGTERM:\n%s", out)
+	}
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "ignored SIGTERM") {
+		t.Errorf("no word about killing the command:\n%s", out)
 	}
 }

@@ -168,10 +168,21 @@ func newRun() *cobra.Command {
 					return nil, err
 				}
 				// At the end a command still running (--duration, Ctrl-C)
-				// is stopped, as timeout(1) does, then reaped.
+				// is stopped as `timeout -k` does: SIGTERM, and SIGKILL if it
+				// has not exited after a grace period; then reaped.
 				return func() {
+					waited := make(chan error, 1)
+					go func() { waited <- g.Cmd.Wait() }()
 					_ = g.Cmd.Process.Signal(syscall.SIGTERM)
-					if err := g.Cmd.Wait(); err != nil {
+					var err error
+					select {
+					case err = <-waited:
+					case <-time.After(killAfter):
+						slog.Warn("command ignored SIGTERM; killing it", "after", killAfter)
+						_ = g.Cmd.Process.Kill()
+						err = <-waited
+					}
+					if err != nil {
 						slog.Info("command ended", "status", err)
 					}
 				}, nil
@@ -181,6 +192,9 @@ func newRun() *cobra.Command {
 	f.register(cmd)
 	return cmd
 }
+
+// killAfter is how long `run` waits for its command after SIGTERM.
+const killAfter = 10 * time.Second
 
 // watch runs the pipeline shared by attach and run: sinks, signals,
 // --duration, and the BPF objects unloaded on every path.
@@ -228,6 +242,12 @@ func watch(cmd *cobra.Command, f *watchFlags, start func(*pipeline.Pipeline) (fu
 		defer cancel()
 	}
 	final, err := p.Run(ctx)
+	// From here a second Ctrl-C ends the tool the default way, and the
+	// kernel side is unloaded before waiting for a command to stop.
+	stop()
+	if cerr := p.Close(); err == nil {
+		err = cerr
+	}
 	if err != nil {
 		return err
 	}

@@ -113,3 +113,29 @@ func Counters[K ~uint32](m *ebpf.Map, names map[K]string) (map[string]uint64, er
 	}
 	return out, nil
 }
+
+// ReadAll reads every entry of a hash map that BPF programs update while we
+// read it. A walk whose current key is deleted restarts from the first
+// bucket, so keys can come twice (kept once here) and the walk can abort
+// (tried again, three times in all).
+func ReadAll[K comparable, V any](m *ebpf.Map) (map[K]V, error) {
+	var err error
+	for try := 0; try < 3; try++ {
+		out := map[K]V{}
+		var (
+			k K
+			v V
+		)
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			out[k] = v
+		}
+		if err = it.Err(); err == nil {
+			return out, nil
+		}
+		if !errors.Is(err, ebpf.ErrIterationAborted) {
+			break
+		}
+	}
+	return nil, err
+}

@@ -134,7 +134,7 @@ func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Findin
 // earlier snapshots share the previous maps and slices.
 func (c *Concern) fill(p *model.Process, s *Sample) {
 	cs := &p.CUDA
-	cs.LiveBytes, cs.LiveAllocs, cs.HostLiveBytes = 0, 0, 0
+	cs.LiveBytes, cs.LiveAllocs, cs.HostLiveBytes, cs.HostAllocBytes = 0, 0, 0, 0
 	cs.AllocBytes, cs.FreeBytes = map[string]uint64{}, map[string]uint64{}
 	cs.AllocCalls, cs.Calls = map[string]uint64{}, map[string]uint64{}
 	for i, a := range APIs {
@@ -146,6 +146,9 @@ func (c *Concern) fill(p *model.Process, s *Sample) {
 		}
 		if s.AllocBytes[i] > 0 {
 			cs.AllocBytes[a.Name] = s.AllocBytes[i]
+			if a.Host {
+				cs.HostAllocBytes += s.AllocBytes[i]
+			}
 		}
 		if s.FreeBytes[i] > 0 {
 			cs.FreeBytes[a.Name] = s.FreeBytes[i]

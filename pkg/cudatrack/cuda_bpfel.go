@@ -108,6 +108,7 @@ type cudaThreadCalls struct {
 		Out   uint64
 		Size  uint64
 		Pitch uint64
+		Width uint64
 		Api   uint16
 		Shape uint8
 		Pad   [5]uint8

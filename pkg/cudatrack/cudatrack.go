@@ -340,20 +340,16 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		out[pid] = s
 	}
 	toWall := wallClock()
-	var (
-		key cudaCudaAllocKey
-		val cudaCudaAlloc
-	)
-	it := t.maps.LiveAllocs.Iterate()
-	for it.Next(&key, &val) {
+	live, err := bpfobj.ReadAll[cudaCudaAllocKey, cudaCudaAlloc](t.maps.LiveAllocs)
+	if err != nil {
+		return nil, fmt.Errorf("reading the live allocation table: %w", err)
+	}
+	for key, val := range live {
 		s := out[int(key.Tgid)]
 		if s == nil {
 			continue
 		}
 		s.Allocs = append(s.Allocs, Alloc{Addr: key.Addr, Size: val.Size, API: int(val.Api), StackID: val.StackId, Time: toWall(val.TimeNs)})
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("reading the live allocation table: %w", err)
 	}
 	return out, nil
 }

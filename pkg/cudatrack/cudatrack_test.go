@@ -172,6 +172,9 @@ func runOnce(t *testing.T, c *Concern, tg target) {
 	if want := uint64(1*MiB + 3*MiB + 10240); cs.LiveBytes != want || cs.LiveAllocs != 3 || cs.HostLiveBytes != 6*MiB {
 		t.Errorf("live: %d device bytes in %d allocations, %d host bytes; want %d in 3, 6 MiB", cs.LiveBytes, cs.LiveAllocs, cs.HostLiveBytes, want)
 	}
+	if cs.HostAllocBytes != 11*MiB {
+		t.Errorf("host bytes allocated %d, want 11 MiB (cudaMallocHost + cudaHostAlloc)", cs.HostAllocBytes)
+	}
 	if len(cs.Failures) != 0 {
 		t.Errorf("failures: %+v", cs.Failures)
 	}
@@ -205,6 +208,9 @@ func TestDriverDirect(t *testing.T) {
 	if cs.LiveBytes != 10*MiB || cs.LiveAllocs != 2 || cs.HostLiveBytes != 0 {
 		t.Errorf("live: %d bytes in %d allocations, want 10 MiB in 2", cs.LiveBytes, cs.LiveAllocs)
 	}
+	if cs.HostAllocBytes != 3*MiB {
+		t.Errorf("host bytes allocated %d, want 3 MiB (cuMemAllocHost_v2)", cs.HostAllocBytes)
+	}
 	noLoss(t, c)
 }
 
@@ -228,6 +234,48 @@ func TestFailure(t *testing.T) {
 	}
 	if cs.AllocCalls["cudaMalloc"] != 1 || cs.LiveAllocs != 0 || len(cs.AllocBytes) != 0 {
 		t.Errorf("after a failed call: calls %v, bytes %v, live %d", cs.AllocCalls, cs.AllocBytes, cs.LiveAllocs)
+	}
+	noLoss(t, c)
+}
+
+// A failed pitched allocation reports the bytes asked for, width x rows: the
+// pitch is never written when the call fails. Through the runtime and the
+// driver called directly.
+func TestPitchFailure(t *testing.T) {
+	c := newConcern(t)
+	tg := dynamic(t)
+	tg.bin = filepath.Join(t.TempDir(), "pitchfail")
+	if out, err := exec.Command("gcc", "-O1", "-g", "-fno-omit-frame-pointer", "-Wall", "-o", tg.bin,
+		filepath.Join("testdata", "pitchfail.c")).CombinedOutput(); err != nil {
+		t.Fatalf("building pitchfail: %v\n%s", err, out)
+	}
+	p, pr := work(t, c, tg, "pitch")
+	p.Signal(t)
+	p.Wait(t, "done", 10*time.Second)
+	observe(t, c, pr)
+	cs := pr.CUDA
+	// The runtime's call fails in the driver too: one failure for it.
+	if len(cs.Failures) != 2 {
+		t.Fatalf("failures = %+v, want two", cs.Failures)
+	}
+	want := []struct {
+		api, fn string
+		size    uint64
+	}{
+		{"cudaMallocPitch", "load_image", 3000 * 1000000},
+		{"cuMemAllocPitch_v2", "load_image_driver", 5000 * 300000},
+	}
+	for i, w := range want {
+		f := cs.Failures[i]
+		if f.API != w.api || f.Code != 2 || f.Size != w.size {
+			t.Errorf("failure %d = %s code %d size %d; want %s code 2 size %d", i, f.API, f.Code, f.Size, w.api, w.size)
+		}
+		if !stackHas(f.Stack, w.fn) {
+			t.Errorf("failure %d: %s not in stack %q", i, w.fn, f.Stack)
+		}
+	}
+	if cs.LiveAllocs != 0 || len(cs.AllocBytes) != 0 || cs.HostAllocBytes != 0 {
+		t.Errorf("after failed calls: bytes %v, live %d, host %d", cs.AllocBytes, cs.LiveAllocs, cs.HostAllocBytes)
 	}
 	noLoss(t, c)
 }

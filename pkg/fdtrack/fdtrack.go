@@ -37,6 +37,7 @@ type Tracker struct {
 	// reconciling with /proc), added to the kernel's closed counters.
 	extraClosed map[uint32]*[len(fdFdCounts{}.Closed)]uint64
 	resyncs     map[uint32]uint64
+	drift       map[uint32]int // polls in a row whose count differed from /proc
 	started     map[uint32]time.Time
 }
 
@@ -75,6 +76,7 @@ func New(cfg Config) (*Tracker, error) {
 		proc:        proc,
 		extraClosed: map[uint32]*[len(fdFdCounts{}.Closed)]uint64{},
 		resyncs:     map[uint32]uint64{},
+		drift:       map[uint32]int{},
 		started:     map[uint32]time.Time{},
 	}
 	// Optional programs whose tracepoint this kernel lacks are removed from the

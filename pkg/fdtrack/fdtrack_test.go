@@ -122,3 +122,39 @@ func kindIndex(name string) int {
 	}
 	panic(name)
 }
+
+// fds no syscall tracepoint sees (received over SCM_RIGHTS) are picked up
+// once the table has differed from /proc for two polls.
+func TestDriftReconciled(t *testing.T) {
+	tr := newTracker(t)
+	bin := testutil.Fixture(t, "fdwork")
+	g, err := launch.Start([]string{bin, "passfd", "20", "30"}, nil, nil, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Abort)
+	pid := g.Cmd.Process.Pid
+	if err := tr.Track(pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Release(); err != nil {
+		t.Fatal(err)
+	}
+	// The first poll reconciles after the exec; the fds arrive a second later.
+	time.Sleep(300 * time.Millisecond)
+	if _, err := tr.Poll([]int{pid}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	var s *Sample
+	for i := 0; i < 3; i++ {
+		m, err := tr.Poll([]int{pid})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s = m[pid]
+	}
+	if got, want := len(s.FDs), procCount(t, pid); got != want {
+		t.Fatalf("after 3 polls the table has %d fds, /proc has %d", got, want)
+	}
+}

@@ -3,6 +3,8 @@ package fdtrack
 import (
 	"errors"
 	"fmt"
+	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -85,6 +87,7 @@ func (t *Tracker) Untrack(pid int) {
 		_ = t.maps.FdTable.Delete(k)
 	}
 	delete(t.started, tgid)
+	delete(t.drift, tgid)
 	delete(t.extraClosed, tgid)
 	delete(t.resyncs, tgid)
 }
@@ -198,12 +201,11 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 	}
 
 	nowWall, nowMono := time.Now(), monoNow()
-	var (
-		key  fdFdKey
-		info fdFdInfo
-	)
-	it := t.maps.FdTable.Iterate()
-	for it.Next(&key, &info) {
+	table, err := bpfobj.ReadAll[fdFdKey, fdFdInfo](t.maps.FdTable)
+	if err != nil {
+		return nil, fmt.Errorf("reading fd table: %w", err)
+	}
+	for key, info := range table {
 		s := out[int(key.Tgid)]
 		if s == nil {
 			continue
@@ -214,10 +216,31 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		}
 		s.FDs = append(s.FDs, FD{Num: key.Fd, Kind: info.Kind, StackID: info.StackId, IP: info.Ip, Opened: opened, Callers: info.Callers})
 	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("reading fd table: %w", err)
+	for pid, s := range out {
+		slices.SortFunc(s.FDs, func(a, b FD) int { return int(a.Num - b.Num) })
+		t.checkDrift(uint32(pid), len(s.FDs))
 	}
 	return out, nil
+}
+
+// checkDrift reconciles tgid with /proc when its table count has differed
+// from /proc's for two polls in a row: fds created where no tracepoint sees
+// them (SCM_RIGHTS, io_uring, userfaultfd, perf_event_open, bpf) would
+// otherwise stay missing until the next exec or close_range. One differing
+// poll is usually a race with the running process and is let pass.
+func (t *Tracker) checkDrift(tgid uint32, n int) {
+	procN, err := t.proc.FDCount(int(tgid))
+	if err != nil || procN == n {
+		delete(t.drift, tgid)
+		return
+	}
+	if t.drift[tgid]++; t.drift[tgid] < 2 {
+		return
+	}
+	delete(t.drift, tgid)
+	if err := t.reconcile(tgid); err != nil {
+		slog.Debug("reconciling fd table", "pid", tgid, "err", err)
+	}
 }
 
 // Stack returns the user-space return addresses of a stack id, innermost first.

@@ -112,11 +112,35 @@ func (m *Metrics) Close(final *model.Snapshot) error {
 	return nil
 }
 
+// current returns s without the processes that exited in an earlier
+// snapshot: the pipeline keeps reporting them (the JSON report wants their
+// last state), but their series go once their exit has been served.
+func (m *Metrics) current(s *model.Snapshot) *model.Snapshot {
+	c := *s
+	c.Processes = nil
+	for _, p := range s.Processes {
+		if !p.Exited {
+			c.Processes = append(c.Processes, p)
+			continue
+		}
+		exit, seen := m.gone[p.PID]
+		if !seen {
+			m.gone[p.PID] = s.Time
+			exit = s.Time
+		}
+		if !exit.Before(s.Time) {
+			c.Processes = append(c.Processes, p)
+		}
+	}
+	return &c
+}
+
 // build updates the monotonic state from s (nil: none yet) and returns every
 // series to serve. The caller holds m.mu.
 func (m *Metrics) build(s *model.Snapshot) []prometheus.Metric {
 	out := []prometheus.Metric{m.buildInfo}
 	if s != nil {
+		s = m.current(s)
 		out = m.processSeries(s, out)
 		out = m.cudaSeries(s, out)
 		out = m.schedSeries(s, out)
@@ -152,9 +176,8 @@ func (m *Metrics) processSeries(s *model.Snapshot, out []prometheus.Metric) []pr
 		}
 		out = socketSeries(p, pid, comm, out)
 		if p.Exited {
-			// Served this once; the next snapshot drops the series and
-			// the state, so that a reused pid starts from its own counts.
-			m.gone[p.PID] = s.Time
+			// Served this once (see current); the state goes, so that a
+			// reused pid starts from its own counts.
 			continue
 		}
 		opened[p.PID], closed[p.PID] = o, c

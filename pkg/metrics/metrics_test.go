@@ -345,3 +345,28 @@ func value(t *testing.T, g prometheus.Gatherer, name string, want map[string]str
 	t.Fatalf("%s%v matches %d series", name, want, len(ms))
 	return 0, false
 }
+
+// The pipeline keeps listing a process after it exited (the JSON report wants
+// its last state); its series still go after its exit snapshot.
+func TestExitedProcessStillListed(t *testing.T) {
+	m, reg := newMetrics(t)
+	alive := proc(100, "fdwork", 57, 80, 23, false)
+	dead := proc(200, "sockwork", 3, 9, 6, true)
+	findings := []model.Finding{finding(100, "fdwork", true), finding(200, "sockwork", false)}
+	m.Update(snap(1, []*model.Process{alive, proc(200, "sockwork", 5, 9, 4, false)}, findings, nil))
+	m.Update(snap(2, []*model.Process{alive, dead}, findings, nil))
+	if _, ok := value(t, reg, "autoglm_open_fds", map[string]string{"pid": "200"}); !ok {
+		t.Fatal("exit snapshot not served")
+	}
+	for i := 3; i < 6; i++ {
+		m.Update(snap(i, []*model.Process{alive, dead}, findings, nil))
+		for _, name := range []string{"autoglm_open_fds", "autoglm_fd_limit", "autoglm_fds_opened_total", "autoglm_finding"} {
+			if _, ok := value(t, reg, name, map[string]string{"pid": "200"}); ok {
+				t.Fatalf("snapshot %d: %s{pid=200} still exported", i, name)
+			}
+		}
+	}
+	if _, ok := value(t, reg, "autoglm_open_fds", map[string]string{"pid": "100"}); !ok {
+		t.Fatal("live process lost")
+	}
+}

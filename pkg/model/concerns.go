@@ -58,6 +58,7 @@ type CUDAStats struct {
 	LiveAllocs     int               // live device allocations
 	HostLiveBytes  uint64            // pinned host bytes (cudaMallocHost, cudaHostAlloc, ...) allocated and not freed; not in LiveBytes or Sites
 	AllocBytes     map[string]uint64 // bytes allocated since attach, by API (monotonic)
+	HostAllocBytes uint64            // pinned host bytes allocated since attach (monotonic); included in AllocBytes
 	FreeBytes      map[string]uint64 // bytes freed since attach, by API (monotonic)
 	AllocCalls     map[string]uint64 // allocation calls since attach, by API (monotonic)
 	Calls          map[string]uint64 // every hooked call since attach, frees and cuMemMap/cuMemUnmap included, by API (monotonic)

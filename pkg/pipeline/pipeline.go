@@ -171,8 +171,9 @@ func (p *Pipeline) watch(pid int) error {
 	}
 	for i, c := range p.concerns {
 		if err := c.Track(pid); err != nil {
-			// Leave no half-tracked process behind in the kernel.
-			for _, d := range p.concerns[:i] {
+			// Leave no half-tracked process behind in the kernel, in the
+			// failing concern either (Untrack tolerates missing state).
+			for _, d := range p.concerns[:i+1] {
 				d.Untrack(pid)
 			}
 			return fmt.Errorf("%s: %w", c.Name(), err)

@@ -219,6 +219,11 @@ func (fs FS) Alive(pid int) bool {
 	if err != nil {
 		return false
 	}
+	// A leader that called pthread_exit shows Z while its other threads
+	// run on ("Zl" in ps): the process is still alive.
+	if st.State == "Z" && st.NumThreads > 1 {
+		return true
+	}
 	return st.State != "Z" && st.State != "X"
 }
 

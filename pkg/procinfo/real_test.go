@@ -12,6 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
+
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
@@ -191,5 +193,24 @@ func TestTextRangesSelf(t *testing.T) {
 	}
 	if len(two) > 2 || !in(two) {
 		t.Fatalf("merged ranges %x: want at most 2 covering %#x", two, pc)
+	}
+}
+
+// A process whose main thread has exited while another runs is alive, though
+// its leader's state reads Z.
+func TestAliveAfterLeaderExit(t *testing.T) {
+	bin := testutil.Fixture(t, "leaderexit", "-pthread")
+	cmd := testutil.Start(t, bin, "30")
+	fs, err := New("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !fs.Alive(cmd.Process.Pid) {
+		t.Fatal("process with a running thread reported dead")
+	}
+	_ = cmd.Process.Kill()
+	_, _ = cmd.Process.Wait()
+	if fs.Alive(cmd.Process.Pid) {
+		t.Fatal("reaped process reported alive")
 	}
 }

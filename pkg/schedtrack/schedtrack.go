@@ -234,19 +234,15 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		}
 		out[pid] = s
 	}
-	var (
-		tid uint32
-		th  schedThreadSched
-	)
-	it := t.maps.ThreadCounts.Iterate()
-	for it.Next(&tid, &th) {
+	threads, err := bpfobj.ReadAll[uint32, schedThreadSched](t.maps.ThreadCounts)
+	if err != nil {
+		return nil, fmt.Errorf("reading sched thread table: %w", err)
+	}
+	for tid, th := range threads {
 		// A thread woken but not yet switched out has an entry and no counts.
 		if s := out[int(th.Tgid)]; s != nil && th.Voluntary+th.Involuntary > 0 {
 			s.Threads = append(s.Threads, Thread{TID: int(tid), Voluntary: th.Voluntary, Involuntary: th.Involuntary})
 		}
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("reading sched thread table: %w", err)
 	}
 	for _, s := range out {
 		slices.SortFunc(s.Threads, func(a, b Thread) int { return a.TID - b.TID })

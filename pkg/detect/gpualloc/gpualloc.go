@@ -179,7 +179,7 @@ func (d *Detector) Forget(pid int) {
 // ---- bursts ----
 
 func (d *Detector) observeBurst(now time.Time, p *model.Process, st *procState) []model.Finding {
-	bytes, calls := sum(p.CUDA.AllocBytes), sum(p.CUDA.AllocCalls)
+	bytes, calls := deviceAllocBytes(&p.CUDA), sum(p.CUDA.AllocCalls)
 	first := st.last.IsZero()
 	if !first && !now.After(st.last) {
 		// The clock stepped back: no interval to judge; start over from here.
@@ -680,6 +680,15 @@ func outOfMemory(name string, code int) bool {
 }
 
 // ---- helpers ----
+
+// deviceAllocBytes is the bytes allocated on the device since attach: the
+// total over all APIs less pinned host memory, which is not on the GPU (as
+// LiveBytes leaves it out). Calls are not split: the source does not count
+// host calls apart, and a burst is judged by bytes.
+func deviceAllocBytes(cs *model.CUDAStats) uint64 {
+	all := sum(cs.AllocBytes)
+	return all - min(cs.HostAllocBytes, all)
+}
 
 func sum(m map[string]uint64) uint64 {
 	var n uint64

@@ -49,6 +49,7 @@ type alloc struct {
 type sim struct {
 	live                     []alloc // oldest first
 	allocBytes, freed, calls uint64
+	hostBytes, hostCalls     uint64 // pinned host allocations (cudaMallocHost), never live on the device
 	failures                 []model.CUDAFailure
 	rng                      *rand.Rand
 }
@@ -63,6 +64,14 @@ func (s *sim) alloc(site int64, n int, size uint64, now time.Time) {
 		s.allocBytes += size
 		s.calls++
 	}
+}
+
+// allocHost makes n pinned host allocations of size: counted by the source
+// under cudaMallocHost and in HostAllocBytes, but neither live device bytes
+// nor a site.
+func (s *sim) allocHost(n int, size uint64) {
+	s.hostBytes += uint64(n) * size
+	s.hostCalls += uint64(n)
 }
 
 // free releases up to n of the oldest allocations at site.
@@ -131,6 +140,11 @@ func (s *sim) process(pid int) *model.Process {
 		p.CUDA.Sites = append(p.CUDA.Sites, *bySite[id])
 	}
 	slices.SortStableFunc(p.CUDA.Sites, func(a, b model.CUDASite) int { return int(b.Bytes>>20) - int(a.Bytes>>20) })
+	if s.hostCalls > 0 {
+		p.CUDA.AllocBytes["cudaMallocHost"] = s.hostBytes
+		p.CUDA.AllocCalls["cudaMallocHost"] = s.hostCalls
+		p.CUDA.HostAllocBytes = s.hostBytes
+	}
 	return p
 }
 
@@ -425,6 +439,49 @@ func TestBurstFound(t *testing.T) {
 	}
 	if l := ofKind(reps, model.KindGPUMemoryLeak); len(l) > 0 {
 		t.Errorf("burst flagged as a leak: %s", l[0].f.Summary)
+	}
+}
+
+// Pinned host memory is not on the GPU: 3 GiB of cudaMallocHost in one
+// second, or 6 GiB right after attach, is no device burst; the same bytes on
+// the device are.
+func TestBurstHostMemory(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		sec  int
+	}{{"after warm-up", 20}, {"right after attach", 0}} {
+		bytes := uint64(3 * gib)
+		if tc.sec == 0 {
+			bytes = 6 * gib // over BurstCeiling
+		}
+		n := int(bytes / (256 * mib))
+		for _, host := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s host %v", tc.name, host), func(t *testing.T) {
+				reps := run(t, New(DefaultConfig()), newSim(3), 42, 40, func(s *sim, sec int, now time.Time) {
+					steadyTraffic(s, now)
+					if sec == tc.sec {
+						if host {
+							s.allocHost(n, 256*mib)
+						} else {
+							s.alloc(loadSite, n, 256*mib, now)
+						}
+					}
+				})
+				bursts := ofKind(reps, model.KindGPUAllocBurst)
+				if host {
+					if len(bursts) > 0 {
+						t.Errorf("pinned host memory flagged as a burst at %ds: %s", bursts[0].sec, bursts[0].f.Summary)
+					}
+					return
+				}
+				if len(bursts) == 0 || bursts[0].sec != tc.sec {
+					t.Fatalf("device burst not flagged at %ds: %v", tc.sec, bursts)
+				}
+				if got := bursts[0].f.Evidence["bytes_in_window"].(uint64); got < bytes {
+					t.Errorf("bytes_in_window %d, want at least %d", got, bytes)
+				}
+			})
+		}
 	}
 }
 
