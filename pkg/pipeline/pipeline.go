@@ -89,7 +89,8 @@ type Pipeline struct {
 	start    time.Time
 	targets  []int
 	procs    map[int]*model.Process
-	order    []int // pids in the order they were added
+	starts   map[int]uint64 // start time of each watched pid, to notice reuse
+	order    []int          // pids in the order they were added
 	findings []model.Finding
 }
 
@@ -101,12 +102,13 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 		return nil, err
 	}
 	p := &Pipeline{
-		cfg:   cfg,
-		proc:  proc,
-		sym:   symbolize.New(cfg.ProcRoot),
-		sinks: sinks,
-		start: time.Now(),
-		procs: map[int]*model.Process{},
+		cfg:    cfg,
+		proc:   proc,
+		sym:    symbolize.New(cfg.ProcRoot),
+		sinks:  sinks,
+		start:  time.Now(),
+		procs:  map[int]*model.Process{},
+		starts: map[int]uint64{},
 	}
 	fd, err := fdtrack.NewConcern(fdtrack.Config{MaxFDs: cfg.MaxFDs, ProcRoot: cfg.ProcRoot}, cfg.FDLeak, p.sym, cfg.TopSites)
 	if err != nil {
@@ -169,6 +171,10 @@ func (p *Pipeline) watch(pid int) error {
 	if err != nil {
 		return err
 	}
+	start, err := p.proc.StartTime(pid)
+	if err != nil {
+		return err
+	}
 	for i, c := range p.concerns {
 		if err := c.Track(pid); err != nil {
 			// Leave no half-tracked process behind in the kernel, in the
@@ -180,6 +186,7 @@ func (p *Pipeline) watch(pid int) error {
 		}
 	}
 	p.procs[pid] = &model.Process{PID: pid, Comm: comm, Started: time.Now()}
+	p.starts[pid] = start
 	p.order = append(p.order, pid)
 	return nil
 }
@@ -241,7 +248,7 @@ func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 		if pr.Exited {
 			continue
 		}
-		if !p.proc.Alive(pid) {
+		if !p.alive(pid) {
 			exiting = append(exiting, pr)
 		} else if comm, err := p.proc.Comm(pid); err == nil {
 			// comm changes at exec (run starts the command through a shell).
@@ -272,6 +279,13 @@ func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 		slog.Debug("target exited", "pid", pr.PID)
 	}
 	return p.snapshot(now), nil
+}
+
+// alive reports whether the process watched as pid still runs: a pid that
+// died and was reused by another process within one interval is not it.
+func (p *Pipeline) alive(pid int) bool {
+	start, err := p.proc.StartTime(pid)
+	return err == nil && start == p.starts[pid] && p.proc.Alive(pid)
 }
 
 // adoptChildren starts watching descendants of the live watched processes

@@ -227,6 +227,20 @@ func (fs FS) Alive(pid int) bool {
 	return st.State != "Z" && st.State != "X"
 }
 
+// StartTime returns when pid started, in clock ticks since boot: with the pid
+// it identifies a process, since pids are reused.
+func (fs FS) StartTime(pid int) (uint64, error) {
+	p, err := fs.process(pid)
+	if err != nil {
+		return 0, err
+	}
+	st, err := p.Stat()
+	if err != nil {
+		return 0, procErr(pid, err)
+	}
+	return st.Starttime, nil
+}
+
 // process opens pid, turning "not there" into ErrNoProcess.
 func (fs FS) process(pid int) (procfs.Proc, error) {
 	p, err := fs.proc.Proc(pid)

@@ -214,3 +214,21 @@ func TestAliveAfterLeaderExit(t *testing.T) {
 		t.Fatal("reaped process reported alive")
 	}
 }
+
+func TestStartTime(t *testing.T) {
+	fs, err := New("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, err := fs.StartTime(os.Getpid())
+	if err != nil || self == 0 {
+		t.Fatalf("StartTime(self) = %d, %v", self, err)
+	}
+	init, err := fs.StartTime(1)
+	if err != nil || init >= self {
+		t.Fatalf("StartTime(1) = %d, %v; want before ours (%d)", init, err, self)
+	}
+	if _, err := fs.StartTime(1 << 30); !errors.Is(err, ErrNoProcess) {
+		t.Fatalf("StartTime of a missing pid: %v", err)
+	}
+}
