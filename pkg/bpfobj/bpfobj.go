@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -138,4 +139,56 @@ func ReadAll[K comparable, V any](m *ebpf.Map) (map[K]V, error) {
 		}
 	}
 	return nil, err
+}
+
+// Tracepoints is a loaded object whose programs all sit on tracepoints.
+type Tracepoints struct {
+	Skipped []string // optional tracepoints this kernel lacks
+	coll    *ebpf.Collection
+	links   []link.Link
+	maps    io.Closer
+}
+
+// OpenTracepoints drops the optional programs whose tracepoint is missing
+// (PruneTracepoints), loads the rest (LoadCollection), assigns the maps to
+// maps (a pointer to the bpf2go maps struct) and attaches every program.
+// On failure nothing stays loaded.
+func OpenTracepoints(spec *ebpf.CollectionSpec, root string, required func(prog, tp string) bool, cannot, what string, maps io.Closer) (*Tracepoints, error) {
+	skipped, err := PruneTracepoints(spec, root, required, cannot)
+	if err != nil {
+		return nil, err
+	}
+	coll, err := LoadCollection(spec, what)
+	if err != nil {
+		return nil, err
+	}
+	o := &Tracepoints{Skipped: skipped, coll: coll}
+	if err := coll.Assign(maps); err != nil {
+		o.Close()
+		return nil, err
+	}
+	o.maps = maps
+	if o.links, err = AttachTracepoints(spec, coll); err != nil {
+		o.Close()
+		return nil, err
+	}
+	if len(skipped) > 0 {
+		slog.Debug("tracepoints missing on this kernel", "object", what, "skipped", skipped)
+	}
+	return o, nil
+}
+
+// Close detaches and unloads everything; safe to call more than once.
+func (o *Tracepoints) Close() error {
+	err := Close(o.links, o.maps, o.coll)
+	o.links, o.maps, o.coll = nil, nil, nil
+	return err
+}
+
+// Programs returns the loaded programs by name (nil after Close).
+func (o *Tracepoints) Programs() map[string]*ebpf.Program {
+	if o.coll == nil {
+		return nil
+	}
+	return o.coll.Programs
 }

@@ -4,12 +4,8 @@
 package fdtrack
 
 import (
-	"log/slog"
 	"strings"
 	"time"
-
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
@@ -27,11 +23,9 @@ type Config struct {
 
 // Tracker owns the loaded fd BPF object and its links.
 type Tracker struct {
-	coll    *ebpf.Collection
-	maps    fdMaps
-	links   []link.Link
-	proc    procinfo.FS
-	skipped []string // programs whose tracepoint this kernel lacks
+	obj  *bpfobj.Tracepoints
+	maps fdMaps
+	proc procinfo.FS
 
 	// Per process: fds that vanished without a traced close (found by
 	// reconciling with /proc), added to the kernel's closed counters.
@@ -81,36 +75,18 @@ func New(cfg Config) (*Tracker, error) {
 	}
 	// Optional programs whose tracepoint this kernel lacks are removed from the
 	// spec before loading, so they are neither loaded nor fatal.
-	t.skipped, err = bpfobj.PruneTracepoints(spec, root, func(prog, _ string) bool { return required[prog] },
-		"trace fds (CONFIG_FTRACE_SYSCALLS off?)")
+	t.obj, err = bpfobj.OpenTracepoints(spec, root, func(prog, _ string) bool { return required[prog] },
+		"trace fds (CONFIG_FTRACE_SYSCALLS off?)", "fd BPF programs", &t.maps)
 	if err != nil {
 		return nil, err
-	}
-	coll, err := bpfobj.LoadCollection(spec, "fd BPF programs")
-	if err != nil {
-		return nil, err
-	}
-	t.coll = coll
-	if err := coll.Assign(&t.maps); err != nil {
-		t.Close()
-		return nil, err
-	}
-	if t.links, err = bpfobj.AttachTracepoints(spec, coll); err != nil {
-		t.Close()
-		return nil, err
-	}
-	if len(t.skipped) > 0 {
-		slog.Debug("fd tracepoints missing on this kernel", "skipped", t.skipped)
 	}
 	return t, nil
 }
 
 // Skipped lists the optional tracepoints this kernel lacks.
-func (t *Tracker) Skipped() []string { return t.skipped }
+func (t *Tracker) Skipped() []string { return t.obj.Skipped }
 
 // Close detaches and unloads everything; safe to call more than once.
 func (t *Tracker) Close() error {
-	err := bpfobj.Close(t.links, &t.maps, t.coll)
-	t.links, t.coll = nil, nil
-	return err
+	return t.obj.Close()
 }

@@ -12,11 +12,7 @@
 package socktrack
 
 import (
-	"log/slog"
 	"strings"
-
-	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
@@ -35,12 +31,10 @@ type Config struct {
 // Tracker owns the loaded socket BPF object and its links, and what user space
 // remembers between polls.
 type Tracker struct {
-	coll     *ebpf.Collection
+	obj      *bpfobj.Tracepoints
 	maps     sockMaps
-	links    []link.Link
 	proc     procinfo.FS
 	procRoot string
-	skipped  []string // programs whose tracepoint this kernel lacks
 
 	pids map[int]*procState
 	// Failed sock_inodes updates (map full): those sockets are dated by
@@ -88,36 +82,18 @@ func New(cfg Config) (*Tracker, error) {
 	// Missing accept tracepoints only cost accepted sockets their exact
 	// dates until the next poll lists them; those programs are dropped from
 	// the spec so they are neither loaded nor fatal.
-	t.skipped, err = bpfobj.PruneTracepoints(spec, root, func(_, tp string) bool { return tp == Tracepoint },
-		"trace TCP state changes")
+	t.obj, err = bpfobj.OpenTracepoints(spec, root, func(_, tp string) bool { return tp == Tracepoint },
+		"trace TCP state changes", "socket BPF programs", &t.maps)
 	if err != nil {
 		return nil, err
-	}
-	coll, err := bpfobj.LoadCollection(spec, "socket BPF programs")
-	if err != nil {
-		return nil, err
-	}
-	t.coll = coll
-	if err := coll.Assign(&t.maps); err != nil {
-		t.Close()
-		return nil, err
-	}
-	if t.links, err = bpfobj.AttachTracepoints(spec, coll); err != nil {
-		t.Close()
-		return nil, err
-	}
-	if len(t.skipped) > 0 {
-		slog.Debug("socket tracepoints missing on this kernel", "skipped", t.skipped)
 	}
 	return t, nil
 }
 
 // Skipped lists the optional tracepoints this kernel lacks.
-func (t *Tracker) Skipped() []string { return t.skipped }
+func (t *Tracker) Skipped() []string { return t.obj.Skipped }
 
 // Close detaches and unloads everything; safe to call more than once.
 func (t *Tracker) Close() error {
-	err := bpfobj.Close(t.links, &t.maps, t.coll)
-	t.links, t.coll = nil, nil
-	return err
+	return t.obj.Close()
 }

@@ -280,7 +280,7 @@ func TestUntrackAndClose(t *testing.T) {
 	}
 
 	var ids []ebpf.ProgramID
-	for _, p := range c.coll.Programs {
+	for _, p := range c.obj.Programs() {
 		info, err := p.Info()
 		if err != nil {
 			t.Fatal(err)
