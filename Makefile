@@ -60,11 +60,11 @@ test: deps build fixtures
 # per allocation.
 demo: deps build fixtures
 	@echo "== autoglm-ebpf watching a demo inference worker for 25 s: fd leak, GPU burst, GPU allocation failure =="
-	CUDA_STUB_LIMIT=1073741824 ./$(BIN) run --duration 25s --json demo-report.json -- testdata/bin/demo 60 testdata/bin/cuda/libcudart.so.11.0
-	@echo "== JSON report: demo-report.json =="
+	CUDA_STUB_LIMIT=1073741824 ./$(BIN) run --duration 25s --json bin/demo-report.json -- testdata/bin/demo 60 testdata/bin/cuda/libcudart.so.11.0
+	@echo "== JSON report: bin/demo-report.json =="
 
 bench: deps build fixtures
 	@scripts/bench.sh
 
 clean:
-	rm -rf bin testdata/bin demo-report.json
+	rm -rf bin testdata/bin

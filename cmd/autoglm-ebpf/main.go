@@ -1,6 +1,6 @@
 // Command autoglm-ebpf finds why a GPU inference or training process blows up
-// (fd leaks now; GPU allocations, scheduler storms and socket leaks next),
-// with eBPF and without touching the process.
+// (fd leaks, context-switch storms, socket leaks, GPU allocation bursts, leaks
+// and failures), with eBPF and without touching the process.
 package main
 
 import (
@@ -8,12 +8,46 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime/debug"
 
 	"github.com/spf13/cobra"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version is set at build time with -ldflags "-X main.version=..."; a plain
+// `go build` leaves it empty and the build's own VCS stamp names it.
+var version = ""
+
+func init() {
+	if version == "" {
+		version = buildVersion(debug.ReadBuildInfo())
+	}
+}
+
+// buildVersion is the VCS revision the binary was built from ("+dirty" when
+// the tree had changes), or "dev" when the build recorded none.
+func buildVersion(info *debug.BuildInfo, ok bool) string {
+	if !ok {
+		return "dev"
+	}
+	var rev, dirty string
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "+dirty"
+			}
+		}
+	}
+	if rev == "" {
+		if v := info.Main.Version; v != "" && v != "(devel)" {
+			return v // go install module@version
+		}
+		return "dev"
+	}
+	return rev[:min(12, len(rev))] + dirty
+}
 
 // Exit codes, documented in README.
 const (
@@ -37,7 +71,7 @@ func newRoot() *cobra.Command {
 	var verbose bool
 	root := &cobra.Command{
 		Use:           "autoglm-ebpf",
-		Short:         "Find fd leaks (and soon GPU allocation bursts and leaks) in running processes with eBPF",
+		Short:         "Find why a GPU inference or training process blows up: fd leaks, context-switch storms, socket leaks, GPU allocation bursts, leaks and failures (eBPF, no changes to the process)",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRun: func(cmd *cobra.Command, args []string) {

@@ -163,6 +163,8 @@ func newRun() *cobra.Command {
 					g.Abort()
 					return nil, err
 				}
+				// Every concern sees the command from its first instruction.
+				p.Ready()
 				if err := g.Release(); err != nil {
 					g.Abort()
 					return nil, err

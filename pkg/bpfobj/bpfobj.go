@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -63,22 +65,6 @@ func LoadCollection(spec *ebpf.CollectionSpec, what string) (*ebpf.Collection, e
 		return nil, fmt.Errorf("loading %s: %w", what, err)
 	}
 	return coll, nil
-}
-
-// AttachTracepoints attaches each program of spec, loaded in coll, to the
-// tracepoint its section names. On failure it closes what it attached.
-func AttachTracepoints(spec *ebpf.CollectionSpec, coll *ebpf.Collection) ([]link.Link, error) {
-	var links []link.Link
-	for name, p := range spec.Programs {
-		group, event := Tracepoint(p)
-		l, err := link.Tracepoint(group, event, coll.Programs[name], nil)
-		if err != nil {
-			_ = Close(links, nil, nil)
-			return nil, fmt.Errorf("attaching %s to %s/%s: %w", name, group, event, err)
-		}
-		links = append(links, l)
-	}
-	return links, nil
 }
 
 // Close closes links, then maps (the bpf2go maps struct, or nil), then coll
@@ -141,54 +127,148 @@ func ReadAll[K comparable, V any](m *ebpf.Map) (map[K]V, error) {
 	return nil, err
 }
 
-// Tracepoints is a loaded object whose programs all sit on tracepoints.
-type Tracepoints struct {
-	Skipped []string // optional tracepoints this kernel lacks
-	coll    *ebpf.Collection
-	links   []link.Link
-	maps    io.Closer
+// How an object's programs attach: typed BTF tracepoints (tp_btf: no tracefs,
+// no trace record built per event) where the kernel allows, else the classic
+// tracepoints. A program's section says which mode it belongs to.
+const (
+	ModeBTF        = "tp_btf"
+	ModeTracepoint = "tracepoint"
+)
+
+func modeOf(p *ebpf.ProgramSpec) string {
+	if strings.HasPrefix(p.SectionName, ModeBTF+"/") {
+		return ModeBTF
+	}
+	return ModeTracepoint
 }
 
-// OpenTracepoints drops the optional programs whose tracepoint is missing
-// (PruneTracepoints), loads the rest (LoadCollection), assigns the maps to
-// maps (a pointer to the bpf2go maps struct) and attaches every program.
-// On failure nothing stays loaded.
-func OpenTracepoints(spec *ebpf.CollectionSpec, root string, required func(prog, tp string) bool, cannot, what string, maps io.Closer) (*Tracepoints, error) {
-	skipped, err := PruneTracepoints(spec, root, required, cannot)
+// Options say how Open loads one object.
+type Options struct {
+	What string    // for errors: "loading " + What
+	Maps io.Closer // the bpf2go maps struct to assign
+	// Tracepoint uses the classic tracepoints even where tp_btf works, so
+	// that tests and benchmarks cover the fallback on any kernel.
+	Tracepoint bool
+	// Required says which classic tracepoints may not be missing (see
+	// PruneTracepoints); Cannot says what the tool then cannot do.
+	Required func(prog, tp string) bool
+	Cannot   string
+	// Tune adjusts the spec before loading (map sizes).
+	Tune func(*ebpf.CollectionSpec)
+}
+
+// Object is a loaded collection whose programs sit on tracepoints of one mode.
+type Object struct {
+	Mode     string   // ModeBTF or ModeTracepoint
+	BTFError error    // why tp_btf is not used; nil when it is or the object has none
+	Skipped  []string // optional classic tracepoints this kernel lacks
+	coll     *ebpf.Collection
+	links    []link.Link
+	maps     io.Closer
+}
+
+// Open loads the programs of one mode from the spec load returns and
+// attaches them: the tp_btf programs if the object has any and the kernel
+// loads and attaches them, else the classic tracepoint programs (mounting
+// tracefs if needed, dropping optional programs whose tracepoint is
+// missing). On failure nothing stays loaded.
+func Open(load func() (*ebpf.CollectionSpec, error), o Options) (*Object, error) {
+	obj := &Object{}
+	spec, err := load()
 	if err != nil {
 		return nil, err
 	}
+	hasBTF := false
+	for _, p := range spec.Programs {
+		hasBTF = hasBTF || modeOf(p) == ModeBTF
+	}
+	if hasBTF && !o.Tracepoint {
+		if err := obj.open(spec, ModeBTF, "", o); err == nil {
+			return obj, nil
+		} else {
+			obj.BTFError = err
+			slog.Debug("tp_btf unavailable, using classic tracepoints", "object", o.What, "err", err)
+		}
+		if spec, err = load(); err != nil {
+			return nil, err
+		}
+	}
+	root, _, err := tracefs.Ensure()
+	if err != nil {
+		return nil, err
+	}
+	if err := obj.open(spec, ModeTracepoint, root, o); err != nil {
+		if obj.BTFError != nil {
+			err = fmt.Errorf("%w (tp_btf: %v)", err, obj.BTFError)
+		}
+		return nil, err
+	}
+	return obj, nil
+}
+
+func (obj *Object) open(spec *ebpf.CollectionSpec, mode, root string, o Options) error {
+	for name, p := range spec.Programs {
+		if modeOf(p) != mode {
+			delete(spec.Programs, name)
+		}
+	}
+	if mode == ModeTracepoint {
+		required := o.Required
+		if required == nil {
+			required = func(string, string) bool { return true }
+		}
+		skipped, err := PruneTracepoints(spec, root, required, o.Cannot)
+		if err != nil {
+			return err
+		}
+		obj.Skipped = skipped
+	}
+	if o.Tune != nil {
+		o.Tune(spec)
+	}
+	what := fmt.Sprintf("%s (%s)", o.What, mode)
 	coll, err := LoadCollection(spec, what)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	o := &Tracepoints{Skipped: skipped, coll: coll}
-	if err := coll.Assign(maps); err != nil {
-		o.Close()
-		return nil, err
+	obj.coll = coll
+	if err := coll.Assign(o.Maps); err != nil {
+		obj.Close()
+		return err
 	}
-	o.maps = maps
-	if o.links, err = AttachTracepoints(spec, coll); err != nil {
-		o.Close()
-		return nil, err
+	obj.maps = o.Maps
+	for _, name := range slices.Sorted(maps.Keys(spec.Programs)) {
+		var l link.Link
+		if mode == ModeBTF {
+			l, err = link.AttachTracing(link.TracingOptions{Program: coll.Programs[name]})
+		} else {
+			group, event := Tracepoint(spec.Programs[name])
+			l, err = link.Tracepoint(group, event, coll.Programs[name], nil)
+		}
+		if err != nil {
+			obj.Close()
+			return fmt.Errorf("attaching %s (%s): %w", name, spec.Programs[name].SectionName, err)
+		}
+		obj.links = append(obj.links, l)
 	}
-	if len(skipped) > 0 {
-		slog.Debug("tracepoints missing on this kernel", "object", what, "skipped", skipped)
+	obj.Mode = mode
+	if len(obj.Skipped) > 0 {
+		slog.Debug("tracepoints missing on this kernel", "object", o.What, "skipped", obj.Skipped)
 	}
-	return o, nil
+	return nil
 }
 
 // Close detaches and unloads everything; safe to call more than once.
-func (o *Tracepoints) Close() error {
-	err := Close(o.links, o.maps, o.coll)
-	o.links, o.maps, o.coll = nil, nil, nil
+func (obj *Object) Close() error {
+	err := Close(obj.links, obj.maps, obj.coll)
+	obj.links, obj.maps, obj.coll = nil, nil, nil
 	return err
 }
 
 // Programs returns the loaded programs by name (nil after Close).
-func (o *Tracepoints) Programs() map[string]*ebpf.Program {
-	if o.coll == nil {
+func (obj *Object) Programs() map[string]*ebpf.Program {
+	if obj.coll == nil {
 		return nil
 	}
-	return o.coll.Programs
+	return obj.coll.Programs
 }

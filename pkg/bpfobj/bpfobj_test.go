@@ -131,24 +131,58 @@ func TestLoadAttachCounters(t *testing.T) {
 		t.Fatalf("loading a bad program: %v", err)
 	}
 
-	spec := tracepointSpec("syscalls/sys_enter_close")
-	spec.Maps = map[string]*ebpf.MapSpec{
-		"errors": {Name: "errors", Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 4},
+	var maps testMaps
+	load := func() (*ebpf.CollectionSpec, error) {
+		spec := tracepointSpec("syscalls/sys_enter_close")
+		spec.Programs["enter_btf"] = &ebpf.ProgramSpec{
+			Name: "enter_btf", Type: ebpf.Tracing, AttachType: ebpf.AttachTraceRawTp, AttachTo: "sys_enter",
+			SectionName: "tp_btf/sys_enter", License: "GPL",
+			Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+		}
+		spec.Maps = map[string]*ebpf.MapSpec{
+			"errors": {Name: "errors", Type: ebpf.PerCPUArray, KeySize: 4, ValueSize: 8, MaxEntries: 4},
+		}
+		return spec, nil
 	}
-	coll, err := LoadCollection(spec, "test BPF programs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	links, err := AttachTracepoints(spec, coll)
-	if err != nil {
-		coll.Close()
-		t.Fatal(err)
-	}
-	if len(links) != 1 {
-		t.Errorf("attached %d links, want 1", len(links))
+	// Each mode loads only its own programs; a tp_btf object the kernel
+	// refuses falls back to the classic tracepoints and says why.
+	for _, tc := range []struct {
+		name       string
+		opts       Options
+		load       func() (*ebpf.CollectionSpec, error)
+		mode, prog string
+		btfErr     bool
+	}{
+		{"btf", Options{What: "test", Maps: &maps}, load, ModeBTF, "enter_btf", false},
+		{"forced tracepoint", Options{What: "test", Maps: &maps, Tracepoint: true}, load, ModeTracepoint, "syscalls_sys_enter_close", false},
+		{"btf refused", Options{What: "test", Maps: &maps}, func() (*ebpf.CollectionSpec, error) {
+			spec, _ := load()
+			spec.Programs["enter_btf"].AttachTo = "no_such_tracepoint"
+			return spec, nil
+		}, ModeTracepoint, "syscalls_sys_enter_close", true},
+	} {
+		obj, err := Open(tc.load, tc.opts)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		progs := obj.Programs()
+		if obj.Mode != tc.mode || len(progs) != 1 || progs[tc.prog] == nil || len(obj.links) != 1 || (obj.BTFError != nil) != tc.btfErr {
+			t.Errorf("%s: mode %s, programs %v, %d links, BTF error %v", tc.name, obj.Mode, progs, len(obj.links), obj.BTFError)
+		}
+		if err := obj.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if obj.Programs() != nil {
+			t.Errorf("%s: programs still there after Close", tc.name)
+		}
 	}
 
-	m := coll.Maps["errors"]
+	obj, err := Open(load, Options{What: "test", Maps: &maps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer obj.Close()
+	m := maps.Errors
 	per := make([]uint64, ebpf.MustPossibleCPU())
 	for i := range per {
 		per[i] = uint64(i + 1)
@@ -168,10 +202,13 @@ func TestLoadAttachCounters(t *testing.T) {
 	if _, err := Counters(m, map[kind]string{9: "out of range"}); err == nil {
 		t.Error("Counters past the map's end: no error")
 	}
-	if err := Close(links, nil, coll); err != nil {
-		t.Fatal(err)
-	}
 }
+
+type testMaps struct {
+	Errors *ebpf.Map `ebpf:"errors"`
+}
+
+func (m *testMaps) Close() error { return m.Errors.Close() }
 
 func TestReadAll(t *testing.T) {
 	testutil.RequireRoot(t)

@@ -26,6 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 )
 
 // Config sizes the kernel side.
@@ -33,12 +34,16 @@ type Config struct {
 	MaxAllocs uint32 // live allocation table capacity, all processes together
 	ProcRoot  string // normally /proc
 	TopSites  int    // allocation stacks symbolized per process (0: 64)
+	// Maps, when set, shares reads of /proc/PID/maps with the other
+	// concerns within a poll.
+	Maps *procinfo.MapsCache
 }
 
 // Tracker owns the loaded CUDA BPF object and the uprobe links of each
 // tracked process.
 type Tracker struct {
 	procRoot string
+	proc     procinfo.FS
 	coll     *ebpf.Collection
 	maps     cudaMaps
 	progs    [shapeCount + 1]*ebpf.Program // entry program by shape
@@ -85,11 +90,18 @@ func NewTracker(cfg Config) (*Tracker, error) {
 			p.AttachType = ebpf.AttachTraceUprobeMulti
 		}
 	}
+	if cfg.ProcRoot == "" {
+		cfg.ProcRoot = "/proc"
+	}
+	proc, err := procinfo.New(cfg.ProcRoot)
+	if err != nil {
+		return nil, err
+	}
 	coll, err := bpfobj.LoadCollection(spec, "cuda BPF programs")
 	if err != nil {
 		return nil, err
 	}
-	t := &Tracker{procRoot: cfg.ProcRoot, coll: coll, multi: multi, procs: map[int]*procState{}, files: map[fileKey]*Library{}}
+	t := &Tracker{procRoot: cfg.ProcRoot, proc: proc.WithMapsCache(cfg.Maps), coll: coll, multi: multi, procs: map[int]*procState{}, files: map[fileKey]*Library{}}
 	if err := coll.Assign(&t.maps); err != nil {
 		t.Close()
 		return nil, err
@@ -133,7 +145,7 @@ func (t *Tracker) Refresh(pid int) (bool, error) {
 	if ps == nil {
 		return false, fmt.Errorf("pid %d is not tracked", pid)
 	}
-	files, err := candidates(t.procRoot, pid)
+	files, err := candidates(t.proc, pid)
 	if err != nil {
 		return false, fmt.Errorf("reading the mappings of pid %d: %w", pid, err)
 	}

@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/prometheus/procfs"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 )
 
 // Library is an ELF file that defines hooked CUDA functions: a libcudart, a
@@ -66,20 +66,12 @@ func libKind(path string) string {
 // candidates lists the files mapped executable by pid that may hold CUDA
 // entry points: CUDA libraries by name, and the main executable (which may
 // have the runtime linked in statically).
-func candidates(procRoot string, pid int) ([]mappedFile, error) {
-	fs, err := procfs.NewFS(procRoot)
+func candidates(fs procinfo.FS, pid int) ([]mappedFile, error) {
+	maps, err := fs.Maps(pid)
 	if err != nil {
 		return nil, err
 	}
-	p, err := fs.Proc(pid)
-	if err != nil {
-		return nil, err
-	}
-	maps, err := p.ProcMaps()
-	if err != nil {
-		return nil, err
-	}
-	exe, _ := os.Readlink(filepath.Join(procRoot, strconv.Itoa(pid), "exe"))
+	exe, _ := os.Readlink(filepath.Join(fs.Root(), strconv.Itoa(pid), "exe"))
 	exe = strings.TrimSuffix(exe, deletedSuffix)
 	seen := map[fileKey]bool{}
 	var out []mappedFile

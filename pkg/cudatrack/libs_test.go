@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
 
@@ -57,7 +58,7 @@ func TestCandidatesFakeProc(t *testing.T) {
 	if err := os.Symlink("/usr/bin/python3.11", filepath.Join(dir, "exe")); err != nil {
 		t.Fatal(err)
 	}
-	got, err := candidates(root, 42)
+	got, err := candidates(procFS(t, root), 42)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +186,7 @@ func TestCandidatesLive(t *testing.T) {
 	bin := testutil.Fixture(t, "cudawork")
 	p := testutil.StartProc(t, nil, bin, runtime, "steady", "30")
 	p.Wait(t, "loaded", 10*time.Second)
-	got, err := candidates("/proc", p.Cmd.Process.Pid)
+	got, err := candidates(procFS(t, "/proc"), p.Cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,4 +221,13 @@ func symbolValues(t *testing.T, path string) map[string]uint64 {
 		out[s.Name] = s.Value
 	}
 	return out
+}
+
+func procFS(t *testing.T, root string) procinfo.FS {
+	t.Helper()
+	fs, err := procinfo.New(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs
 }

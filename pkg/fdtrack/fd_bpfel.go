@@ -31,6 +31,7 @@ type fdFdCounts struct {
 	Opened  [11]uint64
 	Closed  [11]uint64
 	Resyncs uint64
+	Failed  [2]uint64
 }
 
 type fdFdEntry struct {
@@ -39,6 +40,14 @@ type fdFdEntry struct {
 	Pad uint32
 	Ptr uint64
 }
+
+type fdFdFail uint32
+
+const (
+	fdFdFailFAIL_EMFILE fdFdFail = 0
+	fdFdFailFAIL_ENFILE fdFdFail = 1
+	fdFdFailFAIL_MAX    fdFdFail = 2
+)
 
 type fdFdInfo struct {
 	_       structs.HostLayout
@@ -90,57 +99,28 @@ type fdTextRanges struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	fdMapErrors              = "errors"
-	fdMapFdCounters          = "fd_counters"
-	fdMapFdEntries           = "fd_entries"
-	fdMapFdStacks            = "fd_stacks"
-	fdMapFdTable             = "fd_table"
-	fdMapScanScratch         = "scan_scratch"
-	fdMapTextMap             = "text_map"
-	fdMapTrackedPids         = "tracked_pids"
-	fdProgEnterClose         = "enter_close"
-	fdProgEnterDup           = "enter_dup"
-	fdProgEnterDup2          = "enter_dup2"
-	fdProgEnterDup3          = "enter_dup3"
-	fdProgEnterFcntl         = "enter_fcntl"
-	fdProgEnterPipe          = "enter_pipe"
-	fdProgEnterPipe2         = "enter_pipe2"
-	fdProgEnterSocketpair    = "enter_socketpair"
-	fdProgExitAccept         = "exit_accept"
-	fdProgExitAccept4        = "exit_accept4"
-	fdProgExitCloseRange     = "exit_close_range"
-	fdProgExitCreat          = "exit_creat"
-	fdProgExitDup            = "exit_dup"
-	fdProgExitDup2           = "exit_dup2"
-	fdProgExitDup3           = "exit_dup3"
-	fdProgExitEpollCreate    = "exit_epoll_create"
-	fdProgExitEpollCreate1   = "exit_epoll_create1"
-	fdProgExitEventfd        = "exit_eventfd"
-	fdProgExitEventfd2       = "exit_eventfd2"
-	fdProgExitFcntl          = "exit_fcntl"
-	fdProgExitInotifyInit    = "exit_inotify_init"
-	fdProgExitInotifyInit1   = "exit_inotify_init1"
-	fdProgExitMemfdCreate    = "exit_memfd_create"
-	fdProgExitOpen           = "exit_open"
-	fdProgExitOpenByHandleAt = "exit_open_by_handle_at"
-	fdProgExitOpenat         = "exit_openat"
-	fdProgExitOpenat2        = "exit_openat2"
-	fdProgExitPidfdGetfd     = "exit_pidfd_getfd"
-	fdProgExitPidfdOpen      = "exit_pidfd_open"
-	fdProgExitPipe           = "exit_pipe"
-	fdProgExitPipe2          = "exit_pipe2"
-	fdProgExitSignalfd       = "exit_signalfd"
-	fdProgExitSignalfd4      = "exit_signalfd4"
-	fdProgExitSocket         = "exit_socket"
-	fdProgExitSocketpair     = "exit_socketpair"
-	fdProgExitTimerfdCreate  = "exit_timerfd_create"
-	fdProgFdExec             = "fd_exec"
-	fdVarUnusedErrKind       = "unused_err_kind"
-	fdVarUnusedFdCounts      = "unused_fd_counts"
-	fdVarUnusedFdInfo        = "unused_fd_info"
-	fdVarUnusedFdKey         = "unused_fd_key"
-	fdVarUnusedFdKind        = "unused_fd_kind"
-	fdVarUnusedTextRanges    = "unused_text_ranges"
+	fdMapErrors           = "errors"
+	fdMapFailSites        = "fail_sites"
+	fdMapFdCounters       = "fd_counters"
+	fdMapFdEntries        = "fd_entries"
+	fdMapFdStacks         = "fd_stacks"
+	fdMapFdTable          = "fd_table"
+	fdMapScanScratch      = "scan_scratch"
+	fdMapTextMap          = "text_map"
+	fdMapTrackedPids      = "tracked_pids"
+	fdProgExecBtf         = "exec_btf"
+	fdProgExecTp          = "exec_tp"
+	fdProgSysEnterBtf     = "sys_enter_btf"
+	fdProgSysEnterTp      = "sys_enter_tp"
+	fdProgSysExitBtf      = "sys_exit_btf"
+	fdProgSysExitTp       = "sys_exit_tp"
+	fdVarUnusedErrKind    = "unused_err_kind"
+	fdVarUnusedFdCounts   = "unused_fd_counts"
+	fdVarUnusedFdFail     = "unused_fd_fail"
+	fdVarUnusedFdInfo     = "unused_fd_info"
+	fdVarUnusedFdKey      = "unused_fd_key"
+	fdVarUnusedFdKind     = "unused_fd_kind"
+	fdVarUnusedTextRanges = "unused_text_ranges"
 )
 
 // loadFd returns the embedded CollectionSpec for fd.
@@ -185,43 +165,12 @@ type fdSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fdProgramSpecs struct {
-	EnterClose         *ebpf.ProgramSpec `ebpf:"enter_close"`
-	EnterDup           *ebpf.ProgramSpec `ebpf:"enter_dup"`
-	EnterDup2          *ebpf.ProgramSpec `ebpf:"enter_dup2"`
-	EnterDup3          *ebpf.ProgramSpec `ebpf:"enter_dup3"`
-	EnterFcntl         *ebpf.ProgramSpec `ebpf:"enter_fcntl"`
-	EnterPipe          *ebpf.ProgramSpec `ebpf:"enter_pipe"`
-	EnterPipe2         *ebpf.ProgramSpec `ebpf:"enter_pipe2"`
-	EnterSocketpair    *ebpf.ProgramSpec `ebpf:"enter_socketpair"`
-	ExitAccept         *ebpf.ProgramSpec `ebpf:"exit_accept"`
-	ExitAccept4        *ebpf.ProgramSpec `ebpf:"exit_accept4"`
-	ExitCloseRange     *ebpf.ProgramSpec `ebpf:"exit_close_range"`
-	ExitCreat          *ebpf.ProgramSpec `ebpf:"exit_creat"`
-	ExitDup            *ebpf.ProgramSpec `ebpf:"exit_dup"`
-	ExitDup2           *ebpf.ProgramSpec `ebpf:"exit_dup2"`
-	ExitDup3           *ebpf.ProgramSpec `ebpf:"exit_dup3"`
-	ExitEpollCreate    *ebpf.ProgramSpec `ebpf:"exit_epoll_create"`
-	ExitEpollCreate1   *ebpf.ProgramSpec `ebpf:"exit_epoll_create1"`
-	ExitEventfd        *ebpf.ProgramSpec `ebpf:"exit_eventfd"`
-	ExitEventfd2       *ebpf.ProgramSpec `ebpf:"exit_eventfd2"`
-	ExitFcntl          *ebpf.ProgramSpec `ebpf:"exit_fcntl"`
-	ExitInotifyInit    *ebpf.ProgramSpec `ebpf:"exit_inotify_init"`
-	ExitInotifyInit1   *ebpf.ProgramSpec `ebpf:"exit_inotify_init1"`
-	ExitMemfdCreate    *ebpf.ProgramSpec `ebpf:"exit_memfd_create"`
-	ExitOpen           *ebpf.ProgramSpec `ebpf:"exit_open"`
-	ExitOpenByHandleAt *ebpf.ProgramSpec `ebpf:"exit_open_by_handle_at"`
-	ExitOpenat         *ebpf.ProgramSpec `ebpf:"exit_openat"`
-	ExitOpenat2        *ebpf.ProgramSpec `ebpf:"exit_openat2"`
-	ExitPidfdGetfd     *ebpf.ProgramSpec `ebpf:"exit_pidfd_getfd"`
-	ExitPidfdOpen      *ebpf.ProgramSpec `ebpf:"exit_pidfd_open"`
-	ExitPipe           *ebpf.ProgramSpec `ebpf:"exit_pipe"`
-	ExitPipe2          *ebpf.ProgramSpec `ebpf:"exit_pipe2"`
-	ExitSignalfd       *ebpf.ProgramSpec `ebpf:"exit_signalfd"`
-	ExitSignalfd4      *ebpf.ProgramSpec `ebpf:"exit_signalfd4"`
-	ExitSocket         *ebpf.ProgramSpec `ebpf:"exit_socket"`
-	ExitSocketpair     *ebpf.ProgramSpec `ebpf:"exit_socketpair"`
-	ExitTimerfdCreate  *ebpf.ProgramSpec `ebpf:"exit_timerfd_create"`
-	FdExec             *ebpf.ProgramSpec `ebpf:"fd_exec"`
+	ExecBtf     *ebpf.ProgramSpec `ebpf:"exec_btf"`
+	ExecTp      *ebpf.ProgramSpec `ebpf:"exec_tp"`
+	SysEnterBtf *ebpf.ProgramSpec `ebpf:"sys_enter_btf"`
+	SysEnterTp  *ebpf.ProgramSpec `ebpf:"sys_enter_tp"`
+	SysExitBtf  *ebpf.ProgramSpec `ebpf:"sys_exit_btf"`
+	SysExitTp   *ebpf.ProgramSpec `ebpf:"sys_exit_tp"`
 }
 
 // fdMapSpecs contains maps before they are loaded into the kernel.
@@ -229,6 +178,7 @@ type fdProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type fdMapSpecs struct {
 	Errors      *ebpf.MapSpec `ebpf:"errors"`
+	FailSites   *ebpf.MapSpec `ebpf:"fail_sites"`
 	FdCounters  *ebpf.MapSpec `ebpf:"fd_counters"`
 	FdEntries   *ebpf.MapSpec `ebpf:"fd_entries"`
 	FdStacks    *ebpf.MapSpec `ebpf:"fd_stacks"`
@@ -244,6 +194,7 @@ type fdMapSpecs struct {
 type fdVariableSpecs struct {
 	UnusedErrKind    *ebpf.VariableSpec `ebpf:"unused_err_kind"`
 	UnusedFdCounts   *ebpf.VariableSpec `ebpf:"unused_fd_counts"`
+	UnusedFdFail     *ebpf.VariableSpec `ebpf:"unused_fd_fail"`
 	UnusedFdInfo     *ebpf.VariableSpec `ebpf:"unused_fd_info"`
 	UnusedFdKey      *ebpf.VariableSpec `ebpf:"unused_fd_key"`
 	UnusedFdKind     *ebpf.VariableSpec `ebpf:"unused_fd_kind"`
@@ -271,6 +222,7 @@ func (o *fdObjects) Close() error {
 // It can be passed to loadFdObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fdMaps struct {
 	Errors      *ebpf.Map `ebpf:"errors"`
+	FailSites   *ebpf.Map `ebpf:"fail_sites"`
 	FdCounters  *ebpf.Map `ebpf:"fd_counters"`
 	FdEntries   *ebpf.Map `ebpf:"fd_entries"`
 	FdStacks    *ebpf.Map `ebpf:"fd_stacks"`
@@ -283,6 +235,7 @@ type fdMaps struct {
 func (m *fdMaps) Close() error {
 	return _FdClose(
 		m.Errors,
+		m.FailSites,
 		m.FdCounters,
 		m.FdEntries,
 		m.FdStacks,
@@ -299,6 +252,7 @@ func (m *fdMaps) Close() error {
 type fdVariables struct {
 	UnusedErrKind    *ebpf.Variable `ebpf:"unused_err_kind"`
 	UnusedFdCounts   *ebpf.Variable `ebpf:"unused_fd_counts"`
+	UnusedFdFail     *ebpf.Variable `ebpf:"unused_fd_fail"`
 	UnusedFdInfo     *ebpf.Variable `ebpf:"unused_fd_info"`
 	UnusedFdKey      *ebpf.Variable `ebpf:"unused_fd_key"`
 	UnusedFdKind     *ebpf.Variable `ebpf:"unused_fd_kind"`
@@ -309,84 +263,22 @@ type fdVariables struct {
 //
 // It can be passed to loadFdObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fdPrograms struct {
-	EnterClose         *ebpf.Program `ebpf:"enter_close"`
-	EnterDup           *ebpf.Program `ebpf:"enter_dup"`
-	EnterDup2          *ebpf.Program `ebpf:"enter_dup2"`
-	EnterDup3          *ebpf.Program `ebpf:"enter_dup3"`
-	EnterFcntl         *ebpf.Program `ebpf:"enter_fcntl"`
-	EnterPipe          *ebpf.Program `ebpf:"enter_pipe"`
-	EnterPipe2         *ebpf.Program `ebpf:"enter_pipe2"`
-	EnterSocketpair    *ebpf.Program `ebpf:"enter_socketpair"`
-	ExitAccept         *ebpf.Program `ebpf:"exit_accept"`
-	ExitAccept4        *ebpf.Program `ebpf:"exit_accept4"`
-	ExitCloseRange     *ebpf.Program `ebpf:"exit_close_range"`
-	ExitCreat          *ebpf.Program `ebpf:"exit_creat"`
-	ExitDup            *ebpf.Program `ebpf:"exit_dup"`
-	ExitDup2           *ebpf.Program `ebpf:"exit_dup2"`
-	ExitDup3           *ebpf.Program `ebpf:"exit_dup3"`
-	ExitEpollCreate    *ebpf.Program `ebpf:"exit_epoll_create"`
-	ExitEpollCreate1   *ebpf.Program `ebpf:"exit_epoll_create1"`
-	ExitEventfd        *ebpf.Program `ebpf:"exit_eventfd"`
-	ExitEventfd2       *ebpf.Program `ebpf:"exit_eventfd2"`
-	ExitFcntl          *ebpf.Program `ebpf:"exit_fcntl"`
-	ExitInotifyInit    *ebpf.Program `ebpf:"exit_inotify_init"`
-	ExitInotifyInit1   *ebpf.Program `ebpf:"exit_inotify_init1"`
-	ExitMemfdCreate    *ebpf.Program `ebpf:"exit_memfd_create"`
-	ExitOpen           *ebpf.Program `ebpf:"exit_open"`
-	ExitOpenByHandleAt *ebpf.Program `ebpf:"exit_open_by_handle_at"`
-	ExitOpenat         *ebpf.Program `ebpf:"exit_openat"`
-	ExitOpenat2        *ebpf.Program `ebpf:"exit_openat2"`
-	ExitPidfdGetfd     *ebpf.Program `ebpf:"exit_pidfd_getfd"`
-	ExitPidfdOpen      *ebpf.Program `ebpf:"exit_pidfd_open"`
-	ExitPipe           *ebpf.Program `ebpf:"exit_pipe"`
-	ExitPipe2          *ebpf.Program `ebpf:"exit_pipe2"`
-	ExitSignalfd       *ebpf.Program `ebpf:"exit_signalfd"`
-	ExitSignalfd4      *ebpf.Program `ebpf:"exit_signalfd4"`
-	ExitSocket         *ebpf.Program `ebpf:"exit_socket"`
-	ExitSocketpair     *ebpf.Program `ebpf:"exit_socketpair"`
-	ExitTimerfdCreate  *ebpf.Program `ebpf:"exit_timerfd_create"`
-	FdExec             *ebpf.Program `ebpf:"fd_exec"`
+	ExecBtf     *ebpf.Program `ebpf:"exec_btf"`
+	ExecTp      *ebpf.Program `ebpf:"exec_tp"`
+	SysEnterBtf *ebpf.Program `ebpf:"sys_enter_btf"`
+	SysEnterTp  *ebpf.Program `ebpf:"sys_enter_tp"`
+	SysExitBtf  *ebpf.Program `ebpf:"sys_exit_btf"`
+	SysExitTp   *ebpf.Program `ebpf:"sys_exit_tp"`
 }
 
 func (p *fdPrograms) Close() error {
 	return _FdClose(
-		p.EnterClose,
-		p.EnterDup,
-		p.EnterDup2,
-		p.EnterDup3,
-		p.EnterFcntl,
-		p.EnterPipe,
-		p.EnterPipe2,
-		p.EnterSocketpair,
-		p.ExitAccept,
-		p.ExitAccept4,
-		p.ExitCloseRange,
-		p.ExitCreat,
-		p.ExitDup,
-		p.ExitDup2,
-		p.ExitDup3,
-		p.ExitEpollCreate,
-		p.ExitEpollCreate1,
-		p.ExitEventfd,
-		p.ExitEventfd2,
-		p.ExitFcntl,
-		p.ExitInotifyInit,
-		p.ExitInotifyInit1,
-		p.ExitMemfdCreate,
-		p.ExitOpen,
-		p.ExitOpenByHandleAt,
-		p.ExitOpenat,
-		p.ExitOpenat2,
-		p.ExitPidfdGetfd,
-		p.ExitPidfdOpen,
-		p.ExitPipe,
-		p.ExitPipe2,
-		p.ExitSignalfd,
-		p.ExitSignalfd4,
-		p.ExitSocket,
-		p.ExitSocketpair,
-		p.ExitTimerfdCreate,
-		p.FdExec,
+		p.ExecBtf,
+		p.ExecTp,
+		p.SysEnterBtf,
+		p.SysEnterTp,
+		p.SysExitBtf,
+		p.SysExitTp,
 	)
 }
 

@@ -4,26 +4,29 @@
 package fdtrack
 
 import (
-	"strings"
 	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
-	"github.com/open-autoglm/autoglm-ebpf/pkg/tracefs"
 )
-
-// Required programs: without them there is no fd tracking at all.
-var required = map[string]bool{"exit_openat": true, "enter_close": true}
 
 // Config sizes the kernel maps.
 type Config struct {
 	MaxFDs   uint32 // live fd table capacity, all processes together
 	ProcRoot string // normally /proc
+	// Maps, when set, shares reads of /proc/PID/maps with the other
+	// concerns within a poll.
+	Maps *procinfo.MapsCache
+	// Tracepoint uses the classic raw_syscalls tracepoints even where tp_btf
+	// works, so that tests and benchmarks cover the fallback on any kernel.
+	Tracepoint bool
 }
 
 // Tracker owns the loaded fd BPF object and its links.
 type Tracker struct {
-	obj  *bpfobj.Tracepoints
+	obj  *bpfobj.Object
 	maps fdMaps
 	proc procinfo.FS
 
@@ -35,56 +38,43 @@ type Tracker struct {
 	started     map[uint32]time.Time
 }
 
-// Programs returns the tracepoints the fd object attaches, as group/name, with
-// the program that goes on each. Used by New and by `check`.
-func Programs() (map[string]string, error) {
-	spec, err := loadFd()
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]string, len(spec.Programs))
-	for name, p := range spec.Programs {
-		out[name] = strings.TrimPrefix(p.SectionName, "tracepoint/")
-	}
-	return out, nil
-}
-
-// New loads the fd object and attaches every program whose tracepoint exists.
+// New loads the fd object and attaches it: tp_btf where the kernel allows,
+// else the classic raw_syscalls tracepoints.
 func New(cfg Config) (*Tracker, error) {
-	root, _, err := tracefs.Ensure()
-	if err != nil {
-		return nil, err
+	if cfg.ProcRoot == "" {
+		cfg.ProcRoot = "/proc"
 	}
 	proc, err := procinfo.New(cfg.ProcRoot)
 	if err != nil {
 		return nil, err
 	}
-	spec, err := loadFd()
-	if err != nil {
-		return nil, err
-	}
-	if cfg.MaxFDs > 0 {
-		spec.Maps[fdMapFdTable].MaxEntries = cfg.MaxFDs
-	}
 	t := &Tracker{
-		proc:        proc,
+		proc:        proc.WithMapsCache(cfg.Maps),
 		extraClosed: map[uint32]*[len(fdFdCounts{}.Closed)]uint64{},
 		resyncs:     map[uint32]uint64{},
 		drift:       map[uint32]int{},
 		started:     map[uint32]time.Time{},
 	}
-	// Optional programs whose tracepoint this kernel lacks are removed from the
-	// spec before loading, so they are neither loaded nor fatal.
-	t.obj, err = bpfobj.OpenTracepoints(spec, root, func(prog, _ string) bool { return required[prog] },
-		"trace fds (CONFIG_FTRACE_SYSCALLS off?)", "fd BPF programs", &t.maps)
+	t.obj, err = bpfobj.Open(loadFd, bpfobj.Options{
+		What: "fd BPF programs", Maps: &t.maps, Tracepoint: cfg.Tracepoint,
+		Cannot: "trace fds (CONFIG_FTRACE_SYSCALLS off?)",
+		Tune: func(spec *ebpf.CollectionSpec) {
+			if cfg.MaxFDs > 0 {
+				spec.Maps[fdMapFdTable].MaxEntries = cfg.MaxFDs
+			}
+		},
+	})
 	if err != nil {
 		return nil, err
 	}
 	return t, nil
 }
 
-// Skipped lists the optional tracepoints this kernel lacks.
-func (t *Tracker) Skipped() []string { return t.obj.Skipped }
+// Mode says how the programs are attached: bpfobj.ModeBTF or ModeTracepoint.
+func (t *Tracker) Mode() string { return t.obj.Mode }
+
+// BTFError says why tp_btf is not used, or nil.
+func (t *Tracker) BTFError() error { return t.obj.BTFError }
 
 // Close detaches and unloads everything; safe to call more than once.
 func (t *Tracker) Close() error {

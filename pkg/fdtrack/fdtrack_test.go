@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/launch"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
@@ -12,11 +13,20 @@ import (
 )
 
 func newTracker(t *testing.T) *Tracker {
+	return newTrackerMode(t, bpfobj.ModeBTF)
+}
+
+// newTrackerMode loads the programs of mode; tp_btf must work on the kernels
+// the tests run on.
+func newTrackerMode(t *testing.T, mode string) *Tracker {
 	t.Helper()
 	testutil.RequireRoot(t)
-	tr, err := New(Config{ProcRoot: "/proc"})
+	tr, err := New(Config{ProcRoot: "/proc", Tracepoint: mode == bpfobj.ModeTracepoint})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if tr.Mode() != mode {
+		t.Fatalf("attached as %s, want %s (tp_btf: %v)", tr.Mode(), mode, tr.BTFError())
 	}
 	t.Cleanup(func() { _ = tr.Close() })
 	return tr
@@ -57,8 +67,15 @@ func TestKindsMatchProc(t *testing.T) {
 	}
 }
 
+// Both ways of attaching see every kind.
 func TestLiveKinds(t *testing.T) {
-	tr := newTracker(t)
+	for _, mode := range []string{bpfobj.ModeBTF, bpfobj.ModeTracepoint} {
+		t.Run(mode, func(t *testing.T) { testLiveKinds(t, mode) })
+	}
+}
+
+func testLiveKinds(t *testing.T, mode string) {
+	tr := newTrackerMode(t, mode)
 	bin := testutil.Fixture(t, "fdwork")
 	// Tracked before exec, so every fd of the fixture is traced live.
 	g, err := launch.Start([]string{bin, "kinds", "30"}, nil, nil, os.Stderr)

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/cilium/ebpf"
@@ -17,6 +16,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/cudatrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/fdtrack"
 	gpusample "github.com/open-autoglm/autoglm-ebpf/pkg/nvml"
@@ -80,8 +80,8 @@ func Check() []Result {
 	add("kprobe attach (optional fallback)", false, attachKprobe(), "attaches")
 	add("uprobe attach (CUDA hooks)", false, attachUprobe(), "attaches")
 
+	rs = append(rs, fd())
 	if tfErr == nil {
-		rs = append(rs, tracepoints(root)...)
 		rs = append(rs, sockTracepoint(root))
 	}
 	rs = append(rs, sched()...)
@@ -100,29 +100,21 @@ func Ready(rs []Result) bool {
 	return true
 }
 
-func tracepoints(root string) []Result {
-	progs, err := fdtrack.Programs()
+// fd loads and attaches the fd object as a run would, and reports how the
+// fd-creating syscalls are traced.
+func fd() Result {
+	r := Result{Name: "fd syscalls (raw_syscalls sys_enter/sys_exit)", Required: true}
+	t, err := fdtrack.New(fdtrack.Config{})
 	if err != nil {
-		return []Result{{Name: "fd tracepoints", Detail: err.Error(), Required: true}}
+		r.Detail = err.Error()
+		return r
 	}
-	required := map[string]bool{"syscalls/sys_exit_openat": true, "syscalls/sys_enter_close": true}
-	var names []string
-	for _, tp := range progs {
-		names = append(names, tp)
+	defer t.Close()
+	r.OK, r.Detail = true, t.Mode()
+	if t.Mode() == bpfobj.ModeTracepoint {
+		r.Detail = "tracepoint (tp_btf unavailable: " + t.BTFError().Error() + ")"
 	}
-	sort.Strings(names)
-	var rs []Result
-	for _, tp := range names {
-		group, event := filepath.Split(tp)
-		r := Result{Name: "tracepoint " + tp, Required: required[tp], OK: tracefs.EventExists(root, filepath.Clean(group), event)}
-		if r.OK {
-			r.Detail = "present"
-		} else {
-			r.Detail = "missing (that fd path is not traced)"
-		}
-		rs = append(rs, r)
-	}
-	return rs
+	return r
 }
 
 // sockTracepoint reports the tracepoint socket tracking cannot do without.

@@ -71,6 +71,18 @@ type Process struct {
 	CUDA    CUDAStats
 }
 
+// Events counts what the kernel saw the process do since watching began:
+// fds created and released, context switches and hooked CUDA calls.
+func (p *Process) Events() uint64 {
+	var n uint64
+	for _, m := range []map[string]uint64{p.FD.Opened, p.FD.Closed, p.CUDA.Calls} {
+		for _, v := range m {
+			n += v
+		}
+	}
+	return n + p.Sched.Voluntary + p.Sched.Involuntary
+}
+
 // Snapshot is the whole state after one interval; sinks receive one per interval.
 type Snapshot struct {
 	Time      time.Time

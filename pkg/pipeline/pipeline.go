@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -79,9 +80,13 @@ func DefaultConfig() Config {
 // Pipeline owns the concerns and the per-process state.
 type Pipeline struct {
 	cfg      Config
-	concerns []Concern
+	concerns []ranked // loaded, in poll order
+	arrivals chan arrival
+	pending  int  // concerns still loading
+	closed   bool // Close was called: concerns that load now are closed at once
 	proc     procinfo.FS
 	sym      *symbolize.Symbolizer
+	maps     *procinfo.MapsCache // one read of /proc/PID/maps per process per poll
 	sinks    []Sink
 	gpu      *nvml.Sampler
 	stopGPU  context.CancelFunc
@@ -94,8 +99,11 @@ type Pipeline struct {
 	findings []model.Finding
 }
 
-// New loads and attaches every concern's BPF side. Close must be called to
-// unload it.
+// New starts loading every concern's BPF side, all at once: each concern is
+// adopted as soon as it is loaded, so the slowest does not hold up the
+// others. New returns once the fd concern, the one the tool cannot do
+// without, is loaded; Ready waits for the rest. Close must be called to
+// unload everything.
 func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 	proc, err := procinfo.New(cfg.ProcRoot)
 	if err != nil {
@@ -109,12 +117,8 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 		start:  time.Now(),
 		procs:  map[int]*model.Process{},
 		starts: map[int]uint64{},
+		maps:   procinfo.NewMapsCache(),
 	}
-	fd, err := fdtrack.NewConcern(fdtrack.Config{MaxFDs: cfg.MaxFDs, ProcRoot: cfg.ProcRoot}, cfg.FDLeak, p.sym, cfg.TopSites)
-	if err != nil {
-		return nil, err
-	}
-	p.concerns = append(p.concerns, fd)
 
 	// NVML is optional: without a driver the sampler reports one clear
 	// error and the GPU join is skipped.
@@ -124,13 +128,17 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 		slog.Warn(err.Error())
 	}
 
-	// The other concerns are optional: a kernel that cannot host one loses
-	// that view, not the whole tool. The socket concern comes after fd so
-	// that FD.Limit is filled when its detector runs.
-	optional := []struct {
+	// Concerns other than fd are optional: a kernel that cannot host one
+	// loses that view, not the whole tool. They are kept in this order
+	// whatever order they load in: sock comes after fd so that FD.Limit is
+	// filled when its detector runs.
+	loaders := []struct {
 		name string
 		new  func() (Concern, error)
 	}{
+		{"fd", func() (Concern, error) {
+			return fdtrack.NewConcern(fdtrack.Config{MaxFDs: cfg.MaxFDs, ProcRoot: cfg.ProcRoot, Maps: p.maps}, cfg.FDLeak, p.sym, cfg.TopSites)
+		}},
 		{"sched", func() (Concern, error) {
 			return schedtrack.NewConcern(schedtrack.Config{ProcRoot: cfg.ProcRoot}, cfg.CtxStorm)
 		}},
@@ -138,19 +146,96 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 			return socktrack.NewConcern(socktrack.Config{ProcRoot: cfg.ProcRoot}, cfg.SockLeak)
 		}},
 		{"cuda", func() (Concern, error) {
-			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites},
+			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites, Maps: p.maps},
 				p.gpu.Joining(gpualloc.New(cfg.GPUAlloc)), p.sym)
 		}},
 	}
-	for _, o := range optional {
-		c, err := o.new()
-		if err != nil {
-			slog.Warn("concern unavailable on this machine; continuing without it", "concern", o.name, "err", err)
-			continue
+	p.arrivals = make(chan arrival, len(loaders))
+	p.pending = len(loaders)
+	for rank, l := range loaders {
+		go func() {
+			began := time.Now()
+			c, err := l.new()
+			slog.Debug("concern loaded", "concern", l.name, "took", time.Since(began), "err", err)
+			p.arrivals <- arrival{name: l.name, rank: rank, c: c, err: err}
+		}()
+	}
+	for !p.has("fd") {
+		if err := p.adopt(<-p.arrivals); err != nil {
+			p.Close()
+			return nil, err
 		}
-		p.concerns = append(p.concerns, c)
 	}
 	return p, nil
+}
+
+// arrival is the outcome of loading one concern.
+type arrival struct {
+	name string
+	rank int // position in the poll order
+	c    Concern
+	err  error
+}
+
+func (p *Pipeline) has(name string) bool {
+	return slices.ContainsFunc(p.concerns, func(c ranked) bool { return c.Name() == name })
+}
+
+// adopt takes a loaded concern into the poll order and starts tracking the
+// live watched processes in it. Only a failed fd concern is an error.
+func (p *Pipeline) adopt(a arrival) error {
+	p.pending--
+	if a.err != nil {
+		if a.name == "fd" {
+			return a.err
+		}
+		slog.Warn("concern unavailable on this machine; continuing without it", "concern", a.name, "err", a.err)
+		return nil
+	}
+	if p.closed {
+		_ = a.c.Close()
+		return nil
+	}
+	for _, pid := range p.order {
+		if p.procs[pid].Exited {
+			continue
+		}
+		// The process may have exited since it was watched: the next poll
+		// notices that.
+		if err := a.c.Track(pid); err != nil {
+			slog.Warn("not tracked by a concern loaded late", "concern", a.name, "pid", pid, "err", err)
+		}
+	}
+	i, _ := slices.BinarySearchFunc(p.concerns, a.rank, func(c ranked, r int) int { return c.rank - r })
+	p.concerns = slices.Insert(p.concerns, i, ranked{a.c, a.rank})
+	return nil
+}
+
+// adoptArrived adopts the concerns loaded since the last call, without waiting.
+func (p *Pipeline) adoptArrived() {
+	for p.pending > 0 {
+		select {
+		case a := <-p.arrivals:
+			_ = p.adopt(a)
+		default:
+			return
+		}
+	}
+}
+
+// Ready waits until every concern has loaded (or failed to) and tracks the
+// watched processes in each: `run` calls it before letting its command go,
+// so that nothing the command does is missed.
+func (p *Pipeline) Ready() {
+	for p.pending > 0 {
+		_ = p.adopt(<-p.arrivals)
+	}
+}
+
+// ranked is a loaded concern and its place in the poll order.
+type ranked struct {
+	Concern
+	rank int
 }
 
 // Watch starts tracking pid as a target. It fails with a clear error for a
@@ -164,6 +249,7 @@ func (p *Pipeline) Watch(pid int) error {
 }
 
 func (p *Pipeline) watch(pid int) error {
+	p.adoptArrived()
 	if err := p.proc.Check(pid); err != nil {
 		return err
 	}
@@ -206,15 +292,9 @@ func (p *Pipeline) Run(ctx context.Context) (*model.Snapshot, error) {
 		for _, s := range p.sinks {
 			s.Update(snap)
 		}
-		if p.allExited() {
+		if p.allExited() || !p.wait(ctx, tick.C) {
 			break
 		}
-		select {
-		case <-ctx.Done():
-		case <-tick.C:
-			continue
-		}
-		break
 	}
 	final := p.snapshot(time.Now())
 	for _, s := range p.sinks {
@@ -223,6 +303,25 @@ func (p *Pipeline) Run(ctx context.Context) (*model.Snapshot, error) {
 		}
 	}
 	return final, runErr
+}
+
+// wait adopts concerns as they load until the next tick (true) or the end
+// of ctx (false).
+func (p *Pipeline) wait(ctx context.Context, tick <-chan time.Time) bool {
+	for {
+		arrivals := p.arrivals
+		if p.pending == 0 {
+			arrivals = nil
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick:
+			return true
+		case a := <-arrivals:
+			_ = p.adopt(a)
+		}
+	}
 }
 
 func (p *Pipeline) allExited() bool {
@@ -235,6 +334,8 @@ func (p *Pipeline) allExited() bool {
 }
 
 func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
+	p.maps.Next()
+	p.adoptArrived()
 	if p.cfg.Children {
 		p.adoptChildren()
 	}
@@ -350,19 +451,27 @@ func (p *Pipeline) snapshot(now time.Time) *model.Snapshot {
 	return s
 }
 
-// Close unloads every concern's BPF programs and maps and stops NVML.
+// Close unloads every concern's BPF programs and maps and stops NVML. The
+// concerns are closed side by side: detaching waits for the kernel to be
+// done with each program, and those waits need not add up.
 func (p *Pipeline) Close() error {
 	if p.stopGPU != nil {
 		p.stopGPU()
 		p.gpu.Wait()
 		p.stopGPU = nil
 	}
-	var errs []error
-	for _, c := range p.concerns {
-		if err := c.Close(); err != nil {
-			errs = append(errs, fmt.Errorf("unloading %s BPF: %w", c.Name(), err))
-		}
+	p.closed = true
+	p.Ready() // closes what is still loading as it arrives
+	errs := make([]error, len(p.concerns))
+	var wg sync.WaitGroup
+	for i, c := range p.concerns {
+		wg.Go(func() {
+			if err := c.Close(); err != nil {
+				errs[i] = fmt.Errorf("unloading %s BPF: %w", c.Name(), err)
+			}
+		})
 	}
+	wg.Wait()
 	p.concerns = nil
 	return errors.Join(errs...)
 }

@@ -110,6 +110,7 @@ func runScenario(t *testing.T, bin string, sc scenario) {
 		if err := p.Watch(pid); err != nil {
 			t.Fatal(err)
 		}
+		p.Ready()
 		if err := g.Release(); err != nil {
 			t.Fatal(err)
 		}
@@ -197,6 +198,7 @@ func TestChildLeakFound(t *testing.T) {
 	if err := p.Watch(shell); err != nil {
 		t.Fatal(err)
 	}
+	p.Ready()
 	if err := g.Release(); err != nil {
 		t.Fatal(err)
 	}
@@ -250,6 +252,7 @@ func TestSocketLeakNamesOpeningStack(t *testing.T) {
 	if err := p.Watch(g.Cmd.Process.Pid); err != nil {
 		t.Fatal(err)
 	}
+	p.Ready()
 	if err := g.Release(); err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/prometheus/procfs"
@@ -37,7 +38,70 @@ const kthreaddPID = 2
 type FS struct {
 	root string // kept because procfs.FS does not expose its mount point
 	proc procfs.FS
+	maps *MapsCache // nil: every Maps call reads the file
 }
+
+// MapsCache shares one read of each process's /proc/PID/maps among the
+// readers of one poll (the fd stack scan's code ranges, the CUDA library
+// finder): the file can be thousands of lines for a PyTorch process.
+type MapsCache struct {
+	mu   sync.Mutex
+	gen  uint64
+	read map[int]mapsRead
+}
+
+type mapsRead struct {
+	gen  uint64
+	maps []*procfs.ProcMap
+	err  error
+}
+
+// NewMapsCache returns an empty cache; call Next at the start of each poll.
+func NewMapsCache() *MapsCache { return &MapsCache{read: map[int]mapsRead{}} }
+
+// Next starts a new poll: what earlier polls read is stale.
+func (c *MapsCache) Next() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gen++
+	clear(c.read)
+}
+
+// WithMapsCache returns fs reading /proc/PID/maps through c.
+func (fs FS) WithMapsCache(c *MapsCache) FS {
+	fs.maps = c
+	return fs
+}
+
+// Maps returns the mappings of pid, read once per poll when fs has a cache.
+func (fs FS) Maps(pid int) ([]*procfs.ProcMap, error) {
+	read := func() ([]*procfs.ProcMap, error) {
+		p, err := fs.process(pid)
+		if err != nil {
+			return nil, err
+		}
+		maps, err := p.ProcMaps()
+		if err != nil {
+			return nil, procErr(pid, err)
+		}
+		return maps, nil
+	}
+	c := fs.maps
+	if c == nil {
+		return read()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r, ok := c.read[pid]; ok && r.gen == c.gen {
+		return r.maps, r.err
+	}
+	maps, err := read()
+	c.read[pid] = mapsRead{gen: c.gen, maps: maps, err: err}
+	return maps, err
+}
+
+// Root is the proc mount fs reads.
+func (fs FS) Root() string { return fs.root }
 
 // New opens the proc filesystem mounted at procRoot (normally "/proc"; tests
 // pass a fixture directory).
@@ -295,13 +359,9 @@ type Range struct{ Start, End uint64 }
 // across the smallest gaps until at most max remain (the kernel side checks
 // candidate return addresses against a fixed number of ranges).
 func (fs FS) TextRanges(pid int, max int) ([]Range, error) {
-	p, err := fs.process(pid)
+	maps, err := fs.Maps(pid)
 	if err != nil {
 		return nil, err
-	}
-	maps, err := p.ProcMaps()
-	if err != nil {
-		return nil, procErr(pid, err)
 	}
 	var out []Range
 	for _, m := range maps {

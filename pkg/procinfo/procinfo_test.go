@@ -316,3 +316,44 @@ func TestParsePIDs(t *testing.T) {
 		}
 	}
 }
+
+// Within one poll every reader gets the first read of /proc/PID/maps; the
+// next poll reads the file again.
+func TestMapsCache(t *testing.T) {
+	fs := newFixture(t, worker)
+	path := filepath.Join(fs.Root(), "100", "maps")
+	write := func(lines string) {
+		if err := os.WriteFile(path, []byte(lines), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	one := "00400000-00452000 r-xp 00000000 08:02 173521 /usr/bin/worker\n"
+	two := one + "7f0000000000-7f0000100000 r-xp 00000000 08:02 173522 /usr/lib/libcudart.so.12\n"
+	write(one)
+	c := NewMapsCache()
+	cached := fs.WithMapsCache(c)
+	count := func(f FS) int {
+		m, err := f.Maps(100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(m)
+	}
+	if n := count(cached); n != 1 {
+		t.Fatalf("%d mappings, want 1", n)
+	}
+	write(two) // a library loaded within the poll
+	if n, m := count(cached), count(fs); n != 1 || m != 2 {
+		t.Errorf("same poll: cached %d mappings (want the first read: 1), uncached %d (want 2)", n, m)
+	}
+	if r, err := cached.TextRanges(100, 16); err != nil || len(r) != 1 {
+		t.Errorf("TextRanges in the same poll = %v, %v; want the cached read", r, err)
+	}
+	c.Next()
+	if n := count(cached); n != 2 {
+		t.Errorf("next poll: %d mappings, want 2", n)
+	}
+	if _, err := cached.Maps(999); !errors.Is(err, ErrNoProcess) {
+		t.Errorf("missing process: %v", err)
+	}
+}

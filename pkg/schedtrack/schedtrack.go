@@ -6,27 +6,23 @@ package schedtrack
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
 	"math"
 	"slices"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/link"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
-	"github.com/open-autoglm/autoglm-ebpf/pkg/tracefs"
 )
 
-// How the programs attach: typed BTF tracepoints where the kernel allows,
-// else the classic tracepoints.
+// How the programs attach (see bpfobj).
 const (
-	ModeBTF        = "tp_btf"
-	ModeTracepoint = "tracepoint"
+	ModeBTF        = bpfobj.ModeBTF
+	ModeTracepoint = bpfobj.ModeTracepoint
 )
 
-// The programs of each mode and the sched event each goes on. The classic
+// The sched event each program goes on, by mode. The classic
 // sched_wakeup_new record cannot be attributed to a process (see
 // bpf/sched.bpf.c), so that mode has no program for it.
 var modePrograms = map[string]map[string]string{
@@ -44,96 +40,37 @@ type Config struct {
 
 // Tracker owns the loaded scheduler BPF object and its links.
 type Tracker struct {
-	coll   *ebpf.Collection
-	maps   schedMaps
-	links  []link.Link
-	mode   string
-	btfErr error           // why tp_btf is not used; nil when it is or was not tried
-	pids   map[uint32]bool // tracked tgids, from which tracked_bits is computed
+	obj  *bpfobj.Object
+	maps schedMaps
+	pids map[uint32]bool // tracked tgids, from which tracked_bits is computed
 }
 
 // New loads the scheduler object and attaches it: tp_btf if this kernel
 // loads and attaches it, else the classic tracepoints.
 func New(cfg Config) (*Tracker, error) {
 	t := &Tracker{pids: map[uint32]bool{}}
-	if !cfg.Tracepoint {
-		err := t.load(ModeBTF)
-		if err == nil {
-			return t, nil
-		}
-		t.btfErr = err
-		slog.Debug("tp_btf unavailable, using the classic sched tracepoints", "err", err)
-	}
-	if _, _, err := tracefs.Ensure(); err != nil {
-		return nil, err
-	}
-	if err := t.load(ModeTracepoint); err != nil {
-		if t.btfErr != nil {
-			err = fmt.Errorf("%w (tp_btf: %v)", err, t.btfErr)
-		}
+	var err error
+	t.obj, err = bpfobj.Open(loadSched, bpfobj.Options{What: "sched BPF programs", Maps: &t.maps, Tracepoint: cfg.Tracepoint})
+	if err != nil {
 		return nil, err
 	}
 	return t, nil
 }
 
-// load loads the object with the programs of mode only and attaches them;
-// on failure nothing stays loaded.
-func (t *Tracker) load(mode string) error {
-	spec, err := loadSched()
-	if err != nil {
-		return err
-	}
-	for m, progs := range modePrograms {
-		if m == mode {
-			continue
-		}
-		for name := range progs {
-			delete(spec.Programs, name)
-		}
-	}
-	coll, err := bpfobj.LoadCollection(spec, fmt.Sprintf("sched BPF programs (%s)", mode))
-	if err != nil {
-		return err
-	}
-	t.coll = coll
-	if err := coll.Assign(&t.maps); err != nil {
-		t.Close()
-		return err
-	}
-	for _, name := range slices.Sorted(maps.Keys(modePrograms[mode])) {
-		event := modePrograms[mode][name]
-		var l link.Link
-		if mode == ModeBTF {
-			l, err = link.AttachTracing(link.TracingOptions{Program: coll.Programs[name]})
-		} else {
-			l, err = link.Tracepoint("sched", event, coll.Programs[name], nil)
-		}
-		if err != nil {
-			t.Close()
-			return fmt.Errorf("attaching %s to sched/%s: %w", name, event, err)
-		}
-		t.links = append(t.links, l)
-	}
-	t.mode = mode
-	return nil
-}
-
 // Mode says how the programs are attached: ModeBTF or ModeTracepoint.
-func (t *Tracker) Mode() string { return t.mode }
+func (t *Tracker) Mode() string { return t.obj.Mode }
 
 // BTFError says why tp_btf is not used, or nil.
-func (t *Tracker) BTFError() error { return t.btfErr }
+func (t *Tracker) BTFError() error { return t.obj.BTFError }
 
 // Events returns the sched events the attached programs trace.
 func (t *Tracker) Events() []string {
-	return slices.Sorted(maps.Values(modePrograms[t.mode]))
+	return slices.Sorted(maps.Values(modePrograms[t.obj.Mode]))
 }
 
 // Close detaches and unloads everything; safe to call more than once.
 func (t *Tracker) Close() error {
-	err := bpfobj.Close(t.links, &t.maps, t.coll)
-	t.links, t.maps, t.coll = nil, schedMaps{}, nil
-	return err
+	return t.obj.Close()
 }
 
 // Track starts counting pid: its counters first (the BPF side only updates
@@ -289,7 +226,7 @@ func (t *Tracker) Lost() (map[string]uint64, error) {
 	// A program the kernel skips because a BPF program already runs on that
 	// CPU (a wake-up from an interrupt during another) loses its event.
 	var misses uint64
-	for _, p := range t.coll.Programs {
+	for _, p := range t.obj.Programs() {
 		if st, err := p.Stats(); err == nil {
 			misses += st.RecursionMisses
 		}

@@ -273,7 +273,7 @@ func TestCloseUnloads(t *testing.T) {
 				t.Fatal(err)
 			}
 			var progs []ebpf.ProgramID
-			for _, p := range tr.coll.Programs {
+			for _, p := range tr.obj.Programs() {
 				info, err := p.Info()
 				if err != nil {
 					t.Fatal(err)

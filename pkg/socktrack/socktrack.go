@@ -14,9 +14,10 @@ package socktrack
 import (
 	"strings"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
-	"github.com/open-autoglm/autoglm-ebpf/pkg/tracefs"
 )
 
 // Tracepoint is the one tracepoint the object cannot do without.
@@ -31,7 +32,7 @@ type Config struct {
 // Tracker owns the loaded socket BPF object and its links, and what user space
 // remembers between polls.
 type Tracker struct {
-	obj      *bpfobj.Tracepoints
+	obj      *bpfobj.Object
 	maps     sockMaps
 	proc     procinfo.FS
 	procRoot string
@@ -59,10 +60,6 @@ func Programs() (map[string]string, error) {
 // New loads the socket object and attaches every program whose tracepoint
 // exists; without sock/inet_sock_set_state it fails.
 func New(cfg Config) (*Tracker, error) {
-	root, _, err := tracefs.Ensure()
-	if err != nil {
-		return nil, err
-	}
 	if cfg.ProcRoot == "" {
 		cfg.ProcRoot = "/proc"
 	}
@@ -70,20 +67,20 @@ func New(cfg Config) (*Tracker, error) {
 	if err != nil {
 		return nil, err
 	}
-	spec, err := loadSock()
-	if err != nil {
-		return nil, err
-	}
-	if cfg.MaxSockets > 0 {
-		spec.Maps[sockMapSockTable].MaxEntries = cfg.MaxSockets
-		spec.Maps[sockMapSockInodes].MaxEntries = cfg.MaxSockets
-	}
 	t := &Tracker{proc: proc, procRoot: cfg.ProcRoot, pids: map[int]*procState{}}
 	// Missing accept tracepoints only cost accepted sockets their exact
 	// dates until the next poll lists them; those programs are dropped from
 	// the spec so they are neither loaded nor fatal.
-	t.obj, err = bpfobj.OpenTracepoints(spec, root, func(_, tp string) bool { return tp == Tracepoint },
-		"trace TCP state changes", "socket BPF programs", &t.maps)
+	t.obj, err = bpfobj.Open(loadSock, bpfobj.Options{
+		What: "socket BPF programs", Maps: &t.maps,
+		Required: func(_, tp string) bool { return tp == Tracepoint }, Cannot: "trace TCP state changes",
+		Tune: func(spec *ebpf.CollectionSpec) {
+			if cfg.MaxSockets > 0 {
+				spec.Maps[sockMapSockTable].MaxEntries = cfg.MaxSockets
+				spec.Maps[sockMapSockInodes].MaxEntries = cfg.MaxSockets
+			}
+		},
+	})
 	if err != nil {
 		return nil, err
 	}

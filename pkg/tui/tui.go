@@ -20,6 +20,10 @@ import (
 const (
 	logFrames     = 3 // stack frames under a finding as it appears
 	summaryFrames = 5 // stack frames under a finding in the summary
+	// Heartbeat is how long the log stays silent before it says it is
+	// still watching: a busy process whose figures do not change (say, a
+	// loop that allocates and frees) would otherwise look like a hang.
+	Heartbeat = 10 * time.Second
 )
 
 // View is a sink that writes to a terminal or a log.
@@ -33,12 +37,14 @@ type View struct {
 	shown map[int]string        // not live: what the last line printed for each pid said
 	told  map[findingID]bool    // findings already printed
 	drawn int                   // live: lines of the block on screen
+	said  sample                // not live: when the log last printed, and the events seen by then
 }
 
 type sample struct {
 	open     int
 	at       time.Time
 	switches uint64 // context switches since attach
+	events   uint64 // not live: every process's Events, summed
 }
 
 // findingID identifies one finding across snapshots, as detectors do.
@@ -82,7 +88,7 @@ func (v *View) Update(s *model.Snapshot) {
 	prev := make(map[int]sample, len(s.Processes))
 	for _, p := range s.Processes {
 		if !p.Exited {
-			prev[p.PID] = sample{p.FD.Open, s.Time, p.Sched.Voluntary + p.Sched.Involuntary}
+			prev[p.PID] = sample{open: p.FD.Open, at: s.Time, switches: p.Sched.Voluntary + p.Sched.Involuntary}
 		}
 	}
 	v.prev = prev
@@ -148,8 +154,10 @@ func (v *View) draw(s *model.Snapshot, counts map[int]int) {
 	v.w.Write(b.Bytes())
 }
 
-// log prints a line for each process whose state changed since its last line.
+// log prints a line for each process whose state changed since its last
+// line, or a heartbeat when it has said nothing for Heartbeat.
 func (v *View) log(s *model.Snapshot, counts map[int]int) {
+	printed := false
 	for _, p := range byPID(s.Processes) {
 		state := fmt.Sprintf("pid=%d (%s) open=%d findings=%d", p.PID, p.Comm, p.FD.Open, counts[p.PID])
 		state += gpuState(p)
@@ -157,6 +165,7 @@ func (v *View) log(s *model.Snapshot, counts map[int]int) {
 			state += " exited"
 		}
 		if v.shown[p.PID] != state {
+			printed = true
 			fmt.Fprintf(v.w, "%s %s rate=%s\n", s.Time.Format(time.TimeOnly), state, v.rate(p, s.Time))
 		}
 		if p.Exited {
@@ -164,6 +173,22 @@ func (v *View) log(s *model.Snapshot, counts map[int]int) {
 		} else {
 			v.shown[p.PID] = state
 		}
+	}
+	var events uint64
+	watched := 0
+	for _, p := range s.Processes {
+		events += p.Events()
+		if !p.Exited {
+			watched++
+		}
+	}
+	if dt := s.Time.Sub(v.said.at); !printed && !v.said.at.IsZero() && dt >= Heartbeat {
+		printed = true
+		fmt.Fprintf(v.w, "%s watching %d processes, %.0f events/s, %d findings\n", s.Time.Format(time.TimeOnly),
+			watched, float64(events-v.said.events)/dt.Seconds(), len(s.Findings))
+	}
+	if printed || v.said.at.IsZero() {
+		v.said = sample{at: s.Time, events: events}
 	}
 }
 

@@ -60,6 +60,28 @@ FINDING fd_leak pid=100 (fdwork) warning: open fds grew by 20 in 2s
 	}
 }
 
+// A log whose lines would not change says every Heartbeat that it is still
+// watching, with the events seen since it last spoke.
+func TestLogHeartbeat(t *testing.T) {
+	var buf bytes.Buffer
+	v := New(&buf, false)
+	busy := func(sec int) *model.Snapshot {
+		p := proc(100, "churn", 10, false)
+		p.CUDA.Calls = map[string]uint64{"cudaMalloc": uint64(sec) * 1000, "cudaFree": uint64(sec) * 1000}
+		return snap(sec, []*model.Process{p}, nil, nil)
+	}
+	for sec := 1; sec <= 25; sec++ {
+		v.Update(busy(sec))
+	}
+	want := `03:04:06 pid=100 (churn) open=10 findings=0 rate=-
+03:04:16 watching 1 processes, 2000 events/s, 0 findings
+03:04:26 watching 1 processes, 2000 events/s, 0 findings
+`
+	if got := buf.String(); got != want {
+		t.Errorf("log:\n%s\nwant:\n%s", got, want)
+	}
+}
+
 func TestLive(t *testing.T) {
 	var buf bytes.Buffer
 	v := New(&buf, true)
