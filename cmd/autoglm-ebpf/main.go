@@ -69,22 +69,32 @@ func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format
 
 func newRoot() *cobra.Command {
 	var verbose bool
+	var logFormat string
 	root := &cobra.Command{
 		Use:           "autoglm-ebpf",
 		Short:         "Find why a GPU inference or training process blows up: fd leaks, context-switch storms, socket leaks, GPU allocation bursts, leaks and failures (eBPF, no changes to the process)",
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		PersistentPreRun: func(cmd *cobra.Command, args []string) {
-			level := slog.LevelInfo
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			opts := &slog.HandlerOptions{Level: slog.LevelInfo}
 			if verbose {
-				level = slog.LevelDebug
+				opts.Level = slog.LevelDebug
 			}
-			slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})))
+			switch logFormat {
+			case "text":
+				slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, opts)))
+			case "json":
+				slog.SetDefault(slog.New(slog.NewJSONHandler(os.Stderr, opts)))
+			default:
+				return usagef("--log-format must be text or json, got %q", logFormat)
+			}
+			return nil
 		},
 	}
 	root.PersistentFlags().BoolVarP(&verbose, "verbose", "v", false, "debug logging")
+	root.PersistentFlags().StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(newAttach(), newRun(), newCheck(), &cobra.Command{
+	root.AddCommand(newAttach(), newRun(), newDaemon(), newCheck(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Args:  cobra.NoArgs,

@@ -228,3 +228,48 @@ func SystemLibraries() ([]*Library, error) {
 	}
 	return out, errors.Join(errs...)
 }
+
+// Finder tells whether a process uses CUDA: it maps a CUDA runtime or
+// driver library, or its executable has the runtime linked in. Each
+// executable is inspected once; the cache is bounded.
+type Finder struct {
+	fs     procinfo.FS
+	static map[fileKey]bool // executable → defines hooked CUDA functions
+}
+
+// finderCache bounds the executables a Finder remembers; past it the cache
+// starts over (a node runs far fewer distinct executables).
+const finderCache = 4096
+
+// NewFinder returns a Finder reading /proc through fs.
+func NewFinder(fs procinfo.FS) *Finder { return &Finder{fs: fs, static: map[fileKey]bool{}} }
+
+// UsesCUDA reports whether pid has CUDA mapped now.
+func (f *Finder) UsesCUDA(pid int) (bool, error) {
+	files, err := candidates(f.fs, pid)
+	if err != nil {
+		return false, err
+	}
+	for _, mf := range files {
+		if mf.kind != kindStaticRuntime {
+			return true, nil
+		}
+		uses, ok := f.static[mf.key]
+		if !ok {
+			path := filepath.Join(f.fs.Root(), strconv.Itoa(pid), "root", mf.path)
+			lib, err := Inspect(path, mf.path, kindStaticRuntime)
+			if err != nil {
+				return false, err
+			}
+			if len(f.static) >= finderCache {
+				clear(f.static)
+			}
+			uses = lib != nil
+			f.static[mf.key] = uses
+		}
+		if uses {
+			return true, nil
+		}
+	}
+	return false, nil
+}

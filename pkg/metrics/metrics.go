@@ -7,6 +7,7 @@ package metrics
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,34 +16,99 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/stack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
-var (
-	openFDsDesc = prometheus.NewDesc("autoglm_open_fds",
-		"Live file descriptors of the process.", []string{"pid", "comm"}, nil)
-	fdLimitDesc = prometheus.NewDesc("autoglm_fd_limit",
-		"Soft RLIMIT_NOFILE of the process.", []string{"pid", "comm"}, nil)
-	openedDesc = prometheus.NewDesc("autoglm_fds_opened_total",
-		"File descriptors created since attach, by kind.", []string{"pid", "comm", "kind"}, nil)
-	closedDesc = prometheus.NewDesc("autoglm_fds_closed_total",
-		"File descriptors released since attach, by kind.", []string{"pid", "comm", "kind"}, nil)
-	socketsDesc = prometheus.NewDesc("autoglm_sockets",
-		"TCP sockets the process holds, by state.", []string{"pid", "comm", "state"}, nil)
-	socketFDsDesc = prometheus.NewDesc("autoglm_socket_fds",
-		"Socket file descriptors of the process, by kind (tcp, udp, unix, other).", []string{"pid", "comm", "kind"}, nil)
-	findingDesc = prometheus.NewDesc("autoglm_finding",
-		"1 while a finding is active, 0 once it no longer holds.", []string{"kind", "severity", "pid", "comm"}, nil)
-	findingsTotalDesc = prometheus.NewDesc("autoglm_findings_total",
+// descs are the metric descriptions of one Metrics: the per-process label
+// set depends on whether pod labels are exported.
+type descs struct {
+	openFDsDesc        *prometheus.Desc
+	fdLimitDesc        *prometheus.Desc
+	openedDesc         *prometheus.Desc
+	closedDesc         *prometheus.Desc
+	socketsDesc        *prometheus.Desc
+	socketFDsDesc      *prometheus.Desc
+	findingDesc        *prometheus.Desc
+	findingsTotalDesc  *prometheus.Desc
+	lostDesc           *prometheus.Desc
+	buildInfoDesc      *prometheus.Desc
+	cudaAllocBytesDesc *prometheus.Desc
+	cudaFreeBytesDesc  *prometheus.Desc
+	cudaAllocCallsDesc *prometheus.Desc
+	cudaLiveBytesDesc  *prometheus.Desc
+	cudaFailuresDesc   *prometheus.Desc
+	cudaUntrackedDesc  *prometheus.Desc
+	gpuUsedDesc        *prometheus.Desc
+	gpuTotalDesc       *prometheus.Desc
+	gpuUtilDesc        *prometheus.Desc
+	gpuProcessUsedDesc *prometheus.Desc
+	ctxSwitchesDesc    *prometheus.Desc
+	runqLatencyDesc    *prometheus.Desc
+}
+
+func newDescs(pods bool) *descs {
+	names := func(extra ...string) []string { return procNames(pods, extra...) }
+	d := &descs{}
+	d.openFDsDesc = prometheus.NewDesc("autoglm_open_fds",
+		"Live file descriptors of the process.", names(), nil)
+	d.fdLimitDesc = prometheus.NewDesc("autoglm_fd_limit",
+		"Soft RLIMIT_NOFILE of the process.", names(), nil)
+	d.openedDesc = prometheus.NewDesc("autoglm_fds_opened_total",
+		"File descriptors created since attach, by kind.", names("kind"), nil)
+	d.closedDesc = prometheus.NewDesc("autoglm_fds_closed_total",
+		"File descriptors released since attach, by kind.", names("kind"), nil)
+	d.socketsDesc = prometheus.NewDesc("autoglm_sockets",
+		"TCP sockets the process holds, by state.", names("state"), nil)
+	d.socketFDsDesc = prometheus.NewDesc("autoglm_socket_fds",
+		"Socket file descriptors of the process, by kind (tcp, udp, unix, other).", names("kind"), nil)
+	d.findingDesc = prometheus.NewDesc("autoglm_finding",
+		"1 while a finding is active, 0 once it no longer holds; site is the function at the finding's call site.",
+		append([]string{"kind", "severity", "site"}, names()...), nil)
+	d.findingsTotalDesc = prometheus.NewDesc("autoglm_findings_total",
 		"Distinct findings that became active, by kind.", []string{"kind"}, nil)
-	lostDesc = prometheus.NewDesc("autoglm_bpf_events_lost_total",
+	d.lostDesc = prometheus.NewDesc("autoglm_bpf_events_lost_total",
 		"Lost BPF events and failed map updates, by source.", []string{"source"}, nil)
-	buildInfoDesc = prometheus.NewDesc("autoglm_build_info",
+	d.buildInfoDesc = prometheus.NewDesc("autoglm_build_info",
 		"Always 1; labelled with the version of autoglm-ebpf.", []string{"version"}, nil)
-)
+	d.cudaAllocBytesDesc = prometheus.NewDesc("autoglm_cuda_alloc_bytes_total",
+		"Bytes allocated through hooked CUDA calls since attach, by API.", names("api"), nil)
+	d.cudaFreeBytesDesc = prometheus.NewDesc("autoglm_cuda_free_bytes_total",
+		"Bytes freed through hooked CUDA calls since attach, by API.", names("api"), nil)
+	d.cudaAllocCallsDesc = prometheus.NewDesc("autoglm_cuda_alloc_calls_total",
+		"Hooked CUDA allocation calls since attach, by API.", names("api"), nil)
+	d.cudaLiveBytesDesc = prometheus.NewDesc("autoglm_cuda_live_bytes",
+		"Bytes allocated through hooked CUDA calls and not freed.", names(), nil)
+	d.cudaFailuresDesc = prometheus.NewDesc("autoglm_cuda_alloc_failures_total",
+		"Failed CUDA allocation calls since attach, by API and error.", names("api", "error"), nil)
+	d.cudaUntrackedDesc = prometheus.NewDesc("autoglm_cuda_untracked_bytes",
+		"Device memory NVML reports for the process minus the bytes the CUDA hooks see live.", names(), nil)
+	d.gpuUsedDesc = prometheus.NewDesc("autoglm_gpu_memory_used_bytes",
+		"Device memory in use on the GPU, per NVML.", []string{"gpu", "uuid"}, nil)
+	d.gpuTotalDesc = prometheus.NewDesc("autoglm_gpu_memory_total_bytes",
+		"Device memory of the GPU, per NVML.", []string{"gpu", "uuid"}, nil)
+	d.gpuUtilDesc = prometheus.NewDesc("autoglm_gpu_utilization_ratio",
+		"Share of the last sample period in which a kernel ran on the GPU, per NVML.", []string{"gpu", "uuid"}, nil)
+	d.gpuProcessUsedDesc = prometheus.NewDesc("autoglm_gpu_process_memory_used_bytes",
+		"Device memory a watched process uses on the GPU, per NVML.", append([]string{"gpu"}, names()...), nil)
+	d.ctxSwitchesDesc = prometheus.NewDesc("autoglm_context_switches_total",
+		"Context switches of the process's threads since attach, by type (voluntary: blocked; involuntary: preempted).",
+		names("type"), nil)
+	d.runqLatencyDesc = prometheus.NewDesc("autoglm_runqueue_latency_seconds",
+		"Time the process's threads waited runnable for a CPU, from wake-up or preemption, since attach.",
+		names(), nil)
+	return d
+}
+
+// all lists every description, for Describe.
+func (d *descs) all() []*prometheus.Desc {
+	return []*prometheus.Desc{d.openFDsDesc, d.fdLimitDesc, d.openedDesc, d.closedDesc, d.socketsDesc, d.socketFDsDesc, d.findingDesc, d.findingsTotalDesc, d.lostDesc, d.buildInfoDesc, d.cudaAllocBytesDesc, d.cudaFreeBytesDesc, d.cudaAllocCallsDesc, d.cudaLiveBytesDesc, d.cudaFailuresDesc, d.cudaUntrackedDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.ctxSwitchesDesc, d.runqLatencyDesc}
+}
 
 // Metrics is a sink that serves the latest snapshot to Prometheus.
 type Metrics struct {
+	d         *descs
+	pods      bool // per-process series carry pod labels
 	mu        sync.Mutex
 	buildInfo prometheus.Metric
 	series    []prometheus.Metric // what Collect serves, built by Update
@@ -68,16 +134,31 @@ type findingID struct {
 	firstSeen int64 // UnixNano: time.Time is not a reliable map key
 }
 
-// findingSeries is the label set of one autoglm_finding series.
+// findingSeries is the label set of one autoglm_finding series: kind,
+// severity, site and the process's labels (procNames) joined by NUL.
 type findingSeries struct {
-	kind, severity, pid, comm string
+	kind, severity, site, proc string
+}
+
+// Options change what is exported.
+type Options struct {
+	// Pods adds the pod labels (namespace, pod, container, pod_uid,
+	// container_id) to every per-process series: the daemon sets it.
+	Pods bool
 }
 
 // New creates the metrics and registers them on reg; it panics, like
 // prometheus.MustRegister, if reg already holds metrics of the same names.
-func New(reg prometheus.Registerer, version string) *Metrics {
+func New(reg prometheus.Registerer, version string, opts ...Options) *Metrics {
+	var o Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	d := newDescs(o.Pods)
 	m := &Metrics{
-		buildInfo: prometheus.MustNewConstMetric(buildInfoDesc, prometheus.GaugeValue, 1, label(version)),
+		d:         d,
+		pods:      o.Pods,
+		buildInfo: prometheus.MustNewConstMetric(d.buildInfoDesc, prometheus.GaugeValue, 1, label(version)),
 		opened:    map[int]map[string]uint64{},
 		closed:    map[int]map[string]uint64{},
 		lost:      map[string]uint64{},
@@ -132,6 +213,30 @@ func (m *Metrics) current(s *model.Snapshot) *model.Snapshot {
 			c.Processes = append(c.Processes, p)
 		}
 	}
+	// A process the pipeline no longer lists, nor any finding of it (the
+	// daemon forgets exited ones), needs no exit record: memory stays
+	// bounded by what is listed.
+	listed := make(map[int]bool, len(s.Processes))
+	for _, p := range s.Processes {
+		listed[p.PID] = true
+	}
+	for _, f := range s.Findings {
+		listed[f.PID] = true
+	}
+	for pid := range m.gone {
+		if !listed[pid] {
+			delete(m.gone, pid)
+		}
+	}
+	current := make(map[findingID]bool, len(s.Findings))
+	for _, f := range s.Findings {
+		current[findingID{f.Kind, f.PID, f.FirstSeen.UnixNano()}] = true
+	}
+	for id := range m.counted {
+		if !current[id] {
+			delete(m.counted, id)
+		}
+	}
 	return &c
 }
 
@@ -150,10 +255,10 @@ func (m *Metrics) build(s *model.Snapshot) []prometheus.Metric {
 		}
 	}
 	for src, n := range m.lost {
-		out = append(out, constMetric(lostDesc, prometheus.CounterValue, float64(n), label(src)))
+		out = append(out, constMetric(m.d.lostDesc, prometheus.CounterValue, float64(n), label(src)))
 	}
 	for kind, n := range m.total {
-		out = append(out, constMetric(findingsTotalDesc, prometheus.CounterValue, float64(n), kind))
+		out = append(out, constMetric(m.d.findingsTotalDesc, prometheus.CounterValue, float64(n), kind))
 	}
 	return out
 }
@@ -162,19 +267,19 @@ func (m *Metrics) processSeries(s *model.Snapshot, out []prometheus.Metric) []pr
 	opened := make(map[int]map[string]uint64, len(s.Processes))
 	closed := make(map[int]map[string]uint64, len(s.Processes))
 	for _, p := range s.Processes {
-		pid, comm := strconv.Itoa(p.PID), label(p.Comm)
+		id := m.procLabels(p)
 		out = append(out,
-			constMetric(openFDsDesc, prometheus.GaugeValue, float64(p.FD.Open), pid, comm),
-			constMetric(fdLimitDesc, prometheus.GaugeValue, float64(p.FD.Limit), pid, comm))
+			constMetric(m.d.openFDsDesc, prometheus.GaugeValue, float64(p.FD.Open), id...),
+			constMetric(m.d.fdLimitDesc, prometheus.GaugeValue, float64(p.FD.Limit), id...))
 		o := raise(m.opened[p.PID], p.FD.Opened)
 		c := raise(m.closed[p.PID], p.FD.Closed)
 		for kind, n := range o {
-			out = append(out, constMetric(openedDesc, prometheus.CounterValue, float64(n), pid, comm, label(kind)))
+			out = append(out, constMetric(m.d.openedDesc, prometheus.CounterValue, float64(n), with(id, label(kind))...))
 		}
 		for kind, n := range c {
-			out = append(out, constMetric(closedDesc, prometheus.CounterValue, float64(n), pid, comm, label(kind)))
+			out = append(out, constMetric(m.d.closedDesc, prometheus.CounterValue, float64(n), with(id, label(kind))...))
 		}
-		out = socketSeries(p, pid, comm, out)
+		out = m.socketSeries(p, id, out)
 		if p.Exited {
 			// Served this once (see current); the state goes, so that a
 			// reused pid starts from its own counts.
@@ -189,15 +294,15 @@ func (m *Metrics) processSeries(s *model.Snapshot, out []prometheus.Metric) []pr
 // socketSeries exports the socket view of p when the socket concern filled
 // it: every state and kind, zeros included, so that a count that drops to
 // zero reads 0 rather than vanishing.
-func socketSeries(p *model.Process, pid, comm string, out []prometheus.Metric) []prometheus.Metric {
+func (m *Metrics) socketSeries(p *model.Process, id []string, out []prometheus.Metric) []prometheus.Metric {
 	if p.Sock.TCPByState != nil {
 		for _, st := range model.TCPStates {
-			out = append(out, constMetric(socketsDesc, prometheus.GaugeValue, float64(p.Sock.TCPByState[st]), pid, comm, st))
+			out = append(out, constMetric(m.d.socketsDesc, prometheus.GaugeValue, float64(p.Sock.TCPByState[st]), with(id, st)...))
 		}
 	}
 	if p.Sock.ByKind != nil {
 		for _, k := range model.SockKinds {
-			out = append(out, constMetric(socketFDsDesc, prometheus.GaugeValue, float64(p.Sock.ByKind[k]), pid, comm, k))
+			out = append(out, constMetric(m.d.socketFDsDesc, prometheus.GaugeValue, float64(p.Sock.ByKind[k]), with(id, k)...))
 		}
 	}
 	return out
@@ -207,6 +312,10 @@ func (m *Metrics) findingSeries(s *model.Snapshot, out []prometheus.Metric) []pr
 	// Several findings of one kind and pid (one per FirstSeen) share a
 	// series; it is 1 if any of them is active.
 	active := map[findingSeries]bool{}
+	procs := make(map[int]*model.Process, len(s.Processes))
+	for _, p := range s.Processes {
+		procs[p.PID] = p
+	}
 	for _, f := range s.Findings {
 		id := findingID{f.Kind, f.PID, f.FirstSeen.UnixNano()}
 		if f.Active && !m.counted[id] {
@@ -218,7 +327,15 @@ func (m *Metrics) findingSeries(s *model.Snapshot, out []prometheus.Metric) []pr
 		if exit, ok := m.gone[f.PID]; ok && exit.Before(s.Time) && !f.FirstSeen.After(exit) {
 			continue
 		}
-		k := findingSeries{label(f.Kind), label(f.Severity), strconv.Itoa(f.PID), label(f.Comm)}
+		proc := m.procLabels(&model.Process{PID: f.PID, Comm: f.Comm})
+		if p := procs[f.PID]; p != nil {
+			proc = m.procLabels(p)
+		}
+		site := ""
+		if len(f.Stack) > 0 {
+			site = label(stack.Function(stack.CallSite(f.Stack)))
+		}
+		k := findingSeries{label(f.Kind), label(f.Severity), site, strings.Join(proc, "\x00")}
 		active[k] = active[k] || f.Active
 	}
 	for k, a := range active {
@@ -226,7 +343,7 @@ func (m *Metrics) findingSeries(s *model.Snapshot, out []prometheus.Metric) []pr
 		if a {
 			v = 1
 		}
-		out = append(out, constMetric(findingDesc, prometheus.GaugeValue, v, k.kind, k.severity, k.pid, k.comm))
+		out = append(out, constMetric(m.d.findingDesc, prometheus.GaugeValue, v, append([]string{k.kind, k.severity, k.site}, strings.Split(k.proc, "\x00")...)...))
 	}
 	return out
 }
@@ -241,6 +358,32 @@ func raise(prev, cur map[string]uint64) map[string]uint64 {
 		out[k] = max(out[k], v)
 	}
 	return out
+}
+
+// procNames are the labels of every per-process series, then extra: the pid
+// and comm, and with pods, the pod's namespace, name, container name (from
+// the API server) and pod UID and container id (from the process's cgroup).
+// Outside a pod those are empty, which Prometheus treats as absent.
+func procNames(pods bool, extra ...string) []string {
+	names := []string{"pid", "comm"}
+	if pods {
+		names = append(names, "namespace", "pod", "container", "pod_uid", "container_id")
+	}
+	return append(names, extra...)
+}
+
+// procLabels are the values of procNames for p.
+func (m *Metrics) procLabels(p *model.Process) []string {
+	id := []string{strconv.Itoa(p.PID), label(p.Comm)}
+	if m.pods {
+		id = append(id, label(p.Pod.Namespace), label(p.Pod.Name), label(p.Pod.Container), p.Pod.UID, p.Pod.ContainerID)
+	}
+	return id
+}
+
+// with returns id followed by extra, in a new slice.
+func with(id []string, extra ...string) []string {
+	return append(slices.Clone(id), extra...)
 }
 
 func constMetric(d *prometheus.Desc, t prometheus.ValueType, v float64, labels ...string) prometheus.Metric {
@@ -258,13 +401,7 @@ func label(s string) string {
 type collector struct{ m *Metrics }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{openFDsDesc, fdLimitDesc, openedDesc, closedDesc, socketsDesc, socketFDsDesc, findingDesc, findingsTotalDesc, lostDesc, buildInfoDesc} {
-		ch <- d
-	}
-	for _, d := range cudaDescs {
-		ch <- d
-	}
-	for _, d := range schedDescs {
+	for _, d := range c.m.d.all() {
 		ch <- d
 	}
 }

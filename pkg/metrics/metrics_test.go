@@ -38,7 +38,7 @@ func finding(pid int, comm string, active bool) model.Finding {
 	return model.Finding{
 		Kind: model.KindFDLeak, PID: pid, Comm: comm, Severity: model.SeverityWarning,
 		FirstSeen: t0.Add(time.Second), LastSeen: t0.Add(2 * time.Second), Active: active,
-		Summary: "open fds grew", Stack: []string{"main.leak"},
+		Summary: "open fds grew", Stack: []string{"__open64+0x51 (libc.so.6)", "main.leak+0x1a (fdwork)"},
 	}
 }
 
@@ -68,9 +68,9 @@ autoglm_fds_opened_total{comm="fdwork",kind="file",pid="100"} 80
 # HELP autoglm_fds_closed_total File descriptors released since attach, by kind.
 # TYPE autoglm_fds_closed_total counter
 autoglm_fds_closed_total{comm="fdwork",kind="file",pid="100"} 23
-# HELP autoglm_finding 1 while a finding is active, 0 once it no longer holds.
+# HELP autoglm_finding 1 while a finding is active, 0 once it no longer holds; site is the function at the finding's call site.
 # TYPE autoglm_finding gauge
-autoglm_finding{comm="fdwork",kind="fd_leak",pid="100",severity="warning"} 1
+autoglm_finding{comm="fdwork",kind="fd_leak",pid="100",severity="warning",site="main.leak"} 1
 # HELP autoglm_bpf_events_lost_total Lost BPF events and failed map updates, by source.
 # TYPE autoglm_bpf_events_lost_total counter
 autoglm_bpf_events_lost_total{source="fd_events"} 3
@@ -112,10 +112,10 @@ autoglm_findings_total{kind="gpu_alloc_burst"} 0
 autoglm_findings_total{kind="gpu_alloc_failure"} 0
 autoglm_findings_total{kind="gpu_memory_leak"} 0
 autoglm_findings_total{kind="socket_leak"} 0
-# HELP autoglm_finding 1 while a finding is active, 0 once it no longer holds.
+# HELP autoglm_finding 1 while a finding is active, 0 once it no longer holds; site is the function at the finding's call site.
 # TYPE autoglm_finding gauge
-autoglm_finding{comm="fdwork",kind="fd_leak",pid="100",severity="warning"} 1
-autoglm_finding{comm="fdwork",kind="socket_leak",pid="100",severity="warning"} 0
+autoglm_finding{comm="fdwork",kind="fd_leak",pid="100",severity="warning",site="main.leak"} 1
+autoglm_finding{comm="fdwork",kind="socket_leak",pid="100",severity="warning",site="main.leak"} 0
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "autoglm_findings_total", "autoglm_finding"); err != nil {
 		t.Fatal(err)
@@ -368,5 +368,31 @@ func TestExitedProcessStillListed(t *testing.T) {
 	}
 	if _, ok := value(t, reg, "autoglm_open_fds", map[string]string{"pid": "100"}); !ok {
 		t.Fatal("live process lost")
+	}
+}
+
+// With pod labels (the daemon), every per-process series and the finding
+// name the pod; a process outside a pod has them empty.
+func TestPodLabels(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m := New(reg, "v1.2.3", Options{Pods: true})
+	inPod := proc(100, "fdwork", 57, 80, 23, false)
+	inPod.Pod = model.Pod{UID: "3f0e9b7c-1a2b-4c3d-8e9f-0123456789ab", ContainerID: strings.Repeat("ab", 32),
+		Namespace: "ml", Name: "serve-0", Container: "worker"}
+	m.Update(snap(1, []*model.Process{inPod, proc(200, "host", 5, 5, 0, false)}, []model.Finding{finding(100, "fdwork", true)}, nil))
+	want := `
+# HELP autoglm_finding 1 while a finding is active, 0 once it no longer holds; site is the function at the finding's call site.
+# TYPE autoglm_finding gauge
+autoglm_finding{comm="fdwork",container="worker",container_id="` + strings.Repeat("ab", 32) + `",kind="fd_leak",namespace="ml",pid="100",pod="serve-0",pod_uid="3f0e9b7c-1a2b-4c3d-8e9f-0123456789ab",severity="warning",site="main.leak"} 1
+# HELP autoglm_open_fds Live file descriptors of the process.
+# TYPE autoglm_open_fds gauge
+autoglm_open_fds{comm="fdwork",container="worker",container_id="` + strings.Repeat("ab", 32) + `",namespace="ml",pid="100",pod="serve-0",pod_uid="3f0e9b7c-1a2b-4c3d-8e9f-0123456789ab"} 57
+autoglm_open_fds{comm="host",container="",container_id="",namespace="",pid="200",pod="",pod_uid=""} 5
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "autoglm_open_fds", "autoglm_finding"); err != nil {
+		t.Fatal(err)
+	}
+	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
+		t.Fatalf("lint: %v %v", problems, err)
 	}
 }

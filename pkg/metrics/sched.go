@@ -1,23 +1,10 @@
 package metrics
 
 import (
-	"strconv"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
-
-var (
-	ctxSwitchesDesc = prometheus.NewDesc("autoglm_context_switches_total",
-		"Context switches of the process's threads since attach, by type (voluntary: blocked; involuntary: preempted).",
-		[]string{"pid", "comm", "type"}, nil)
-	runqLatencyDesc = prometheus.NewDesc("autoglm_runqueue_latency_seconds",
-		"Time the process's threads waited runnable for a CPU, from wake-up or preemption, since attach.",
-		[]string{"pid", "comm"}, nil)
-)
-
-var schedDescs = []*prometheus.Desc{ctxSwitchesDesc, runqLatencyDesc}
 
 // schedSeries appends the scheduler series of s's processes. The caller
 // holds m.mu.
@@ -30,10 +17,10 @@ func (m *Metrics) schedSeries(s *model.Snapshot, out []prometheus.Metric) []prom
 		if len(h.Bounds) == 0 {
 			continue
 		}
-		pid, comm := strconv.Itoa(p.PID), label(p.Comm)
+		id := m.procLabels(p)
 		cur := raise(m.switches[p.PID], map[string]uint64{"voluntary": p.Sched.Voluntary, "involuntary": p.Sched.Involuntary})
 		for typ, n := range cur {
-			out = append(out, constMetric(ctxSwitchesDesc, prometheus.CounterValue, float64(n), pid, comm, typ))
+			out = append(out, constMetric(m.d.ctxSwitchesDesc, prometheus.CounterValue, float64(n), with(id, typ)...))
 		}
 		buckets := make(map[float64]uint64, len(h.Bounds))
 		var cum uint64
@@ -41,7 +28,7 @@ func (m *Metrics) schedSeries(s *model.Snapshot, out []prometheus.Metric) []prom
 			cum += h.Counts[i]
 			buckets[b] = cum
 		}
-		out = append(out, prometheus.MustNewConstHistogram(runqLatencyDesc, h.Count, h.Sum, buckets, pid, comm))
+		out = append(out, prometheus.MustNewConstHistogram(m.d.runqLatencyDesc, h.Count, h.Sum, buckets, id...))
 		// An exited process is served this once, like its fd series.
 		if !p.Exited {
 			counts[p.PID] = cur

@@ -59,10 +59,20 @@ type FDStats struct {
 	Sites  []FDSite          // live fds by opening stack; sites with a known stack only
 }
 
+// Pod says where a process runs in Kubernetes; empty outside a pod.
+type Pod struct {
+	UID         string `json:"pod_uid,omitempty"`      // canonical dashed pod UID, from the cgroup
+	ContainerID string `json:"container_id,omitempty"` // 64-hex container id, from the cgroup
+	Namespace   string `json:"namespace,omitempty"`    // from the API server, when reachable
+	Name        string `json:"pod,omitempty"`
+	Container   string `json:"container,omitempty"`
+}
+
 // Process is what the pipeline knows about one target at one instant.
 type Process struct {
 	PID     int
 	Comm    string
+	Pod     Pod
 	Started time.Time // when watching began
 	Exited  bool      // the process has gone; this is its last snapshot
 	FD      FDStats

@@ -69,6 +69,26 @@ type Config struct {
 	// Children also watches the descendants of the targets, found every
 	// interval (what they did before being found is seeded from /proc).
 	Children bool
+	// Daemon runs until cancelled, whatever is watched, and forgets a
+	// process (its state, its findings) once a snapshot has reported its
+	// exit, so that processes coming and going do not grow memory.
+	Daemon bool
+	// Source, if set, is asked for new processes to watch at each poll.
+	Source Source
+	// Pod, if set, says where a process runs in Kubernetes. It is asked
+	// when a process is watched, and again at each poll until the pod's
+	// name is known (the API server may answer later).
+	Pod func(pid int) model.Pod
+}
+
+// Source finds processes to watch (the daemon's discovery).
+type Source interface {
+	// Discover watches new processes with p.Watch; called at each poll.
+	Discover(p *Pipeline)
+	// Forget is told that a process the pipeline watched has exited.
+	Forget(pid int)
+	// Lost returns the source's monotonic loss counters by source name.
+	Lost() (map[string]uint64, error)
 }
 
 // DefaultConfig is what the CLI starts from.
@@ -241,6 +261,9 @@ type ranked struct {
 // Watch starts tracking pid as a target. It fails with a clear error for a
 // pid that does not exist or is a kernel thread.
 func (p *Pipeline) Watch(pid int) error {
+	if p.Watching(pid) {
+		return nil
+	}
 	if err := p.watch(pid); err != nil {
 		return err
 	}
@@ -271,7 +294,11 @@ func (p *Pipeline) watch(pid int) error {
 			return fmt.Errorf("%s: %w", c.Name(), err)
 		}
 	}
-	p.procs[pid] = &model.Process{PID: pid, Comm: comm, Started: time.Now()}
+	pr := &model.Process{PID: pid, Comm: comm, Started: time.Now()}
+	if p.cfg.Pod != nil {
+		pr.Pod = p.cfg.Pod(pid)
+	}
+	p.procs[pid] = pr
 	p.starts[pid] = start
 	p.order = append(p.order, pid)
 	return nil
@@ -292,7 +319,7 @@ func (p *Pipeline) Run(ctx context.Context) (*model.Snapshot, error) {
 		for _, s := range p.sinks {
 			s.Update(snap)
 		}
-		if p.allExited() || !p.wait(ctx, tick.C) {
+		if (!p.cfg.Daemon && p.allExited()) || !p.wait(ctx, tick.C) {
 			break
 		}
 	}
@@ -336,6 +363,12 @@ func (p *Pipeline) allExited() bool {
 func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 	p.maps.Next()
 	p.adoptArrived()
+	if p.cfg.Daemon {
+		p.forgetExited()
+	}
+	if p.cfg.Source != nil {
+		p.cfg.Source.Discover(p)
+	}
 	if p.cfg.Children {
 		p.adoptChildren()
 	}
@@ -355,6 +388,9 @@ func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 			// comm changes at exec (run starts the command through a shell).
 			pr.Comm = comm
 		}
+		if p.cfg.Pod != nil && pr.Pod.UID != "" && pr.Pod.Name == "" {
+			pr.Pod = p.cfg.Pod(pid)
+		}
 		observe = append(observe, pr)
 	}
 	for _, c := range p.concerns {
@@ -372,6 +408,9 @@ func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 			c.Untrack(pr.PID)
 		}
 		p.sym.Forget(pr.PID)
+		if p.cfg.Source != nil {
+			p.cfg.Source.Forget(pr.PID)
+		}
 		for _, f := range p.findings {
 			if f.PID == pr.PID && f.Active {
 				p.record(f, now, false)
@@ -380,6 +419,44 @@ func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 		slog.Debug("target exited", "pid", pr.PID)
 	}
 	return p.snapshot(now), nil
+}
+
+// forgetExited drops the processes whose exit the last snapshot reported,
+// with their findings (daemon mode).
+func (p *Pipeline) forgetExited() {
+	gone := map[int]bool{}
+	p.order = slices.DeleteFunc(p.order, func(pid int) bool {
+		if !p.procs[pid].Exited {
+			return false
+		}
+		gone[pid] = true
+		delete(p.procs, pid)
+		delete(p.starts, pid)
+		return true
+	})
+	if len(gone) == 0 {
+		return
+	}
+	p.targets = slices.DeleteFunc(p.targets, func(pid int) bool { return gone[pid] })
+	p.findings = slices.DeleteFunc(p.findings, func(f model.Finding) bool { return gone[f.PID] && !f.Active })
+}
+
+// Watching reports whether pid is watched and alive as far as the last poll
+// knows.
+func (p *Pipeline) Watching(pid int) bool {
+	pr := p.procs[pid]
+	return pr != nil && !pr.Exited
+}
+
+// Live is the number of watched processes that have not exited.
+func (p *Pipeline) Live() int {
+	n := 0
+	for _, pr := range p.procs {
+		if !pr.Exited {
+			n++
+		}
+	}
+	return n
 }
 
 // alive reports whether the process watched as pid still runs: a pid that
@@ -447,6 +524,11 @@ func (p *Pipeline) snapshot(now time.Time) *model.Snapshot {
 			continue
 		}
 		maps.Copy(s.Lost, lost)
+	}
+	if p.cfg.Source != nil {
+		if lost, err := p.cfg.Source.Lost(); err == nil {
+			maps.Copy(s.Lost, lost)
+		}
 	}
 	return s
 }

@@ -36,3 +36,16 @@ func (fs FS) Descendants(roots []int) ([]int, error) {
 	}
 	return out, nil
 }
+
+// AllPIDs lists every process (thread group) under the proc mount.
+func (fs FS) AllPIDs() ([]int, error) {
+	procs, err := fs.proc.AllProcs()
+	if err != nil {
+		return nil, err
+	}
+	pids := make([]int, len(procs))
+	for i, p := range procs {
+		pids[i] = p.PID
+	}
+	return pids, nil
+}

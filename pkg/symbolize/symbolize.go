@@ -23,17 +23,24 @@ import (
 const deletedSuffix = " (deleted)"
 
 // Symbolizer resolves addresses of many processes. It caches each process's
-// mappings (until Forget) and each mapped file's symbol table, which is shared
-// by all processes mapping the same file. It is safe for concurrent use.
+// mappings (until Forget) and, within bounds (see maxCacheBytes), each mapped
+// file's symbol index, which is shared by all processes mapping the same file
+// or a file with the same build-id. It is safe for concurrent use.
 type Symbolizer struct {
 	procRoot string
 
-	// mu guards both caches; it is held for a whole Frames or Unwind call so
+	// mu guards the caches; it is held for a whole Frames or Unwind call so
 	// that a file is parsed once even when several callers need it at the
 	// same time.
-	mu    sync.Mutex
-	maps  map[int][]mapping
-	files map[fileKey]*elfInfo // a nil value records a file that is not ELF
+	mu      sync.Mutex
+	maps    map[int][]mapping
+	files   map[fileKey]*cacheEntry
+	builds  map[buildKey]*cacheEntry
+	entries []*cacheEntry // each cached file once
+	bytes   int           // charged by entries
+	tick    uint64        // counts uses, to find the least recently used
+
+	maxBytes, maxFiles int
 }
 
 // mapping is one line of /proc/PID/maps.
@@ -46,7 +53,8 @@ type mapping struct {
 }
 
 // fileKey identifies a mapped file across processes, so that a library mapped
-// by a hundred processes is parsed once.
+// by a hundred processes is opened once. Copies of it (other containers'
+// layers) have other keys and meet by build-id.
 type fileKey struct {
 	dev, inode uint64
 	path       string // used only when the maps line has no inode
@@ -57,7 +65,10 @@ func New(procRoot string) *Symbolizer {
 	return &Symbolizer{
 		procRoot: procRoot,
 		maps:     make(map[int][]mapping),
-		files:    make(map[fileKey]*elfInfo),
+		files:    make(map[fileKey]*cacheEntry),
+		builds:   make(map[buildKey]*cacheEntry),
+		maxBytes: maxCacheBytes,
+		maxFiles: maxCacheFiles,
 	}
 }
 
@@ -186,16 +197,16 @@ func (s *Symbolizer) frame(pid int, m *mapping, addr uint64) string {
 	}
 	module := filepath.Base(m.path)
 	off := addr - m.start + m.offset
-	info := s.elfFor(pid, m)
-	if info == nil {
+	e := s.elfFor(pid, m)
+	if e == nil {
 		// Without the ELF headers the file offset is the best stable offset.
 		return fmt.Sprintf("%s+%#x", module, off)
 	}
-	vaddr, ok := info.vaddr(off)
+	vaddr, ok := e.info.vaddr(off)
 	if !ok {
 		return fmt.Sprintf("%s+%#x", module, off)
 	}
-	sym, ok := info.lookup(vaddr)
+	sym, ok := s.lookup(e, vaddr)
 	if !ok {
 		return fmt.Sprintf("%s+%#x", module, vaddr)
 	}
@@ -203,25 +214,6 @@ func (s *Symbolizer) frame(pid int, m *mapping, addr uint64) string {
 		return fmt.Sprintf("%s+%#x (%s)", sym.name, d, module)
 	}
 	return fmt.Sprintf("%s (%s)", sym.name, module)
-}
-
-// elfFor returns the parsed symbols of m's file, or nil if unavailable.
-func (s *Symbolizer) elfFor(pid int, m *mapping) *elfInfo {
-	if info, ok := s.files[m.key]; ok {
-		return info
-	}
-	f, err := s.open(pid, m)
-	if err != nil {
-		// Not cached: the file may still be reachable through another process.
-		return nil
-	}
-	defer f.Close()
-	info, err := parseELF(f)
-	if err != nil {
-		info = nil
-	}
-	s.files[m.key] = info
-	return info
 }
 
 // open opens the file behind m, preferring the path inside the process's

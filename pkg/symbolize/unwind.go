@@ -1,9 +1,6 @@
 package symbolize
 
-import (
-	"encoding/binary"
-	"os"
-)
+import "encoding/binary"
 
 // Code is not mapped in the lowest 64 KiB (loaders map far above
 // vm.mmap_min_addr) nor above the 47-bit x86-64 user address space (only an
@@ -33,8 +30,7 @@ const maxCallLen = 7
 func (s *Symbolizer) Unwind(pid int, fp, scan []uint64) []uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rs := &returnSites{pm: s.procMaps(pid), files: make(map[fileKey]*os.File)}
-	defer rs.close()
+	rs := &returnSites{pm: s.procMaps(pid)}
 	return mergeStacks(fp, scan, rs.plausible)
 }
 
@@ -66,19 +62,8 @@ func mergeStacks(fp, scan []uint64, isRet func(uint64) bool) []uint64 {
 }
 
 // returnSites tells return addresses of one process during one Unwind call.
-// It keeps the mapped files it reads open only for the call: keeping them
-// longer would pin a descriptor for every library of every process seen.
 type returnSites struct {
-	pm    *procMaps
-	files map[fileKey]*os.File // nil value: the file could not be opened
-}
-
-func (rs *returnSites) close() {
-	for _, f := range rs.files {
-		if f != nil {
-			f.Close()
-		}
-	}
+	pm *procMaps
 }
 
 func (rs *returnSites) plausible(addr uint64) bool {
@@ -89,40 +74,28 @@ func (rs *returnSites) plausible(addr uint64) bool {
 	if m == nil || m.path == "" {
 		return false
 	}
-	info := rs.pm.s.elfFor(rs.pm.pid, m)
-	if info == nil {
+	e := rs.pm.s.elfFor(rs.pm.pid, m)
+	if e == nil {
 		return false
 	}
+	info := e.info
 	off := addr - m.start + m.offset
 	l, ok := info.loadAt(off)
 	if !ok || !l.exec {
 		return false
 	}
-	f := rs.file(m)
-	if f == nil {
-		return false
-	}
 	// The call must lie in the same segment; bytes before it in the file
-	// belong to another segment or to the headers.
+	// belong to another segment or to the headers. A file shared by
+	// build-id has the same bytes.
 	n := min(maxCallLen, off-l.off)
 	code := make([]byte, n)
-	if _, err := f.ReadAt(code, int64(off-n)); err != nil {
+	if _, err := info.f.ReadAt(code, int64(off-n)); err != nil {
 		return false
 	}
 	indirect, direct, rel := decodeCall(code)
 	// A direct call stays within its module (calls to other modules go
 	// through the PLT), so a target outside its code exposes a mere E8 byte.
 	return indirect || direct && info.inCode(off-l.off+l.vaddr+uint64(int64(rel)))
-}
-
-func (rs *returnSites) file(m *mapping) *os.File {
-	f, ok := rs.files[m.key]
-	if !ok {
-		// On error f is nil, which records that the file cannot be read.
-		f, _ = rs.pm.s.open(rs.pm.pid, m)
-		rs.files[m.key] = f
-	}
-	return f
 }
 
 // decodeCall decodes code, the bytes that end at a candidate return address,

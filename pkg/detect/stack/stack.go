@@ -21,3 +21,14 @@ func CallSite(frames []string) string {
 	}
 	return frames[0]
 }
+
+// Function is the function name of a frame "func+0xoff (module)": what an
+// alert can name as the site. A frame without a symbol ("module+0xoff",
+// "0xaddr") is returned as is.
+func Function(frame string) string {
+	name, _, _ := strings.Cut(frame, " (")
+	if fn, off, ok := strings.Cut(name, "+0x"); ok && fn != "" && off != "" {
+		return fn
+	}
+	return name
+}

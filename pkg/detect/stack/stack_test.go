@@ -16,3 +16,16 @@ func TestCallSite(t *testing.T) {
 		}
 	}
 }
+
+func TestFunction(t *testing.T) {
+	for frame, want := range map[string]string{
+		"cache_tokenizer+0x1a (demo)":  "cache_tokenizer",
+		"main (demo)":                  "main",
+		"libfoo.so+0x1234 (libfoo.so)": "libfoo.so",
+		"0x7ffd0000":                   "0x7ffd0000",
+	} {
+		if got := Function(frame); got != want {
+			t.Errorf("Function(%q) = %q, want %q", frame, got, want)
+		}
+	}
+}

@@ -1,0 +1,185 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/signal"
+	"regexp"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/daemon"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ctxstorm"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/discover"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/metrics"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/nvml"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/pipeline"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/podinfo"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
+)
+
+type daemonFlags struct {
+	listen      string
+	webConfig   string
+	interval    time.Duration
+	resync      time.Duration
+	matchComm   string
+	matchCgroup string
+	all         bool
+	maxProcs    int
+	findingsLog bool
+	node        string
+	maxFDs      uint32
+	maxAllocs   uint32
+	gpuEvery    time.Duration
+	ctxFloor    float64
+}
+
+func newDaemon() *cobra.Command {
+	var f daemonFlags
+	cmd := &cobra.Command{
+		Use:   "daemon",
+		Short: "Watch every process on this node that uses CUDA (or --all), export findings to Prometheus",
+		Long: `Watches the node without being told pids: every process that maps a CUDA
+library (or has the runtime linked in), found as it execs or loads the library
+(kernel events) and by a slow resync of /proc. Serves /metrics, /healthz and
+/readyz. In a Kubernetes pod with hostPID, processes are labelled with their
+pod (from their cgroup, and names from the API server). SIGTERM detaches
+everything and exits 0.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			rules, err := f.rules()
+			if err != nil {
+				return err
+			}
+			if err := requireRoot(); err != nil {
+				return err
+			}
+			return runDaemon(&f, rules)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.listen, "listen", ":9464", "serve /metrics, /healthz and /readyz on ADDR (a bare :port binds every interface: Prometheus scrapes from outside the node)")
+	fl.StringVar(&f.webConfig, "web.config.file", "", "exporter-toolkit web config (TLS, basic auth), as node_exporter takes it")
+	fl.DurationVar(&f.interval, "interval", time.Second, "how often maps are read, detectors run and new processes are watched")
+	fl.DurationVar(&f.resync, "resync", time.Minute, "how often /proc is walked for processes the kernel events missed")
+	fl.StringVar(&f.matchComm, "match-comm", "", "watch only processes whose name (comm) matches REGEX")
+	fl.StringVar(&f.matchCgroup, "match-cgroup", "", "watch only processes whose cgroup path matches GLOB (* matches across /), e.g. '*kubepods*'")
+	fl.BoolVar(&f.all, "all", false, "watch every user process (fd, sched, sock views), not only those using CUDA")
+	fl.IntVar(&f.maxProcs, "max-processes", 256, "most processes watched at once; more are counted in autoglm_processes_over_cap_total")
+	fl.BoolVar(&f.findingsLog, "findings-log", false, "also write each finding state change as a JSON line on stdout")
+	fl.StringVar(&f.node, "node-name", os.Getenv("NODE_NAME"), "this node's name, to ask the API server for its pods (default $NODE_NAME, from the downward API)")
+	fl.Uint32Var(&f.maxFDs, "max-fds", 1<<18, "capacity of the kernel's live fd table, all processes together")
+	fl.Uint32Var(&f.maxAllocs, "max-allocs", 1<<18, "capacity of the kernel's live GPU allocation table, all processes together")
+	fl.DurationVar(&f.gpuEvery, "gpu-interval", nvml.DefaultInterval, "how often NVML is sampled (at least "+nvml.MinInterval.String()+")")
+	fl.Float64Var(&f.ctxFloor, "ctx-switch-floor", ctxstorm.DefaultConfig().Floor, "context switches/s below which no storm is reported")
+	return cmd
+}
+
+// rules validates the flags: bad input is a usage error (exit 2).
+func (f *daemonFlags) rules() (daemon.Rules, error) {
+	r := daemon.Rules{All: f.all, Max: f.maxProcs}
+	if f.maxProcs <= 0 {
+		return r, usagef("--max-processes must be positive, got %d", f.maxProcs)
+	}
+	if f.interval <= 0 || f.resync <= 0 {
+		return r, usagef("--interval and --resync must be positive")
+	}
+	if f.gpuEvery < nvml.MinInterval {
+		return r, usagef("--gpu-interval must be at least %s, got %s", nvml.MinInterval, f.gpuEvery)
+	}
+	if f.maxFDs == 0 || f.maxAllocs == 0 || f.ctxFloor <= 0 {
+		return r, usagef("--max-fds, --max-allocs and --ctx-switch-floor must be positive")
+	}
+	if f.matchComm != "" {
+		re, err := regexp.Compile(f.matchComm)
+		if err != nil {
+			return r, usagef("--match-comm: %v", err)
+		}
+		r.Comm = re
+	}
+	if f.matchCgroup != "" {
+		re, err := daemon.CompileGlob(f.matchCgroup)
+		if err != nil {
+			return r, usagef("--match-cgroup: %v", err)
+		}
+		r.Cgroup = re
+	}
+	return r, nil
+}
+
+func runDaemon(f *daemonFlags, rules daemon.Rules) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	srv, err := daemon.Listen(f.listen, f.webConfig)
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+
+	proc, err := procinfo.New("/proc")
+	if err != nil {
+		return err
+	}
+	var resolver *podinfo.Resolver
+	if os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
+		resolver = podinfo.NewInClusterResolver(ctx, f.node)
+	}
+	events, err := discover.New(false)
+	if err != nil {
+		// Without the discovery programs every resync walks /proc: slower
+		// to notice a new process, not blind.
+		slog.Warn("process discovery from kernel events unavailable; relying on the /proc resync", "err", err)
+		events = nil
+	} else {
+		defer events.Close()
+	}
+	finder := daemon.NewFinder(rules, proc, events, f.resync)
+
+	reg := prometheus.NewRegistry()
+	sink := metrics.New(reg, version, metrics.Options{Pods: true})
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "autoglm_watched_processes",
+			Help: "Processes the daemon watches now."}, func() float64 { return float64(finder.Watched()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "autoglm_processes_over_cap_total",
+			Help: "Processes that matched but were not watched because --max-processes was reached."},
+			func() float64 { return float64(finder.OverCap.Load()) }),
+	)
+	health := &daemon.Health{}
+	sinks := []pipeline.Sink{sink, health}
+	if f.findingsLog {
+		sinks = append(sinks, daemon.NewFindingsLog(os.Stdout))
+	}
+	srv.Serve(reg, health, 3*f.interval+5*time.Second, f.webConfig)
+
+	cfg := pipeline.DefaultConfig()
+	cfg.Interval, cfg.MaxFDs, cfg.MaxAllocs, cfg.GPUInterval = f.interval, f.maxFDs, f.maxAllocs, f.gpuEvery
+	cfg.CtxStorm.Floor = f.ctxFloor
+	cfg.Daemon, cfg.Source = true, finder
+	cfg.Pod = func(pid int) model.Pod {
+		pod, err := resolver.ForPID("/proc", pid)
+		if err != nil {
+			return model.Pod{}
+		}
+		return model.Pod{UID: pod.UID, ContainerID: pod.ContainerID, Namespace: pod.Namespace, Name: pod.Name, Container: pod.Container}
+	}
+	p, err := pipeline.New(cfg, sinks...)
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	p.Ready()
+	srv.SetReady()
+	slog.Info("daemon started", "max_processes", rules.Max, "all", rules.All, "node", f.node)
+	if _, err := p.Run(ctx); err != nil {
+		return err
+	}
+	stop()
+	return p.Close()
+}

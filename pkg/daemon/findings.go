@@ -1,0 +1,124 @@
+package daemon
+
+import (
+	"encoding/json"
+	"io"
+	"sync/atomic"
+	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/stack"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+)
+
+// FindingsLog is a sink that writes one JSON line per finding state change
+// (it became active, its severity changed, it ended), for log pipelines
+// (Loki, Elasticsearch, ...). A summary whose figures move every interval
+// is not a change.
+type FindingsLog struct {
+	enc  *json.Encoder
+	last map[findingKey]findingState
+}
+
+type findingKey struct {
+	kind      string
+	pid       int
+	firstSeen int64
+}
+
+type findingState struct {
+	active   bool
+	severity string
+}
+
+// findingLine is the JSON shape of one line.
+type findingLine struct {
+	Time      time.Time      `json:"time"`
+	Event     string         `json:"event"` // "active", "updated" or "ended"
+	Kind      string         `json:"kind"`
+	Severity  string         `json:"severity"`
+	PID       int            `json:"pid"`
+	Comm      string         `json:"comm"`
+	Pod       *model.Pod     `json:"pod,omitempty"`
+	Site      string         `json:"site,omitempty"`
+	Summary   string         `json:"summary"`
+	FirstSeen time.Time      `json:"first_seen"`
+	Stack     []string       `json:"stack,omitempty"`
+	Evidence  map[string]any `json:"evidence,omitempty"`
+}
+
+// NewFindingsLog writes to w.
+func NewFindingsLog(w io.Writer) *FindingsLog {
+	return &FindingsLog{enc: json.NewEncoder(w), last: map[findingKey]findingState{}}
+}
+
+// Update writes the changes since the previous snapshot.
+func (l *FindingsLog) Update(s *model.Snapshot) {
+	procs := make(map[int]*model.Process, len(s.Processes))
+	for _, p := range s.Processes {
+		procs[p.PID] = p
+	}
+	seen := make(map[findingKey]bool, len(s.Findings))
+	for _, f := range s.Findings {
+		k := findingKey{f.Kind, f.PID, f.FirstSeen.UnixNano()}
+		seen[k] = true
+		cur := findingState{f.Active, f.Severity}
+		prev, known := l.last[k]
+		if known && prev == cur {
+			continue
+		}
+		l.last[k] = cur
+		event := "updated"
+		switch {
+		case !known && !f.Active:
+			continue // began and ended between two snapshots we never saw: none here
+		case !known:
+			event = "active"
+		case !f.Active:
+			event = "ended"
+		}
+		line := findingLine{Time: s.Time, Event: event, Kind: f.Kind, Severity: f.Severity, PID: f.PID, Comm: f.Comm,
+			Summary: f.Summary, FirstSeen: f.FirstSeen, Stack: f.Stack, Evidence: f.Evidence}
+		if p := procs[f.PID]; p != nil && p.Pod != (model.Pod{}) {
+			pod := p.Pod
+			line.Pod = &pod
+		}
+		if len(f.Stack) > 0 {
+			line.Site = stack.Function(stack.CallSite(f.Stack))
+		}
+		_ = l.enc.Encode(line)
+	}
+	// Findings the pipeline forgot (their process exited) are done.
+	for k := range l.last {
+		if !seen[k] {
+			delete(l.last, k)
+		}
+	}
+}
+
+// Close writes the final changes.
+func (l *FindingsLog) Close(final *model.Snapshot) error {
+	if final != nil {
+		l.Update(final)
+	}
+	return nil
+}
+
+// Health is a sink that records when the loop last ticked, for /healthz.
+type Health struct {
+	last atomic.Int64 // UnixNano of the last snapshot
+}
+
+// Update records the tick.
+func (h *Health) Update(*model.Snapshot) { h.last.Store(time.Now().UnixNano()) }
+
+// Close does nothing: the loop has stopped.
+func (h *Health) Close(*model.Snapshot) error { return nil }
+
+// Since is how long ago the loop last ticked; false before the first tick.
+func (h *Health) Since() (time.Duration, bool) {
+	n := h.last.Load()
+	if n == 0 {
+		return 0, false
+	}
+	return time.Since(time.Unix(0, n)), true
+}

@@ -1,0 +1,96 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/exporter-toolkit/web"
+)
+
+// Server serves /metrics, /healthz and /readyz, with TLS and basic auth
+// from an exporter-toolkit web config file as node_exporter does.
+type Server struct {
+	srv   *http.Server
+	ln    net.Listener
+	ready atomic.Bool
+	done  chan error
+}
+
+// Listen binds addr now, so that a port in use is an error at start, and
+// checks the web config file (empty: plain HTTP, no auth).
+func Listen(addr, webConfig string) (*Server, error) {
+	if webConfig != "" {
+		if err := web.Validate(webConfig); err != nil {
+			return nil, fmt.Errorf("--web.config.file %s: %w", webConfig, err)
+		}
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--listen %s: %w", addr, err)
+	}
+	return &Server{ln: ln, done: make(chan error, 1)}, nil
+}
+
+// Addr is the address bound.
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// Serve starts serving in the background: metrics gathered from g (text,
+// OpenMetrics or protobuf, as the scraper asks), /healthz healthy while the
+// loop ticked within stale, /readyz ready once SetReady was called.
+func (s *Server) Serve(g prometheus.Gatherer, h *Health, stale time.Duration, webConfig string) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{
+		ErrorHandling:     promhttp.ContinueOnError,
+		EnableOpenMetrics: true,
+	}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		ago, ok := h.Since()
+		switch {
+		case !ok:
+			http.Error(w, "the loop has not ticked yet", http.StatusServiceUnavailable)
+		case ago > stale:
+			http.Error(w, fmt.Sprintf("the loop last ticked %s ago", ago.Round(time.Millisecond)), http.StatusServiceUnavailable)
+		default:
+			fmt.Fprintf(w, "ok: last tick %s ago\n", ago.Round(time.Millisecond))
+		}
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.ready.Load() {
+			http.Error(w, "BPF programs not loaded yet", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	flags := &web.FlagConfig{WebListenAddresses: &[]string{s.ln.Addr().String()}, WebConfigFile: &webConfig}
+	go func() {
+		err := web.Serve(s.ln, s.srv, flags, slog.Default())
+		if errors.Is(err, http.ErrServerClosed) {
+			err = nil
+		}
+		s.done <- err
+	}()
+	slog.Info("serving", "metrics", "http://"+s.ln.Addr().String()+"/metrics")
+}
+
+// SetReady marks the BPF side loaded.
+func (s *Server) SetReady() { s.ready.Store(true) }
+
+// Close stops serving.
+func (s *Server) Close() error {
+	if s.srv == nil {
+		return s.ln.Close()
+	}
+	err := s.srv.Close()
+	if serr := <-s.done; serr != nil {
+		err = errors.Join(err, serr)
+	}
+	return err
+}
