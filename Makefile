@@ -9,7 +9,7 @@ CFLAGS  := -O1 -g -fno-omit-frame-pointer -Wall -pthread
 FIXTURES := testdata/bin/fdwork testdata/bin/demo testdata/bin/schedwork testdata/bin/sockwork testdata/bin/cudawork testdata/bin/realcuda testdata/bin/leaderexit
 GOSRC   := $(shell find cmd pkg -name '*.go' -o -name '*.o') go.mod go.sum
 
-.PHONY: build deps generate-deps generate check-generate fixtures test demo bench clean
+.PHONY: build deps test-deps generate-deps generate check-generate fixtures test demo bench clean
 
 build: $(BIN)
 
@@ -18,6 +18,9 @@ $(BIN): $(GOSRC)
 
 deps:
 	@scripts/install-deps.sh
+
+test-deps:
+	@scripts/install-deps.sh test
 
 generate-deps:
 	@scripts/install-deps.sh generate
@@ -49,7 +52,7 @@ testdata/bin/%: testdata/%.c
 	@mkdir -p testdata/bin
 	$(CC) $(CFLAGS) -o $@ $<
 
-test: deps build fixtures
+test: deps test-deps build fixtures
 	$(GO) vet ./...
 	# -p 1: packages one at a time, so that tests which count the programs
 	# loaded in the kernel see only their own.

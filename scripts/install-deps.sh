@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs what building, testing and the demo need on Debian/Ubuntu:
-# Go (must already be on PATH), a C compiler for the test fixtures, and with
-# "generate" the BPF toolchain (clang, llvm, libbpf headers, bpftool).
+# Go (must already be on PATH), a C compiler for the test fixtures; with
+# "generate" the BPF toolchain (clang, llvm, libbpf headers, bpftool); with
+# "test" what the tests run besides the tool: bpftool (nothing left loaded),
+# Prometheus with promtool and Alertmanager (the alert rules, dashboard
+# queries and the alerting loop).
 set -euo pipefail
 
 need=()
@@ -12,6 +15,11 @@ if [ "${1:-}" = generate ]; then
 	command -v llvm-strip >/dev/null || need+=(llvm)
 	[ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 	command -v bpftool >/dev/null || need+=(bpftool)
+fi
+if [ "${1:-}" = test ]; then
+	command -v bpftool >/dev/null || need+=(bpftool)
+	command -v promtool >/dev/null || need+=(prometheus)
+	command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
 fi
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" != 0 ]; then

@@ -87,9 +87,7 @@ type Finder struct {
 	overCap  map[int]bool
 	OverCap  atomic.Uint64
 	capWarn  bool
-	watched  atomic.Int64 // live watched processes, for the gauge
-	resyncs  atomic.Uint64
-	rejected map[int]bool // pids already found not to match, until they exec
+	watched atomic.Int64 // live watched processes, for the gauge
 }
 
 // NewFinder returns a Finder for the rules. events may be nil (the kernel
@@ -97,7 +95,7 @@ type Finder struct {
 func NewFinder(rules Rules, proc procinfo.FS, events *discover.Watcher, resync time.Duration) *Finder {
 	return &Finder{
 		rules: rules, proc: proc, cuda: cudatrack.NewFinder(proc), events: events, resync: resync,
-		self: os.Getpid(), overCap: map[int]bool{}, rejected: map[int]bool{},
+		self: os.Getpid(), overCap: map[int]bool{},
 	}
 }
 
@@ -113,14 +111,10 @@ func (f *Finder) Discover(p *pipeline.Pipeline) {
 	f.drain(candidates)
 	if f.lastRun.IsZero() || time.Since(f.lastRun) >= f.resync {
 		f.lastRun = time.Now()
-		f.resyncs.Add(1)
 		pids, err := f.proc.AllPIDs()
 		if err != nil {
 			slog.Warn("listing processes", "err", err)
 		}
-		// A process rejected earlier may have loaded CUDA since: the
-		// resync looks at everything again.
-		clear(f.rejected)
 		for _, pid := range pids {
 			candidates[pid] = true
 		}
@@ -130,10 +124,8 @@ func (f *Finder) Discover(p *pipeline.Pipeline) {
 			delete(f.overCap, pid)
 			continue
 		}
-		ok, err := f.matches(pid)
-		if err != nil || !ok {
+		if ok, err := f.matches(pid); err != nil || !ok {
 			delete(f.overCap, pid)
-			f.rejected[pid] = true
 			continue
 		}
 		if p.Live() >= f.rules.Max {
@@ -172,22 +164,11 @@ func (f *Finder) drain(into map[int]bool) {
 			if !ok {
 				return
 			}
-			if e.Why == discover.Exec {
-				// A new program: earlier verdicts do not hold.
-				delete(f.rejected, e.PID)
-			}
-			if !f.rejected[e.PID] || e.Why == discover.CUDAMapped {
-				into[e.PID] = true
-			}
+			into[e.PID] = true
 		default:
 			return
 		}
 	}
-}
-
-// Forget is told that a watched process exited: a slot is free.
-func (f *Finder) Forget(pid int) {
-	delete(f.rejected, pid)
 }
 
 // Lost returns the discovery programs' loss counters.

@@ -85,8 +85,6 @@ type Config struct {
 type Source interface {
 	// Discover watches new processes with p.Watch; called at each poll.
 	Discover(p *Pipeline)
-	// Forget is told that a process the pipeline watched has exited.
-	Forget(pid int)
 	// Lost returns the source's monotonic loss counters by source name.
 	Lost() (map[string]uint64, error)
 }
@@ -408,9 +406,6 @@ func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 			c.Untrack(pr.PID)
 		}
 		p.sym.Forget(pr.PID)
-		if p.cfg.Source != nil {
-			p.cfg.Source.Forget(pr.PID)
-		}
 		for _, f := range p.findings {
 			if f.PID == pr.PID && f.Active {
 				p.record(f, now, false)

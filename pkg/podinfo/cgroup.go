@@ -79,9 +79,12 @@ func parseCgroup(lines []procfs.Cgroup) (Cgroup, error) {
 			return cg, nil
 		}
 	}
-	for _, l := range lines {
-		if l.HierarchyID == 0 || slices.Contains(l.Controllers, "name=systemd") {
-			return Cgroup{Path: l.Path}, nil
+	for _, prefer := range []func(procfs.Cgroup) bool{
+		func(l procfs.Cgroup) bool { return l.HierarchyID == 0 },
+		func(l procfs.Cgroup) bool { return slices.Contains(l.Controllers, "name=systemd") },
+	} {
+		if i := slices.IndexFunc(lines, prefer); i >= 0 {
+			return Cgroup{Path: lines[i].Path}, nil
 		}
 	}
 	return Cgroup{Path: lines[0].Path}, nil

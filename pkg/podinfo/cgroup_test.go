@@ -75,6 +75,8 @@ func TestReadCgroup(t *testing.T) {
 		{118, "a sub-cgroup of the container",
 			Cgroup{slice1 + "/cri-containerd-" + cid1 + ".scope/init.scope", uid1, cid1}},
 		{119, "the pod slice itself", Cgroup{slice1, uid1, ""}},
+		{120, "hybrid v1+v2, not a pod: the v2 path, though name=systemd comes first",
+			Cgroup{"/autoglm-churn-1", "", ""}},
 	}
 	for _, tt := range tests {
 		got, err := ReadCgroup("testdata/proc", tt.pid)

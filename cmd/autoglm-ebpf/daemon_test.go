@@ -1,0 +1,425 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	pmodel "github.com/prometheus/common/model"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
+)
+
+// daemonProc is a running `autoglm-ebpf daemon` on a loopback port.
+type daemonProc struct {
+	cmd  *exec.Cmd
+	addr string
+	out  *strings.Builder // stdout: the findings log
+}
+
+// startDaemon starts the daemon with args and waits until /readyz answers.
+func startDaemon(t *testing.T, args ...string) *daemonProc {
+	t.Helper()
+	d := &daemonProc{addr: freeAddr(t), out: &strings.Builder{}}
+	d.cmd = exec.Command(binary, append([]string{"daemon", "--listen", d.addr}, args...)...)
+	d.cmd.Stdout = d.out
+	d.cmd.Stderr = os.Stderr
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.cmd.Process.Kill(); _ = d.cmd.Wait() })
+	waitFor(t, 20*time.Second, "daemon ready", func() bool {
+		code, _ := get(d.addr, "/readyz")
+		return code == http.StatusOK
+	})
+	return d
+}
+
+// stop sends SIGTERM and returns the exit code.
+func (d *daemonProc) stop(t *testing.T) int {
+	t.Helper()
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	err := d.cmd.Wait()
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return 0
+}
+
+// scrape parses the daemon's /metrics.
+func (d *daemonProc) scrape(t *testing.T) map[string]*dto.MetricFamily {
+	t.Helper()
+	code, body := get(d.addr, "/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("/metrics: %d %s", code, body)
+	}
+	p := expfmt.NewTextParser(pmodel.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fams
+}
+
+// series returns the samples of name whose labels include want.
+func series(fams map[string]*dto.MetricFamily, name string, want map[string]string) []*dto.Metric {
+	var out []*dto.Metric
+	f := fams[name]
+	if f == nil {
+		return nil
+	}
+next:
+	for _, m := range f.Metric {
+		labels := map[string]string{}
+		for _, l := range m.Label {
+			labels[l.GetName()] = l.GetValue()
+		}
+		for k, v := range want {
+			if labels[k] != v {
+				continue next
+			}
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// hasPID reports whether any series names pid.
+func hasPID(fams map[string]*dto.MetricFamily, pid int) bool {
+	for name := range fams {
+		if len(series(fams, name, map[string]string{"pid": strconv.Itoa(pid)})) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func get(addr, path string) (int, string) {
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// waitFor polls cond every 200 ms until it holds or timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// testCgroup makes the cgroup rel (a path like kubepods/besteffort/pod<uid>/
+// <container id>, as the kubelet's cgroupfs driver names them) in the cgroup
+// v2 hierarchy, the one a process's cgroup path is read from (on a hybrid
+// machine, /sys/fs/cgroup/unified), and returns its directory. It is removed
+// when the test ends, after the processes in it are gone.
+func testCgroup(t *testing.T, rel string) string {
+	t.Helper()
+	var root string
+	for _, r := range []string{"/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
+		if _, err := os.Stat(filepath.Join(r, "cgroup.controllers")); err == nil {
+			root = r
+			break
+		}
+	}
+	if root == "" {
+		t.Fatal("no cgroup v2 hierarchy mounted")
+	}
+	dir := filepath.Join(root, rel)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for d := dir; d != root; d = filepath.Dir(d) {
+			for i := 0; i < 50 && os.Remove(d) != nil; i++ {
+				time.Sleep(100 * time.Millisecond) // the processes are being reaped
+			}
+		}
+	})
+	return dir
+}
+
+// inCgroup returns the arguments of a shell that moves itself into dir and
+// execs the arguments appended to it, so that the program starts inside the
+// container's cgroup.
+func inCgroup(dir string) []string {
+	return []string{"-c", fmt.Sprintf(`echo $$ > %s/cgroup.procs && exec "$@"`, dir), "sh"}
+}
+
+// The daemon runs first; CUDA processes (the stand-in runtime, loaded late
+// with dlopen) start inside a kubelet-style cgroup and are watched within an
+// interval of loading it: their live bytes and a failed allocation's finding
+// appear on /metrics with their pid, pod UID, container id and call site;
+// their series are gone after they exit; SIGTERM exits 0 and leaves no BPF
+// program loaded.
+func TestDaemonWatchesPodProcesses(t *testing.T) {
+	testutil.RequireRoot(t)
+	before := progCount(t)
+	rt := testutil.CUDAStubs(t)
+	bin := testutil.Fixture(t, "cudawork")
+	const uid = "3f0e9b7c-1a2b-4c3d-8e9f-0123456789ab"
+	cid := strings.Repeat("0123456789abcdef", 4)
+	dir := testCgroup(t, filepath.Join("kubepods", "besteffort", "pod"+uid, cid))
+
+	d := startDaemon(t, "--findings-log", "--resync", "1h")
+	env := []string{"CUDA_STUB_LIMIT=1073741824"}
+	holder := testutil.StartProc(t, env, "/bin/sh", append(inCgroup(dir), bin, rt, "leak", "120")...)
+	failer := testutil.StartProc(t, env, "/bin/sh", append(inCgroup(dir), bin, rt, "fail", "120")...)
+	failer.Wait(t, "loaded", 20*time.Second)
+	pod := map[string]string{"pod_uid": uid, "container_id": cid}
+
+	// Watched (and so hooked) within an interval or two of the dlopen.
+	waitFor(t, 10*time.Second, "the failing process on /metrics", func() bool {
+		return len(series(d.scrape(t), "autoglm_open_fds", map[string]string{"pid": strconv.Itoa(failer.Cmd.Process.Pid), "pod_uid": uid})) > 0
+	})
+	failer.Signal(t)
+	failer.Wait(t, "done", 10*time.Second)
+	holderPID, failerPID := strconv.Itoa(holder.Cmd.Process.Pid), strconv.Itoa(failer.Cmd.Process.Pid)
+	waitFor(t, 15*time.Second, "live bytes and the failure finding with pod labels", func() bool {
+		fams := d.scrape(t)
+		live := series(fams, "autoglm_cuda_live_bytes", merge(pod, map[string]string{"pid": holderPID, "comm": "cudawork"}))
+		found := series(fams, "autoglm_finding", merge(pod, map[string]string{"pid": failerPID, "kind": "gpu_alloc_failure", "site": "load_checkpoint"}))
+		return len(live) == 1 && live[0].GetGauge().GetValue() > 0 && len(found) == 1 && found[0].GetGauge().GetValue() == 1
+	})
+	if fams := d.scrape(t); len(series(fams, "autoglm_watched_processes", nil)) != 1 {
+		t.Error("no autoglm_watched_processes")
+	}
+
+	for _, p := range []*testutil.Proc{holder, failer} {
+		_ = p.Cmd.Process.Kill()
+		_ = p.Cmd.Wait()
+	}
+	waitFor(t, 10*time.Second, "the exited processes' series to go", func() bool {
+		fams := d.scrape(t)
+		return !hasPID(fams, holder.Cmd.Process.Pid) && !hasPID(fams, failer.Cmd.Process.Pid)
+	})
+	if code := d.stop(t); code != 0 {
+		t.Fatalf("daemon exited %d after SIGTERM", code)
+	}
+	// The kernel frees programs of an exited process after RCU grace
+	// periods, not at once.
+	waitFor(t, 20*time.Second, fmt.Sprintf("the BPF program count back to %d", before), func() bool { return progCount(t) == before })
+	// The findings log has the failure as a JSON line naming the pod.
+	sc := bufio.NewScanner(strings.NewReader(d.out.String()))
+	logged := false
+	for sc.Scan() {
+		line := sc.Text()
+		logged = logged || (strings.Contains(line, `"kind":"gpu_alloc_failure"`) && strings.Contains(line, `"pod_uid":"`+uid+`"`) &&
+			strings.Contains(line, `"event":"active"`))
+	}
+	if !logged {
+		t.Errorf("findings log lacks the failure:\n%s", d.out)
+	}
+}
+
+func merge(a, b map[string]string) map[string]string {
+	out := map[string]string{}
+	for k, v := range a {
+		out[k] = v
+	}
+	for k, v := range b {
+		out[k] = v
+	}
+	return out
+}
+
+// Bad input is a usage error; a port in use is a clear runtime error.
+func TestDaemonBadInput(t *testing.T) {
+	for _, args := range [][]string{
+		{"daemon", "--match-comm", "("},
+		{"daemon", "--match-cgroup", "kubepods[x"},
+		{"daemon", "--max-processes", "0"},
+		{"daemon", "--log-format", "xml"},
+	} {
+		out, code := cli(t, nil, args...)
+		if code != exitUsage {
+			t.Errorf("%v: exit %d, want %d; output %q", args, code, exitUsage, out)
+		}
+	}
+	testutil.RequireRoot(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	out, code := cli(t, nil, "daemon", "--listen", ln.Addr().String())
+	if code != exitRuntime || !strings.Contains(out, "address already in use") {
+		t.Errorf("port in use: exit %d, output %q", code, out)
+	}
+}
+
+// daemonMaps sums, by map name, the entries of the per-process maps (hash
+// and stack maps) that the daemon process holds: found from its fds, so
+// other BPF users on the machine do not count.
+func daemonMaps(t *testing.T, pid int) map[string]int {
+	t.Helper()
+	fdinfo := fmt.Sprintf("/proc/%d/fdinfo", pid)
+	ents, err := os.ReadDir(fdinfo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	seen := map[string]bool{}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(fdinfo, e.Name()))
+		if err != nil {
+			continue
+		}
+		var typ, id string
+		for _, line := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "map_type:"); ok {
+				typ = strings.TrimSpace(v)
+			}
+			if v, ok := strings.CutPrefix(line, "map_id:"); ok {
+				id = strings.TrimSpace(v)
+			}
+		}
+		// BPF_MAP_TYPE_HASH, PERCPU_HASH, STACK_TRACE, LRU_HASH
+		if id == "" || seen[id] || (typ != "1" && typ != "5" && typ != "7" && typ != "9") {
+			continue
+		}
+		seen[id] = true
+		js, err := exec.Command("bpftool", "-j", "map", "dump", "id", id).Output()
+		if err != nil {
+			continue // closed meanwhile
+		}
+		var entries []json.RawMessage
+		if err := json.Unmarshal(js, &entries); err != nil {
+			t.Fatalf("bpftool map dump id %s: %v", id, err)
+		}
+		info, _ := exec.Command("bpftool", "-j", "map", "show", "id", id).Output()
+		var m struct{ Name string }
+		_ = json.Unmarshal(info, &m)
+		out[m.Name] += len(entries)
+	}
+	return out
+}
+
+func rssKiB(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			return n
+		}
+	}
+	t.Fatal("no VmRSS")
+	return 0
+}
+
+// Thousands of short-lived processes and dozens of short-lived CUDA
+// processes pass by a daemon watching every process of one cgroup: when they
+// are gone, the daemon watches nothing, its kernel maps hold what they held
+// before, and its memory is back near where it was.
+func TestDaemonChurn(t *testing.T) {
+	testutil.RequireRoot(t)
+	rt := testutil.CUDAStubs(t)
+	bin := testutil.Fixture(t, "cudawork")
+	dir := testCgroup(t, "autoglm-churn-"+strconv.Itoa(os.Getpid()))
+	d := startDaemon(t, "--all", "--match-cgroup", "*autoglm-churn*", "--interval", "200ms", "--resync", "2s")
+	pid := d.cmd.Process.Pid
+	watched := func() float64 {
+		s := series(d.scrape(t), "autoglm_watched_processes", nil)
+		if len(s) != 1 {
+			t.Fatal("no autoglm_watched_processes")
+		}
+		return s[0].GetGauge().GetValue()
+	}
+	time.Sleep(2 * time.Second)
+	baseMaps, baseRSS := daemonMaps(t, pid), rssKiB(t, pid)
+
+	// 2000 processes too short to be watched, 200 that live 300 ms (a
+	// few polls), 24 CUDA processes that load the runtime and allocate.
+	script := fmt.Sprintf(`echo $$ > %s/cgroup.procs
+for i in $(seq 2000); do /bin/true; done
+for b in $(seq 10); do
+	for i in $(seq 20); do sleep 0.3 & done
+	wait
+done
+for b in $(seq 6); do
+	for i in $(seq 4); do %s %s steady 1 >/dev/null & done
+	wait
+done`, dir, bin, rt)
+	churn := exec.Command("/bin/sh", "-c", script)
+	churn.Stderr = os.Stderr
+	var peakWatched float64
+	if err := churn.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- churn.Wait() }()
+	for running := true; running; {
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+			running = false
+		case <-time.After(300 * time.Millisecond):
+			peakWatched = max(peakWatched, watched())
+		}
+	}
+	if peakWatched < 4 {
+		t.Errorf("at most %v processes watched during the churn: the short-lived ones were not seen", peakWatched)
+	}
+	var last map[string]int
+	var lastWatched float64
+	deadline := time.Now().Add(20 * time.Second)
+	for settled := false; !settled; time.Sleep(200 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the churn: %v watched, maps %v; before: maps %v", lastWatched, last, baseMaps)
+		}
+		last, lastWatched = daemonMaps(t, pid), watched()
+		settled = lastWatched == 0
+		for name, n := range last {
+			settled = settled && n == baseMaps[name]
+		}
+	}
+	rss := rssKiB(t, pid)
+	t.Logf("daemon RSS %d KiB before the churn, %d KiB after (%d processes watched at the peak); maps %v", baseRSS, rss, int(peakWatched), baseMaps)
+	// Go returns freed heap to the kernel lazily: allow a little.
+	if rss > baseRSS+16*1024 {
+		t.Errorf("daemon RSS grew from %d KiB to %d KiB over the churn", baseRSS, rss)
+	}
+	if fams := d.scrape(t); len(series(fams, "autoglm_bpf_events_lost_total", map[string]string{"source": "discover_ringbuf"})) != 1 {
+		t.Error("discovery losses not exported")
+	}
+}
