@@ -7,3 +7,6 @@ go test -run '^$' -bench 'FDOverhead' -benchtime 1x -timeout 30m ./pkg/fdtrack/
 for s in scripts/bench-*.sh; do
 	[ -x "$s" ] && "$s"
 done
+# The node-wide daemon: RSS and CPU idle among ~1000 processes and with 20
+# CUDA processes at 500 allocations/s each; discovery latency.
+go test -count=1 -run '^$' -bench 'BenchmarkDaemon' -benchtime 1x -timeout 10m ./cmd/autoglm-ebpf/

@@ -31,7 +31,7 @@ type daemonProc struct {
 }
 
 // startDaemon starts the daemon with args and waits until /readyz answers.
-func startDaemon(t *testing.T, args ...string) *daemonProc {
+func startDaemon(t testing.TB, args ...string) *daemonProc {
 	t.Helper()
 	d := &daemonProc{addr: freeAddr(t), out: &strings.Builder{}}
 	d.cmd = exec.Command(binary, append([]string{"daemon", "--listen", d.addr}, args...)...)
@@ -49,7 +49,7 @@ func startDaemon(t *testing.T, args ...string) *daemonProc {
 }
 
 // stop sends SIGTERM and returns the exit code.
-func (d *daemonProc) stop(t *testing.T) int {
+func (d *daemonProc) stop(t testing.TB) int {
 	t.Helper()
 	_ = d.cmd.Process.Signal(syscall.SIGTERM)
 	err := d.cmd.Wait()
@@ -63,7 +63,7 @@ func (d *daemonProc) stop(t *testing.T) int {
 }
 
 // scrape parses the daemon's /metrics.
-func (d *daemonProc) scrape(t *testing.T) map[string]*dto.MetricFamily {
+func (d *daemonProc) scrape(t testing.TB) map[string]*dto.MetricFamily {
 	t.Helper()
 	code, body := get(d.addr, "/metrics")
 	if code != http.StatusOK {
@@ -75,6 +75,11 @@ func (d *daemonProc) scrape(t *testing.T) map[string]*dto.MetricFamily {
 		t.Fatal(err)
 	}
 	return fams
+}
+
+// scrapeHas reports whether any series on /metrics names pid.
+func (d *daemonProc) scrapeHas(t testing.TB, pid int) bool {
+	return hasPID(d.scrape(t), pid)
 }
 
 // series returns the samples of name whose labels include want.
@@ -120,7 +125,7 @@ func get(addr, path string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -131,7 +136,7 @@ func freeAddr(t *testing.T) string {
 }
 
 // waitFor polls cond every 200 ms until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
