@@ -318,3 +318,63 @@ func TestFailureJustBeforeExit(t *testing.T) {
 	}
 	t.Fatalf("no gpu_alloc_failure reported; findings %+v", final.Findings)
 }
+
+// The loop keeps its cadence under load: at 100 k allocations/s and at
+// ~800 k context switches/s the published counters move at every interval
+// (a poll that stalled behind the kernel's events would publish the same
+// figures twice, or fewer snapshots).
+func TestCadenceUnderLoad(t *testing.T) {
+	testutil.RequireRoot(t)
+	rt := testutil.CUDAStubs(t)
+	for _, tc := range []struct {
+		name    string
+		start   func(t *testing.T) (pid int, release func())
+		counter func(p *model.Process) uint64
+	}{
+		{"100k-allocations-per-second", func(t *testing.T) (int, func()) {
+			p := testutil.StartProc(t, nil, testutil.Fixture(t, "cudawork"), rt, "rate", "12", "100000", "2")
+			p.Wait(t, "loaded", 10*time.Second)
+			return p.Cmd.Process.Pid, func() { p.Signal(t) }
+		}, func(p *model.Process) uint64 { return p.CUDA.Calls["cudaMalloc"] }},
+		{"context-switch-storm", func(t *testing.T) (int, func()) {
+			cmd := testutil.Start(t, testutil.Fixture(t, "schedwork"), "storm", "4", "12")
+			return cmd.Process.Pid, func() {}
+		}, func(p *model.Process) uint64 { return p.Sched.Voluntary + p.Sched.Involuntary }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			proc, _ := procinfo.New("/proc")
+			const polls = 8
+			rec := &recorder{proc: proc, stop: func(s *model.Snapshot) bool { return false }}
+			p, err := New(DefaultConfig(), rec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			p.Ready()
+			pid, release := tc.start(t)
+			if err := p.Watch(pid); err != nil {
+				t.Fatal(err)
+			}
+			release()
+			ctx, cancel := context.WithCancel(context.Background())
+			rec.cancel = cancel
+			rec.stop = func(*model.Snapshot) bool { return len(rec.snaps) >= polls+2 }
+			if _, err := p.Run(ctx); err != nil {
+				t.Fatal(err)
+			}
+			// The first two polls may precede the load (start-up, hooks).
+			var prev uint64
+			for i, s := range rec.snaps[2:] {
+				if len(s.Processes) != 1 || s.Processes[0].Exited {
+					t.Fatalf("snapshot %d: %+v", i, s.Processes)
+				}
+				n := tc.counter(s.Processes[0])
+				if i > 0 && n <= prev {
+					t.Errorf("poll %d: counter %d did not move from %d", i+2, n, prev)
+				}
+				prev = n
+			}
+			t.Logf("%s: %d events in %d polls", tc.name, prev, polls)
+		})
+	}
+}
