@@ -12,8 +12,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	coreinformers "k8s.io/client-go/informers/core/v1"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
@@ -56,32 +57,72 @@ func NewInClusterResolver(ctx context.Context, node string) *Resolver {
 		slog.Warn(fallbackMsg, "err", err)
 		return nil
 	}
-	// Pods are the API's bulkiest objects; protobuf decodes them with far
-	// less garbage than JSON.
-	cfg.ContentType = "application/vnd.kubernetes.protobuf"
-	client, err := kubernetes.NewForConfig(cfg)
+	pods, err := allPods(cfg)
 	if err != nil {
 		slog.Warn(fallbackMsg, "err", err)
 		return nil
 	}
-	return NewResolver(ctx, client, node)
+	return NewResolver(ctx, pods, node)
+}
+
+// allPods lists and watches the pods of every node on the API server of
+// cfg, which it adjusts; NewResolver adds the selector for its node.
+//
+// It talks to the API server through a bare core/v1 RESTClient rather than
+// the generated clientset: the clientset's scheme and typed clients import
+// every API group, which doubled the binary and, as their package init
+// touches it, the daemon's resident memory. Pods need core/v1 only.
+func allPods(cfg *rest.Config) (cache.ListerWatcher, error) {
+	// core/v1 brings along the meta/v1 types a client decodes besides pods:
+	// watch events and the Status of a refused request.
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	cfg.APIPath = "/api"
+	cfg.GroupVersion = &corev1.SchemeGroupVersion
+	cfg.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
+	// Pods are the API's bulkiest objects; protobuf decodes them with far
+	// less garbage than JSON. The codec factory serves it for any scheme.
+	cfg.ContentType = runtime.ContentTypeProtobuf
+	cfg.UserAgent = rest.DefaultKubernetesUserAgent()
+	client, err := rest.RESTClientFor(cfg)
+	if err != nil {
+		return nil, err
+	}
+	// No options of its own: the field selector is NewResolver's to set.
+	return cache.NewFilteredListWatchFromClient(client, "pods", metav1.NamespaceAll, func(*metav1.ListOptions) {}), nil
 }
 
 // NewResolver starts an informer on the pods scheduled to node and waits for
-// its first list at most syncWait. If the list fails (API server unreachable,
-// RBAC forbids listing pods) or takes longer, it logs one warning and goes
-// on trying in the background; Lookup fails until the list arrives. Without
-// a node name it would have to watch the whole cluster's pods, so it logs
-// the warning and returns nil. The informer stops when ctx is done.
-func NewResolver(ctx context.Context, client kubernetes.Interface, node string) *Resolver {
+// its first list at most syncWait. pods lists and watches the pods of every
+// node; NewResolver asks it for node's only, with a spec.nodeName field
+// selector. If the list fails (API server unreachable, RBAC forbids listing
+// pods) or takes longer, it logs one warning and goes on trying in the
+// background; Lookup fails until the list arrives. Without a node name it
+// would have to watch the whole cluster's pods, so it logs the warning and
+// returns nil. The informer stops when ctx is done.
+func NewResolver(ctx context.Context, pods cache.ListerWatcher, node string) *Resolver {
 	if node == "" {
 		slog.Warn(fallbackMsg, "err", "no node name (set NODE_NAME from spec.nodeName)")
 		return nil
 	}
 	selector := fields.OneTermEqualSelector("spec.nodeName", node).String()
-	inf := coreinformers.NewFilteredPodInformer(client, metav1.NamespaceAll, 0,
-		cache.Indexers{uidIndex: podUIDs},
-		func(o *metav1.ListOptions) { o.FieldSelector = selector })
+	all := cache.ToListerWatcherWithContext(pods)
+	onNode := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = selector
+			return all.ListWithContext(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = selector
+			return all.WatchWithContext(ctx, o)
+		},
+	}
+	// The reflector streams its first list as a watch unless pods says it
+	// cannot (a fake clientset says so); the wrapper passes that on.
+	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(onNode, pods),
+		&corev1.Pod{}, 0, cache.Indexers{uidIndex: podUIDs})
 	r := &Resolver{informer: inf, fellBack: make(chan struct{})}
 	// Both setters fail only once the informer runs; it does not yet.
 	_ = inf.SetTransform(strip)

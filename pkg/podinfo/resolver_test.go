@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 )
 
 const node = "gpu-node-a"
@@ -63,6 +64,21 @@ func fakeClient(pods ...runtime.Object) *fake.Clientset {
 		}), nil
 	})
 	return c
+}
+
+// fakePods lists and watches the pods of every node through c, as allPods
+// does through the API server. It says, as c does, that the fake cannot
+// stream a list as a watch.
+func fakePods(c *fake.Clientset) cache.ListerWatcher {
+	pods := c.CoreV1().Pods(metav1.NamespaceAll)
+	return cache.ToListWatcherWithWatchListSemantics(&cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return pods.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return pods.Watch(ctx, o)
+		},
+	}, c)
 }
 
 func pod(nodeName, ns, name, uid string, containers ...string) *corev1.Pod {
@@ -178,7 +194,7 @@ func TestResolver(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	start := time.Now()
-	r := NewResolver(ctx, client, node)
+	r := NewResolver(ctx, fakePods(client), node)
 	if !r.informer.HasSynced() {
 		t.Fatalf("not synced after NewResolver (%v)", time.Since(start))
 	}
@@ -264,7 +280,7 @@ func TestResolverStripsPods(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	r := NewResolver(ctx, fakeClient(p), node)
+	r := NewResolver(ctx, fakePods(fakeClient(p)), node)
 	objs := r.informer.GetStore().List()
 	if len(objs) != 1 {
 		t.Fatalf("cache holds %d objects, want 1", len(objs))
@@ -302,7 +318,7 @@ func TestResolverForbidden(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	start := time.Now()
-	r := NewResolver(ctx, client, node)
+	r := NewResolver(ctx, fakePods(client), node)
 	if d := time.Since(start); d >= syncWait {
 		t.Errorf("NewResolver waited %v on a refused list", d)
 	}
@@ -335,7 +351,7 @@ func TestResolverSlowAPIServer(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	start := time.Now()
-	r := NewResolver(ctx, client, node)
+	r := NewResolver(ctx, fakePods(client), node)
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("NewResolver took %v", d)
 	}
@@ -368,7 +384,7 @@ func TestResolverUnavailable(t *testing.T) {
 			return NewInClusterResolver(ctx, node)
 		}, "KUBERNETES_SERVICE_HOST"},
 		{"no node name", func(ctx context.Context) *Resolver {
-			return NewResolver(ctx, fakeClient(), "")
+			return NewResolver(ctx, fakePods(fakeClient()), "")
 		}, "NODE_NAME"},
 	} {
 		l := captureLogs(t)
