@@ -19,6 +19,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	pmodel "github.com/prometheus/common/model"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
@@ -427,4 +428,72 @@ done`, dir, bin, rt)
 	if fams := d.scrape(t); len(series(fams, "autoglm_bpf_events_lost_total", map[string]string{"source": "discover_ringbuf"})) != 1 {
 		t.Error("discovery losses not exported")
 	}
+}
+
+// The exporter conventions: /metrics negotiates its format as client_golang
+// does, and --web.config.file turns on basic auth (and TLS) as node_exporter
+// does. Killed with SIGKILL and started again, the daemon comes back with
+// nothing doubled, and nothing stays loaded once it is gone.
+func TestDaemonExporterConventionsAndRestart(t *testing.T) {
+	testutil.RequireRoot(t)
+	before := progCount(t)
+	hash, err := bcrypt.GenerateFromPassword([]byte("s3cret"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	webConfig := filepath.Join(t.TempDir(), "web.yml")
+	if err := os.WriteFile(webConfig, []byte("basic_auth_users:\n  prom: "+string(hash)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := &daemonProc{addr: freeAddr(t), out: &strings.Builder{}}
+	d.cmd = exec.Command(binary, "daemon", "--listen", d.addr, "--web.config.file", webConfig)
+	d.cmd.Stderr = os.Stderr
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.cmd.Process.Kill(); _ = d.cmd.Wait() })
+	fetch := func(user, pass, accept string) (int, string) {
+		req, _ := http.NewRequest("GET", "http://"+d.addr+"/metrics", nil)
+		if user != "" {
+			req.SetBasicAuth(user, pass)
+		}
+		if accept != "" {
+			req.Header.Set("Accept", accept)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("Content-Type")
+	}
+	waitFor(t, 20*time.Second, "the daemon to serve", func() bool { code, _ := fetch("prom", "s3cret", ""); return code == http.StatusOK })
+	if code, _ := fetch("", "", ""); code != http.StatusUnauthorized {
+		t.Errorf("no credentials: %d, want 401", code)
+	}
+	if code, _ := fetch("prom", "wrong", ""); code != http.StatusUnauthorized {
+		t.Errorf("wrong password: %d, want 401", code)
+	}
+	for accept, want := range map[string]string{
+		"":                             "text/plain",
+		"application/openmetrics-text": "application/openmetrics-text",
+		"application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited": "application/vnd.google.protobuf",
+	} {
+		if code, ct := fetch("prom", "s3cret", accept); code != http.StatusOK || !strings.HasPrefix(ct, want) {
+			t.Errorf("Accept %q: %d %q, want %s", accept, code, ct, want)
+		}
+	}
+
+	// SIGKILL: no clean-up code runs; the kernel drops what the process held.
+	_ = d.cmd.Process.Kill()
+	_ = d.cmd.Wait()
+	again := startDaemon(t)
+	fams := again.scrape(t)
+	if n := len(series(fams, "autoglm_build_info", nil)); n != 1 {
+		t.Errorf("%d build_info series after a restart", n)
+	}
+	if code := again.stop(t); code != 0 {
+		t.Fatalf("exit %d after SIGTERM", code)
+	}
+	waitFor(t, 20*time.Second, fmt.Sprintf("the BPF program count back to %d", before), func() bool { return progCount(t) == before })
 }
