@@ -9,7 +9,7 @@ CFLAGS  := -O1 -g -fno-omit-frame-pointer -Wall -pthread
 FIXTURES := testdata/bin/fdwork testdata/bin/demo testdata/bin/schedwork testdata/bin/sockwork testdata/bin/cudawork testdata/bin/realcuda testdata/bin/leaderexit
 GOSRC   := $(shell find cmd pkg -name '*.go' -o -name '*.o') go.mod go.sum
 
-.PHONY: build deps test-deps generate-deps generate check-generate fixtures test demo bench clean
+.PHONY: build deps test-deps generate-deps generate check-generate fixtures test demo screenshot bench clean
 
 build: $(BIN)
 
@@ -63,8 +63,17 @@ test: deps test-deps build fixtures
 # per allocation.
 demo: deps build fixtures
 	@echo "== autoglm-ebpf watching a demo inference worker for 25 s: fd leak, GPU burst, GPU allocation failure =="
-	CUDA_STUB_LIMIT=1073741824 ./$(BIN) run --duration 25s --json bin/demo-report.json -- testdata/bin/demo 60 testdata/bin/cuda/libcudart.so.11.0
-	@echo "== JSON report: bin/demo-report.json =="
+	CUDA_STUB_LIMIT=1073741824 ./$(BIN) run --duration 25s --json bin/demo-report.json --html bin/demo-report.html -- testdata/bin/demo 60 testdata/bin/cuda/libcudart.so.11.0
+	@echo "== JSON report: bin/demo-report.json; HTML report with charts: bin/demo-report.html =="
+
+# README's picture of the demo's HTML report: the page as a browser shows
+# it, reduced to a small palette.
+screenshot: demo
+	@scripts/install-deps.sh screenshot
+	chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
+		--disable-component-update --disable-sync --user-data-dir=$$(mktemp -d) --hide-scrollbars \
+		--window-size=1400,1640 --screenshot=bin/demo-report.png file://$(CURDIR)/bin/demo-report.html
+	pngquant --force --quality=60-90 --output docs/demo-report.png bin/demo-report.png
 
 bench: deps build fixtures
 	@scripts/bench.sh

@@ -6,6 +6,8 @@
  * The live allocations of every tracked process sit in a kernel hash keyed by
  * (tgid, pointer): it is the source of truth, so a burst of any size loses
  * nothing while the table has room. Per-API totals are per-CPU counters.
+ * A per-process sum of live device bytes and its high-water mark since the
+ * last poll let user space see a spike that comes and goes between polls.
  * Only failed allocations, which are rare, go through the ring buffer.
  *
  * The runtime implements its allocations by calling the driver on the same
@@ -16,6 +18,7 @@
  * The API of each attach point comes from the BPF cookie: one program per
  * argument shape serves every function of that shape. */
 #include "common.h"
+#include "pyframes.h"
 
 /* Hooked functions; the cookie of each attach point. Runtime first, then
  * driver, then the driver's virtual memory management calls. The Go table in
@@ -79,6 +82,7 @@ struct cuda_alloc {
 	s32 stack_id; /* user stack at return; negative: unknown */
 	u16 api;
 	u16 pad;
+	u32 py_stack; /* Python frames, an id in py_stacks (bpf/pyframes.h); 0: none */
 };
 
 /* Per-process totals since tracking began; user space creates the entry. */
@@ -98,6 +102,7 @@ struct cuda_failure {
 	s32 stack_id;
 	u16 api;
 	u16 pad[3];
+	u32 py_stack; /* as in cuda_alloc */
 };
 
 /* Saved at the entry of the outermost call of a layer on a thread. */
@@ -121,6 +126,7 @@ struct thread_calls {
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 262144); /* resized from Go (Config.MaxAllocs) */
+	__uint(map_flags, BPF_F_NO_PREALLOC); /* memory follows use, not capacity */
 	__type(key, struct cuda_alloc_key);
 	__type(value, struct cuda_alloc);
 } live_allocs SEC(".maps");
@@ -128,9 +134,32 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC); /* memory follows use, not capacity */
 	__type(key, u32);
 	__type(value, struct cuda_counts);
 } cuda_counters SEC(".maps");
+
+/* Live device bytes of each tracked process (pinned host memory left out),
+ * kept beside the live table so that each allocation can raise the
+ * high-water mark below; user space creates the entry. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, u32);
+	__type(value, s64);
+} live_bytes SEC(".maps");
+
+/* The most live device bytes of each process since user space last read the
+ * entry. User space reads and deletes it at each poll in one atomic
+ * operation (BPF_MAP_LOOKUP_AND_DELETE_ELEM) and the next allocation starts
+ * a new one, so memory allocated and freed again between two polls still
+ * shows. A gauge's peak, unlike the counters, may be reset. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, u32);
+	__type(value, u64);
+} peak_bytes SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
@@ -186,6 +215,57 @@ static __always_inline u32 api_of(struct pt_regs *ctx)
 static __always_inline bool in_flight(const struct call_state *st, u64 sp, bool outer_too)
 {
 	return st->sp > sp || (outer_too && st->sp && st->sp == sp);
+}
+
+/* Pinned host memory: not on the GPU, so not in the live device bytes. */
+static __always_inline bool is_host(u32 api)
+{
+	return api == API_CUDA_MALLOC_HOST || api == API_CUDA_HOST_ALLOC || api == API_CU_MEM_ALLOC_HOST ||
+	       api == API_CU_MEM_HOST_ALLOC;
+}
+
+/* Raises the high-water mark of tgid to live. Allocating threads race for
+ * it, hence the compare-and-swap; a bounded number of tries keeps the
+ * verifier happy, and losing all of them to larger values is harmless. */
+static __always_inline void raise_peak(u32 tgid, s64 live)
+{
+	if (live <= 0)
+		return;
+	u64 v = live;
+	u64 *peak = bpf_map_lookup_elem(&peak_bytes, &tgid);
+	if (!peak) {
+		if (!bpf_map_update_elem(&peak_bytes, &tgid, &v, BPF_NOEXIST))
+			return;
+		/* Another CPU created it first. */
+		peak = bpf_map_lookup_elem(&peak_bytes, &tgid);
+		if (!peak) {
+			count_err(ERR_COUNTERS);
+			return;
+		}
+	}
+	for (int i = 0; i < 8; i++) {
+		u64 old = *(volatile u64 *)peak;
+		if (old >= v || __sync_val_compare_and_swap(peak, old, v) == old)
+			return;
+	}
+}
+
+/* Adds delta to the live device bytes of tgid; an allocation (delta > 0)
+ * also raises the high-water mark. */
+static __always_inline void add_live(u32 tgid, u32 api, s64 delta)
+{
+	if (is_host(api) || !delta)
+		return;
+	s64 *live = bpf_map_lookup_elem(&live_bytes, &tgid);
+	if (!live) {
+		count_err(ERR_COUNTERS);
+		return;
+	}
+	if (delta < 0) {
+		__sync_fetch_and_add(live, delta);
+		return;
+	}
+	raise_peak(tgid, __sync_fetch_and_add(live, delta) + delta);
 }
 
 static __always_inline struct thread_calls *thread_calls(bool create)
@@ -280,9 +360,14 @@ int cuda_free_enter(struct pt_regs *ctx)
 	/* Not found: allocated before tracking began, or not by a hooked API. */
 	struct cuda_alloc *a = addr ? bpf_map_lookup_elem(&live_allocs, &key) : NULL;
 	if (a) {
-		freed = a->size;
-		if (bpf_map_delete_elem(&live_allocs, &key))
-			freed = 0;
+		u64 size = a->size;
+		u16 alloc_api = a->api;
+		/* Only the deleting CPU accounts for it: two frees of one pointer
+		 * race here, one of them deletes. */
+		if (!bpf_map_delete_elem(&live_allocs, &key)) {
+			freed = size;
+			add_live(tgid, alloc_api, -(s64)size);
+		}
 	}
 	count(tgid, api, 0, freed);
 	return 0;
@@ -304,6 +389,7 @@ static __always_inline void report_failure(struct call_state *st, u32 tgid, u32 
 	f->stack_id = stack_id;
 	f->api = st->api;
 	f->pad[0] = f->pad[1] = f->pad[2] = 0;
+	f->py_stack = capture_py(tgid);
 	bpf_ringbuf_submit(f, 0);
 }
 
@@ -330,13 +416,20 @@ static __always_inline u64 record_alloc(struct call_state *st, u32 tgid, s32 sta
 		.time_ns = bpf_ktime_get_ns(),
 		.stack_id = stack_id,
 		.api = st->api,
+		.py_stack = capture_py(tgid),
 	};
 	/* A pointer already in the table was freed by a path we do not hook:
-	 * the new allocation replaces it. */
+	 * the new allocation replaces it, and its bytes are no longer live. */
+	struct cuda_alloc *stale = bpf_map_lookup_elem(&live_allocs, &key);
+	u64 stale_size = stale ? stale->size : 0;
+	u16 stale_api = stale ? stale->api : 0;
 	if (bpf_map_update_elem(&live_allocs, &key, &a, BPF_ANY)) {
 		count_err(ERR_TABLE_FULL);
 		return 0;
 	}
+	if (stale)
+		add_live(tgid, stale_api, -(s64)stale_size);
+	add_live(tgid, st->api, size);
 	return size;
 }
 

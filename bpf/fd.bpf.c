@@ -21,6 +21,7 @@
  * exited process are dropped by user space. Fd creation failing with EMFILE
  * or ENFILE is counted per process, with the site of the latest failure. */
 #include "common.h"
+#include "pyframes.h"
 
 enum fd_kind {
 	FD_OTHER = 0,
@@ -62,6 +63,7 @@ struct fd_info {
 	 * candidate return addresses. glibc has no frame pointers, so the
 	 * frame-pointer stack alone loses the caller of open(). */
 	u64 callers[MAX_CALLERS];
+	u32 py_stack; /* Python frames, an id in py_stacks (bpf/pyframes.h); 0: none */
 };
 
 /* Executable mappings of a tracked process, kept current by user space. */
@@ -97,6 +99,7 @@ struct fd_entry {
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536); /* resized from Go (--max-fds) */
+	__uint(map_flags, BPF_F_NO_PREALLOC); /* memory follows use, not capacity */
 	__type(key, struct fd_key);
 	__type(value, struct fd_info);
 } fd_table SEC(".maps");
@@ -104,6 +107,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC); /* memory follows use, not capacity */
 	__type(key, u32);
 	__type(value, struct fd_counts);
 } fd_counters SEC(".maps");
@@ -144,7 +148,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
-	__uint(max_entries, 16384);
+	__uint(max_entries, 4096); /* few: glibc wrappers skip the frame walk; collected every 10 polls */
 	__uint(key_size, sizeof(u32));
 	__uint(value_size, 127 * sizeof(u64));
 } fd_stacks SEC(".maps");
@@ -240,6 +244,7 @@ static __always_inline void capture_site(void *ctx, u32 tgid, struct fd_info *in
 		info->stack_id = STACK_NO_FP;
 	}
 	scan_callers(tgid, sp, info);
+	info->py_stack = capture_py(tgid);
 }
 
 /* Records a new fd. An existing entry for the same number was replaced

@@ -16,6 +16,13 @@
  * task (TASK_REPORT_MAX since 4.14; older kernels used a larger value). */
 #define TASK_REPORT_MAX 0x100
 #define RUNQ_SLOTS 32
+/* Waits are slotted in units of 2^-30 s (~0.93 ns), not ns, so that the slot
+ * bounds are powers of two of a second: exactly the buckets of a Prometheus
+ * native histogram (schema 0). ns * 2^30 / 10^9 = ns * 2^21 / 5^9, which
+ * fits in 64 bits below 2^43 ns (2.4 h); longer waits go to the last slot. */
+#define RUNQ_UNIT_MUL 2097152ULL
+#define RUNQ_UNIT_DIV 1953125ULL
+#define RUNQ_UNIT_MAX_NS (1ULL << 43)
 #define TRACKED_BITS (1 << 18)
 
 /* One tracked thread: its switch-outs since tracking began, and when it last
@@ -33,8 +40,8 @@ struct thread_sched {
 };
 
 /* Per-process totals, per CPU. User space creates the entry when it starts
- * tracking; runq_slots[i] counts waits of [2^i, 2^(i+1)) ns, the last slot
- * everything longer. */
+ * tracking; runq_slots[i] counts waits of [2^i, 2^(i+1)) units of 2^-30 s
+ * (RUNQ_UNIT), the last slot everything longer. */
 struct proc_sched {
 	u64 voluntary;
 	u64 involuntary;
@@ -190,7 +197,9 @@ static __always_inline void switch_in(u32 tid)
 			count_err(ERR_COUNTERS);
 		return;
 	}
-	u32 slot = log2_u64(delta);
+	u32 slot = RUNQ_SLOTS - 1;
+	if (delta < RUNQ_UNIT_MAX_NS)
+		slot = log2_u64(delta * RUNQ_UNIT_MUL / RUNQ_UNIT_DIV);
 	if (slot >= RUNQ_SLOTS)
 		slot = RUNQ_SLOTS - 1;
 	c->runq_slots[slot]++;

@@ -43,6 +43,7 @@ struct sock_info {
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536); /* resized from Go */
+	__uint(map_flags, BPF_F_NO_PREALLOC); /* memory follows use, not capacity */
 	__type(key, u64);           /* struct sock address */
 	__type(value, struct sock_info);
 } sock_table SEC(".maps");
@@ -51,6 +52,7 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536); /* resized from Go */
+	__uint(map_flags, BPF_F_NO_PREALLOC); /* memory follows use, not capacity */
 	__type(key, u64);           /* inode */
 	__type(value, u32);         /* tgid */
 } sock_inodes SEC(".maps");

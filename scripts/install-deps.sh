@@ -4,7 +4,10 @@
 # "generate" the BPF toolchain (clang, llvm, libbpf headers, bpftool); with
 # "test" what the tests run besides the tool: bpftool (nothing left loaded),
 # Prometheus with promtool and Alertmanager (the alert rules, dashboard
-# queries and the alerting loop).
+# queries and the alerting loop), Debian's python3.11 (Python frames in
+# stacks), Chromium (the HTML report is rendered in
+# it); with "screenshot" Chromium and pngquant (README's picture of the
+# HTML report).
 set -euo pipefail
 
 need=()
@@ -20,6 +23,13 @@ if [ "${1:-}" = test ]; then
 	command -v bpftool >/dev/null || need+=(bpftool)
 	command -v promtool >/dev/null || need+=(prometheus)
 	command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
+	[ -x /usr/bin/python3.11 ] || need+=(python3.11) # Python frames: pkg/testutil.DebianPython
+fi
+if [ "${1:-}" = test ] || [ "${1:-}" = screenshot ]; then
+	command -v chromium >/dev/null || need+=(chromium)
+fi
+if [ "${1:-}" = screenshot ]; then
+	command -v pngquant >/dev/null || need+=(pngquant)
 fi
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" != 0 ]; then

@@ -19,7 +19,10 @@
  *   bench N         N x (cudaMalloc 4 KiB + cudaFree); prints "ns TOTAL"
  *   rate R THREADS  R allocation+free pairs per second over THREADS threads
  *                   for SECONDS; prints "pairs N ns TOTAL"
- * Exits after SECONDS (bench, rate: when done).
+ *   churn R THREADS SIZE  as rate, with buffers of SIZE bytes taken and freed
+ *                   at once by churn_pair: R x SIZE bytes a second pass
+ *                   through, never more than THREADS x SIZE live
+ * Exits after SECONDS (bench, rate, churn: when done).
  *
  * With CUDAWORK_STEP=1 in the environment, tests drive it with SIGUSR1: the
  * library is loaded only after one, and burst starts after another, prints
@@ -253,6 +256,40 @@ static void *paced(void *arg)
 	return NULL;
 }
 
+__attribute__((noinline)) static void churn_pair(size_t size)
+{
+	void *p;
+	check(rt.malloc(&p, size), "churn_pair");
+	check(rt.free(p), "churn_pair free");
+}
+
+struct churner {
+	struct pacer pc;
+	size_t size;
+};
+
+/* paced, for churn_pair. */
+static void *churned(void *arg)
+{
+	struct churner *ch = arg;
+	struct pacer *pc = &ch->pc;
+	uint64_t start = now_ns();
+	for (;;) {
+		for (int i = 0; i < 100; i++)
+			churn_pair(ch->size);
+		pc->pairs += 100;
+		uint64_t t = now_ns();
+		if (t >= pc->end)
+			break;
+		uint64_t due = start + (uint64_t)(pc->pairs / pc->per_sec * 1e9);
+		if (due > t) {
+			struct timespec ts = { (due - t) / 1000000000ULL, (due - t) % 1000000000ULL };
+			nanosleep(&ts, NULL);
+		}
+	}
+	return NULL;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 4) {
@@ -358,6 +395,29 @@ int main(int argc, char **argv)
 		for (int i = 0; i < threads; i++) {
 			pthread_join(tids[i], NULL);
 			pairs += pcs[i].pairs;
+		}
+		printf("pairs %llu ns %llu\n", (unsigned long long)pairs, (unsigned long long)(now_ns() - t0));
+		fflush(stdout);
+	} else if (strcmp(scenario, "churn") == 0) {
+		double rate = argc > 4 ? atof(argv[4]) : 16000;
+		int threads = argc > 5 ? atoi(argv[5]) : 1;
+		size_t size = argc > 6 ? strtoull(argv[6], NULL, 10) : MiB;
+		if (threads < 1 || threads > 64)
+			threads = 1;
+		pthread_t tids[64];
+		struct churner chs[64];
+		wait_go();
+		uint64_t t0 = now_ns();
+		for (int i = 0; i < threads; i++) {
+			chs[i] = (struct churner){ .pc = { .per_sec = rate / threads,
+							   .end = t0 + (uint64_t)seconds * 1000000000ULL },
+						   .size = size };
+			pthread_create(&tids[i], NULL, churned, &chs[i]);
+		}
+		uint64_t pairs = 0;
+		for (int i = 0; i < threads; i++) {
+			pthread_join(tids[i], NULL);
+			pairs += chs[i].pc.pairs;
 		}
 		printf("pairs %llu ns %llu\n", (unsigned long long)pairs, (unsigned long long)(now_ns() - t0));
 		fflush(stdout);

@@ -7,14 +7,24 @@
  *   fdwork startup N SECONDS      open N fds over ~1s at start, then idle
  *   fdwork kinds SECONDS          one of every fd kind, dup2/close_range/exec paths
  *   fdwork passfd N SECONDS       after 1s, receive N fds over a unix socket (SCM_RIGHTS): no syscall tracepoint sees them
+ *   fdwork exhaust LIMIT RATE SECONDS
+ *                                 after 1.5 s, soft RLIMIT_NOFILE LIMIT; hold_open() until open fails
+ *                                 with EMFILE, then try_open() RATE times a second, failing each time
+ *   fdwork near LIMIT HELD SECONDS
+ *                                 soft RLIMIT_NOFILE LIMIT; hold HELD fds, then open and close one 20 times a second
+ *   fdwork churn OPENS CONNS SECONDS
+ *                                 OPENS file open+close pairs and CONNS loopback TCP connections (connect,
+ *                                 accept, close on both ends) a second, for the agent's own cost (benchmark)
  *   fdwork loop N                 N open+close pairs as fast as possible (benchmark)
  *   fdwork server N               N loopback TCP connections served (benchmark)
  *
  * Every mode prints "ready" once its setup is done, then exits after SECONDS. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -86,6 +96,27 @@ NOINLINE void startup_open(int *fds, int n)
 		fds[i] = open("/dev/null", O_RDONLY);
 		sleep_s(1.0 / n);
 	}
+}
+
+/* Holds an fd for good: the fds that fill the table. */
+NOINLINE int hold_open(void)
+{
+	return open("/dev/null", O_RDONLY);
+}
+
+/* The call that keeps failing once the table is full. */
+NOINLINE int try_open(void)
+{
+	return open("/dev/null", O_RDONLY);
+}
+
+static void set_soft_nofile(rlim_t n)
+{
+	struct rlimit rl;
+	getrlimit(RLIMIT_NOFILE, &rl);
+	rl.rlim_cur = n;
+	if (setrlimit(RLIMIT_NOFILE, &rl))
+		exit(1);
 }
 
 /* Passes an fd to ourselves over a unix socket: the received copy is created
@@ -193,6 +224,94 @@ static int serve(long n)
 	return 0;
 }
 
+/* The churn mode's client connects to this many listeners in turn: the
+ * TIME_WAIT sockets a host can hold towards one address and port are
+ * bounded by the ephemeral ports (~14 k here with tcp_tw_reuse), and a
+ * busy host has tens of thousands. */
+#define CHURN_LISTENERS 3
+
+/* Paced loops of the churn mode: each runs rate iterations a second, in
+ * batches every 10 ms, until end, and counts what it did. */
+struct pace {
+	double rate, end;
+	long done;
+	struct sockaddr_in addr[CHURN_LISTENERS];
+};
+
+static void *churn_files(void *p)
+{
+	struct pace *pc = p;
+	double next = now();
+	while (now() < pc->end) {
+		for (int i = 0; i < (int)(pc->rate / 100); i++, pc->done++)
+			close(open("/dev/null", O_RDONLY));
+		next += 0.01;
+		if (next > now())
+			sleep_s(next - now());
+	}
+	return NULL;
+}
+
+/* Connects and hangs up at once, so the client ends of the connections
+ * pile up in TIME_WAIT, as on a busy host. */
+static void *churn_client(void *p)
+{
+	struct pace *pc = p;
+	double next = now();
+	while (now() < pc->end) {
+		for (int i = 0; i < (int)(pc->rate / 100); i++) {
+			int s = socket(AF_INET, SOCK_STREAM, 0);
+			struct sockaddr_in *a = &pc->addr[pc->done % CHURN_LISTENERS];
+			if (connect(s, (struct sockaddr *)a, sizeof(*a)) == 0)
+				pc->done++;
+			close(s);
+		}
+		next += 0.01;
+		if (next > now())
+			sleep_s(next - now());
+	}
+	return NULL;
+}
+
+static int churn(double opens, double conns, double secs)
+{
+	double t0 = now(), end = t0 + secs;
+	struct pace files = { .rate = opens, .end = end }, client = { .rate = conns, .end = end };
+	struct pollfd ls[CHURN_LISTENERS];
+	for (int i = 0; i < CHURN_LISTENERS; i++) {
+		struct sockaddr_in *a = &client.addr[i];
+		socklen_t len = sizeof(*a);
+		a->sin_family = AF_INET;
+		a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+		ls[i].fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+		ls[i].events = POLLIN;
+		if (bind(ls[i].fd, (struct sockaddr *)a, sizeof(*a)) || listen(ls[i].fd, 4096) ||
+		    getsockname(ls[i].fd, (struct sockaddr *)a, &len))
+			return 1;
+	}
+	pthread_t tf, tc;
+	pthread_create(&tf, NULL, churn_files, &files);
+	pthread_create(&tc, NULL, churn_client, &client);
+	ready();
+	long accepted = 0;
+	while (now() < end) {
+		if (poll(ls, CHURN_LISTENERS, 100) <= 0)
+			continue;
+		for (int i = 0; i < CHURN_LISTENERS; i++) {
+			int s;
+			while ((s = accept(ls[i].fd, NULL, NULL)) >= 0) {
+				close(s);
+				accepted++;
+			}
+		}
+	}
+	pthread_join(tf, NULL);
+	pthread_join(tc, NULL);
+	double dt = now() - t0;
+	printf("opens_per_s %.0f\nconns_per_s %.0f\naccepts_per_s %.0f\n", files.done / dt, client.done / dt, accepted / dt);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 3) {
@@ -212,6 +331,8 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(mode, "server"))
 		return serve(atol(argv[2]));
+	if (!strcmp(mode, "churn") && argc == 5)
+		return churn(atof(argv[2]), atof(argv[3]), atof(argv[4]));
 
 	double secs = atof(argv[argc - 1]);
 	double end = now() + secs;
@@ -265,6 +386,34 @@ int main(int argc, char **argv)
 		ready();
 		while (now() < end)
 			sleep_s(0.1);
+	} else if (!strcmp(mode, "exhaust") && argc == 5) {
+		/* Until its first poll after exec the tracer knows the code ranges
+		 * of the shell `run` started, not ours: fds opened before then
+		 * have no callers. Give it that poll. */
+		sleep_s(1.5);
+		set_soft_nofile(atoi(argv[2]));
+		double rate = atof(argv[3]);
+		while (hold_open() >= 0)
+			;
+		if (errno != EMFILE)
+			return 1;
+		ready();
+		while (now() < end) {
+			int fd = try_open();
+			if (fd >= 0)
+				close(fd);
+			sleep_s(1.0 / rate);
+		}
+	} else if (!strcmp(mode, "near") && argc == 5) {
+		set_soft_nofile(atoi(argv[2]));
+		for (int i = atoi(argv[3]); i > 0; i--)
+			if (hold_open() < 0)
+				return 1;
+		ready();
+		while (now() < end) {
+			close(try_open());
+			sleep_s(0.05);
+		}
 	} else if (!strcmp(mode, "kinds")) {
 		open_kinds();
 		ready();

@@ -14,6 +14,7 @@ import (
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/daemon"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ctxstorm"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpualloc"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/discover"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/metrics"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
@@ -38,6 +39,7 @@ type daemonFlags struct {
 	maxAllocs   uint32
 	gpuEvery    time.Duration
 	ctxFloor    float64
+	gpuBudget   gpualloc.Bytes
 }
 
 func newDaemon() *cobra.Command {
@@ -78,6 +80,7 @@ everything and exits 0.`,
 	fl.Uint32Var(&f.maxAllocs, "max-allocs", 1<<18, "capacity of the kernel's live GPU allocation table, all processes together")
 	fl.DurationVar(&f.gpuEvery, "gpu-interval", nvml.DefaultInterval, "how often NVML is sampled (at least "+nvml.MinInterval.String()+")")
 	fl.Float64Var(&f.ctxFloor, "ctx-switch-floor", ctxstorm.DefaultConfig().Floor, "context switches/s below which no storm is reported")
+	fl.Var(&f.gpuBudget, "gpu-memory-budget", "device memory each process may use (e.g. 80GiB): a GPU leak's time to exhaustion is also judged against it (needed without NVML)")
 	return cmd
 }
 
@@ -161,6 +164,7 @@ func runDaemon(f *daemonFlags, rules daemon.Rules) error {
 	cfg := pipeline.DefaultConfig()
 	cfg.Interval, cfg.MaxFDs, cfg.MaxAllocs, cfg.GPUInterval = f.interval, f.maxFDs, f.maxAllocs, f.gpuEvery
 	cfg.CtxStorm.Floor = f.ctxFloor
+	cfg.GPUAlloc.MemoryBudget = uint64(f.gpuBudget)
 	cfg.Daemon, cfg.Source = true, finder
 	cfg.Pod = func(pid int) model.Pod {
 		pod, err := resolver.ForPID("/proc", pid)

@@ -94,7 +94,7 @@ func newRoot() *cobra.Command {
 	root.PersistentFlags().BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	root.PersistentFlags().StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(newAttach(), newRun(), newDaemon(), newCheck(), &cobra.Command{
+	root.AddCommand(newAttach(), newRun(), newDaemon(), newCheck(), newReport(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Args:  cobra.NoArgs,

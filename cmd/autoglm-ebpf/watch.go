@@ -19,6 +19,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ctxstorm"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpualloc"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/launch"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/metrics"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
@@ -34,12 +35,15 @@ type watchFlags struct {
 	duration time.Duration
 	interval time.Duration
 	json     string
+	html     string
 	listen   string
 	failOn   []string
+	classic  bool // the run-queue histogram gets classic buckets too
 	maxFDs   uint32
 	ctxFloor float64
 	gpuEvery time.Duration
 	maxAlloc uint32
+	budget   gpualloc.Bytes // --gpu-memory-budget
 	children bool
 }
 
@@ -48,12 +52,15 @@ func (f *watchFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.duration, "duration", 0, "stop after this long (default: until Ctrl-C or the targets exit)")
 	fl.DurationVar(&f.interval, "interval", time.Second, "how often maps are read and detectors run")
 	fl.StringVar(&f.json, "json", "", "write a JSON report to FILE at the end (- for stdout)")
+	fl.StringVar(&f.html, "html", "", "write the report as a self-contained HTML page with charts to FILE at the end")
 	fl.StringVar(&f.listen, "listen", "", "serve Prometheus metrics on ADDR (a bare :port binds 127.0.0.1)")
+	fl.BoolVar(&f.classic, "runqueue-classic-buckets", false, "give the run-queue histogram on /metrics a few classic buckets too, for scrapers without native histograms")
 	fl.StringSliceVar(&f.failOn, "fail-on", nil, "exit 3 if a finding of KIND[,KIND...] is made: "+strings.Join(model.Kinds, ", "))
 	fl.Uint32Var(&f.maxFDs, "max-fds", 1<<16, "capacity of the kernel's live fd table, all targets together")
 	fl.BoolVar(&f.children, "children", false, "also watch the targets' child processes (found every interval), like strace -f")
 	fl.DurationVar(&f.gpuEvery, "gpu-interval", nvml.DefaultInterval, "how often NVML is sampled (at least "+nvml.MinInterval.String()+")")
 	fl.Uint32Var(&f.maxAlloc, "max-allocs", 1<<18, "capacity of the kernel's live GPU allocation table, all targets together")
+	fl.Var(&f.budget, "gpu-memory-budget", "device memory each process may use (e.g. 80GiB): a GPU leak's time to exhaustion is also judged against it (needed without NVML)")
 	fl.Float64Var(&f.ctxFloor, "ctx-switch-floor", ctxstorm.DefaultConfig().Floor, "context switches/s below which no storm is reported, whatever the baseline")
 }
 
@@ -63,6 +70,9 @@ func (f *watchFlags) validate() error {
 	}
 	if f.duration < 0 {
 		return usagef("--duration must not be negative, got %s", f.duration)
+	}
+	if f.html == "-" {
+		return usagef("--html needs a file name, not -")
 	}
 	if f.maxFDs == 0 {
 		return usagef("--max-fds must be positive")
@@ -209,13 +219,13 @@ func watch(cmd *cobra.Command, f *watchFlags, start func(*pipeline.Pipeline) (fu
 		out = os.Stderr
 	}
 	sinks := []pipeline.Sink{tui.New(out, term.IsTerminal(int(out.Fd())))}
-	if f.json != "" {
-		sinks = append(sinks, report.New(f.json, version))
+	if f.json != "" || f.html != "" {
+		sinks = append(sinks, report.New(version, report.Outputs{JSON: f.json, HTML: f.html}))
 	}
 	var srv *http.Server
 	if f.listen != "" {
 		reg := prometheus.NewRegistry()
-		sinks = append(sinks, metrics.New(reg, version))
+		sinks = append(sinks, metrics.New(reg, version, metrics.Options{RunqueueClassicBuckets: f.classic}))
 		var err error
 		if srv, err = serve(f.listen, metrics.Handler(reg)); err != nil {
 			return err
@@ -227,6 +237,7 @@ func watch(cmd *cobra.Command, f *watchFlags, start func(*pipeline.Pipeline) (fu
 	cfg.Interval, cfg.MaxFDs = f.interval, f.maxFDs
 	cfg.CtxStorm.Floor = f.ctxFloor
 	cfg.GPUInterval, cfg.MaxAllocs = f.gpuEvery, f.maxAlloc
+	cfg.GPUAlloc.MemoryBudget = uint64(f.budget)
 	cfg.Children = f.children
 	p, err := pipeline.New(cfg, sinks...)
 	if err != nil {

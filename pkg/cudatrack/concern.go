@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/pyframes"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
 )
 
@@ -29,11 +30,12 @@ type Concern struct {
 	topSites int
 	failures map[int][]model.CUDAFailure
 	frames   map[stackKey][]string
+	py       *pyframes.Tracker
 }
 
 type stackKey struct {
 	pid int
-	id  int32
+	id  int64 // siteID
 }
 
 // New loads the CUDA BPF object. det may be nil (no findings).
@@ -46,7 +48,7 @@ func New(cfg Config, det Detector, sym *symbolize.Symbolizer) (*Concern, error) 
 	if top <= 0 {
 		top = 64
 	}
-	return &Concern{Tracker: t, sym: sym, det: det, topSites: top, failures: map[int][]model.CUDAFailure{}, frames: map[stackKey][]string{}}, nil
+	return &Concern{Tracker: t, sym: sym, det: det, topSites: top, failures: map[int][]model.CUDAFailure{}, frames: map[stackKey][]string{}, py: t.newPy()}, nil
 }
 
 // Name is the concern's name in logs and `check`.
@@ -58,6 +60,7 @@ func (c *Concern) Track(pid int) error {
 	if err := c.Tracker.Track(pid); err != nil {
 		return err
 	}
+	c.py.Track(pid)
 	c.sym.Refresh(pid)
 	return nil
 }
@@ -65,6 +68,7 @@ func (c *Concern) Track(pid int) error {
 // Untrack drops the kernel and detector state of an exited process.
 func (c *Concern) Untrack(pid int) {
 	c.Tracker.Untrack(pid)
+	c.py.Untrack(pid)
 	if c.det != nil {
 		c.det.Forget(pid)
 	}
@@ -82,6 +86,7 @@ func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Findin
 	pids := make([]int, len(procs))
 	for i, p := range procs {
 		pids[i] = p.PID
+		c.py.Refresh(p.PID)
 		// The process may exit at any point; its next liveness check ends it.
 		hooked, err := c.Refresh(p.PID)
 		if err != nil {
@@ -109,7 +114,7 @@ func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Findin
 			Code:  f.Code,
 			Error: ErrorName(layer, f.Code),
 			// Symbolized now: the library may be unloaded by the next poll.
-			Stack: c.stack(f.PID, f.StackID),
+			Stack: c.stack(f.PID, siteID(f.StackID, f.PyStack)),
 		})
 		if len(kept) > maxFailures {
 			kept = kept[len(kept)-maxFailures:]
@@ -134,6 +139,7 @@ func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Findin
 // earlier snapshots share the previous maps and slices.
 func (c *Concern) fill(p *model.Process, s *Sample) {
 	cs := &p.CUDA
+	before := cs.LiveBytes // at the previous poll
 	cs.LiveBytes, cs.LiveAllocs, cs.HostLiveBytes, cs.HostAllocBytes = 0, 0, 0, 0
 	cs.AllocBytes, cs.FreeBytes = map[string]uint64{}, map[string]uint64{}
 	cs.AllocCalls, cs.Calls = map[string]uint64{}, map[string]uint64{}
@@ -154,7 +160,7 @@ func (c *Concern) fill(p *model.Process, s *Sample) {
 			cs.FreeBytes[a.Name] = s.FreeBytes[i]
 		}
 	}
-	bySite := map[int32]*model.CUDASite{}
+	bySite := map[int64]*model.CUDASite{}
 	for _, a := range s.Allocs {
 		// Pinned host memory is not on the GPU: apart, so that live bytes
 		// compare with the GPU's own figure.
@@ -167,14 +173,18 @@ func (c *Concern) fill(p *model.Process, s *Sample) {
 		if a.StackID < 0 {
 			continue
 		}
-		site := bySite[a.StackID]
+		id := siteID(a.StackID, a.PyStack)
+		site := bySite[id]
 		if site == nil {
-			site = &model.CUDASite{StackID: int64(a.StackID)}
-			bySite[a.StackID] = site
+			site = &model.CUDASite{StackID: id}
+			bySite[id] = site
 		}
 		site.Bytes += a.Size
 		site.Allocs = append(site.Allocs, a.Time)
 	}
+	// Live bytes since the previous poll were at least what they were then
+	// and are now; the kernel's mark adds what came and went in between.
+	cs.LivePeakBytes = max(s.PeakBytes, before, cs.LiveBytes)
 	sites := make([]model.CUDASite, 0, len(bySite))
 	for _, site := range bySite {
 		slices.SortFunc(site.Allocs, func(a, b time.Time) int { return a.Compare(b) })
@@ -190,7 +200,7 @@ func (c *Concern) fill(p *model.Process, s *Sample) {
 		if i >= c.topSites {
 			break
 		}
-		sites[i].Stack = c.stack(p.PID, int32(sites[i].StackID))
+		sites[i].Stack = c.stack(p.PID, sites[i].StackID)
 	}
 	cs.Sites = sites
 	cs.Failures = slices.Clone(c.failures[p.PID])
@@ -201,8 +211,9 @@ func (c *Concern) fill(p *model.Process, s *Sample) {
 }
 
 // stack symbolizes a stack of pid once. The kernel's frame-pointer walk
-// starts at the caller of the CUDA function (it is taken at return).
-func (c *Concern) stack(pid int, id int32) []string {
+// starts at the caller of the CUDA function (it is taken at return); id is a
+// siteID, so its Python frames are merged in.
+func (c *Concern) stack(pid int, id int64) []string {
 	if id < 0 {
 		return nil
 	}
@@ -210,11 +221,12 @@ func (c *Concern) stack(pid int, id int32) []string {
 	if fr, ok := c.frames[k]; ok {
 		return fr
 	}
-	fp, err := c.Stack(id)
+	native, py := splitSite(id)
+	fp, err := c.Stack(native)
 	if err != nil {
 		return nil
 	}
-	fr := c.sym.Frames(pid, c.sym.Unwind(pid, fp, nil))
+	fr := pyframes.Merge(c.sym.Frames(pid, c.sym.Unwind(pid, fp, nil)), c.py.Frames(pid, py))
 	c.frames[k] = fr
 	return fr
 }

@@ -20,6 +20,8 @@ type cudaCudaAlloc struct {
 	StackId int32
 	Api     uint16
 	Pad     uint16
+	PyStack uint32
+	_       [4]byte
 }
 
 type cudaCudaAllocKey struct {
@@ -76,6 +78,8 @@ type cudaCudaFailure struct {
 	StackId int32
 	Api     uint16
 	Pad     [3]uint16
+	PyStack uint32
+	_       [4]byte
 }
 
 type cudaCudaShape uint32
@@ -99,6 +103,46 @@ const (
 	cudaErrKindERR_RINGBUF     cudaErrKind = 6
 	cudaErrKindERR_MAX         cudaErrKind = 7
 )
+
+type cudaPyProc struct {
+	_              structs.HostLayout
+	Runtime        uint64
+	InterpHead     uint16
+	InterpNext     uint16
+	InterpThreads  uint16
+	TstateNext     uint16
+	TstateThreadId uint16
+	TstateFrame    uint16
+	TstateSize     uint16
+	CframeFrame    uint16
+	FrameCode      uint16
+	FramePrevious  uint16
+	FrameInstr     uint16
+	FrameOwner     uint16
+	FrameEntry     uint16
+	FrameSize      uint16
+	Pad            uint32
+}
+
+type cudaPyScratch struct {
+	_   structs.HostLayout
+	St  cudaPyStack
+	Buf [264]uint8
+}
+
+type cudaPyStack struct {
+	_         structs.HostLayout
+	Code      [24]uint64
+	Instr     [24]uint64
+	N         uint32
+	Truncated uint32
+}
+
+type cudaPyThread struct {
+	_         structs.HostLayout
+	Tstate    uint64
+	CheckedNs uint64
+}
 
 type cudaThreadCalls struct {
 	_     structs.HostLayout
@@ -125,6 +169,13 @@ const (
 	cudaMapErrors             = "errors"
 	cudaMapFailures           = "failures"
 	cudaMapLiveAllocs         = "live_allocs"
+	cudaMapLiveBytes          = "live_bytes"
+	cudaMapPeakBytes          = "peak_bytes"
+	cudaMapPyErrors           = "py_errors"
+	cudaMapPyProcs            = "py_procs"
+	cudaMapPyScratch          = "py_scratch"
+	cudaMapPyStacks           = "py_stacks"
+	cudaMapPyThreads          = "py_threads"
 	cudaMapTrackedPids        = "tracked_pids"
 	cudaProgCudaAllocEnter    = "cuda_alloc_enter"
 	cudaProgCudaCountEnter    = "cuda_count_enter"
@@ -139,6 +190,9 @@ const (
 	cudaVarUnusedCudaNs       = "unused_cuda_ns"
 	cudaVarUnusedCudaShape    = "unused_cuda_shape"
 	cudaVarUnusedErrKind      = "unused_err_kind"
+	cudaVarUnusedPyErr        = "unused_py_err"
+	cudaVarUnusedPyProc       = "unused_py_proc"
+	cudaVarUnusedPyStack      = "unused_py_stack"
 )
 
 // loadCuda returns the embedded CollectionSpec for cuda.
@@ -200,6 +254,13 @@ type cudaMapSpecs struct {
 	Errors       *ebpf.MapSpec `ebpf:"errors"`
 	Failures     *ebpf.MapSpec `ebpf:"failures"`
 	LiveAllocs   *ebpf.MapSpec `ebpf:"live_allocs"`
+	LiveBytes    *ebpf.MapSpec `ebpf:"live_bytes"`
+	PeakBytes    *ebpf.MapSpec `ebpf:"peak_bytes"`
+	PyErrors     *ebpf.MapSpec `ebpf:"py_errors"`
+	PyProcs      *ebpf.MapSpec `ebpf:"py_procs"`
+	PyScratch    *ebpf.MapSpec `ebpf:"py_scratch"`
+	PyStacks     *ebpf.MapSpec `ebpf:"py_stacks"`
+	PyThreads    *ebpf.MapSpec `ebpf:"py_threads"`
 	TrackedPids  *ebpf.MapSpec `ebpf:"tracked_pids"`
 }
 
@@ -215,6 +276,9 @@ type cudaVariableSpecs struct {
 	UnusedCudaNs       *ebpf.VariableSpec `ebpf:"unused_cuda_ns"`
 	UnusedCudaShape    *ebpf.VariableSpec `ebpf:"unused_cuda_shape"`
 	UnusedErrKind      *ebpf.VariableSpec `ebpf:"unused_err_kind"`
+	UnusedPyErr        *ebpf.VariableSpec `ebpf:"unused_py_err"`
+	UnusedPyProc       *ebpf.VariableSpec `ebpf:"unused_py_proc"`
+	UnusedPyStack      *ebpf.VariableSpec `ebpf:"unused_py_stack"`
 }
 
 // cudaObjects contains all objects after they have been loaded into the kernel.
@@ -243,6 +307,13 @@ type cudaMaps struct {
 	Errors       *ebpf.Map `ebpf:"errors"`
 	Failures     *ebpf.Map `ebpf:"failures"`
 	LiveAllocs   *ebpf.Map `ebpf:"live_allocs"`
+	LiveBytes    *ebpf.Map `ebpf:"live_bytes"`
+	PeakBytes    *ebpf.Map `ebpf:"peak_bytes"`
+	PyErrors     *ebpf.Map `ebpf:"py_errors"`
+	PyProcs      *ebpf.Map `ebpf:"py_procs"`
+	PyScratch    *ebpf.Map `ebpf:"py_scratch"`
+	PyStacks     *ebpf.Map `ebpf:"py_stacks"`
+	PyThreads    *ebpf.Map `ebpf:"py_threads"`
 	TrackedPids  *ebpf.Map `ebpf:"tracked_pids"`
 }
 
@@ -254,6 +325,13 @@ func (m *cudaMaps) Close() error {
 		m.Errors,
 		m.Failures,
 		m.LiveAllocs,
+		m.LiveBytes,
+		m.PeakBytes,
+		m.PyErrors,
+		m.PyProcs,
+		m.PyScratch,
+		m.PyStacks,
+		m.PyThreads,
 		m.TrackedPids,
 	)
 }
@@ -270,6 +348,9 @@ type cudaVariables struct {
 	UnusedCudaNs       *ebpf.Variable `ebpf:"unused_cuda_ns"`
 	UnusedCudaShape    *ebpf.Variable `ebpf:"unused_cuda_shape"`
 	UnusedErrKind      *ebpf.Variable `ebpf:"unused_err_kind"`
+	UnusedPyErr        *ebpf.Variable `ebpf:"unused_py_err"`
+	UnusedPyProc       *ebpf.Variable `ebpf:"unused_py_proc"`
+	UnusedPyStack      *ebpf.Variable `ebpf:"unused_py_stack"`
 }
 
 // cudaPrograms contains all programs after they have been loaded into the kernel.

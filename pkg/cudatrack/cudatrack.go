@@ -61,6 +61,9 @@ type Tracker struct {
 	// Parsed libraries, shared by every process mapping the same file; a nil
 	// value records an executable without CUDA.
 	files map[fileKey]*Library
+
+	polls      int             // for the stack map's garbage collection
+	failStacks map[uint32]bool // stacks of failures drained, not yet symbolized
 }
 
 // procState is what one tracked process has attached.
@@ -101,7 +104,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Tracker{procRoot: cfg.ProcRoot, proc: proc.WithMapsCache(cfg.Maps), coll: coll, multi: multi, procs: map[int]*procState{}, files: map[fileKey]*Library{}}
+	t := &Tracker{procRoot: cfg.ProcRoot, proc: proc.WithMapsCache(cfg.Maps), coll: coll, multi: multi, procs: map[int]*procState{}, files: map[fileKey]*Library{}, failStacks: map[uint32]bool{}}
 	if err := coll.Assign(&t.maps); err != nil {
 		t.Close()
 		return nil, err
@@ -125,6 +128,9 @@ func (t *Tracker) Track(pid int) error {
 	tgid := uint32(pid)
 	zero := make([]cudaCudaCounts, ebpf.MustPossibleCPU())
 	if err := t.maps.CudaCounters.Update(tgid, zero, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+		return fmt.Errorf("tracking pid %d: %w", pid, err)
+	}
+	if err := t.maps.LiveBytes.Update(tgid, int64(0), ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
 	if err := t.maps.TrackedPids.Update(tgid, uint8(1), ebpf.UpdateAny); err != nil {
@@ -300,6 +306,8 @@ func (t *Tracker) Untrack(pid int) {
 	}
 	_ = t.maps.TrackedPids.Delete(tgid)
 	_ = t.maps.CudaCounters.Delete(tgid)
+	_ = t.maps.LiveBytes.Delete(tgid)
+	_ = t.maps.PeakBytes.Delete(tgid)
 	var (
 		key  cudaCudaAllocKey
 		val  cudaCudaAlloc
@@ -323,6 +331,7 @@ type Alloc struct {
 	API     int
 	StackID int32 // negative: unknown
 	Time    time.Time
+	PyStack uint32 // Python frames (pkg/pyframes); 0: none
 }
 
 // Sample is what the kernel holds about one process at one poll.
@@ -331,6 +340,10 @@ type Sample struct {
 	AllocBytes [len(cudaCudaCounts{}.AllocBytes)]uint64 // by API, since tracking began
 	FreeBytes  [len(cudaCudaCounts{}.FreeBytes)]uint64
 	Calls      [len(cudaCudaCounts{}.Calls)]uint64
+	// PeakBytes is the most device bytes live at once since the previous
+	// Poll, as the kernel saw at each allocation; 0 when nothing was
+	// allocated since.
+	PeakBytes uint64
 }
 
 // Poll reads the counters of each pid and the live table once.
@@ -349,6 +362,13 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 				s.Calls[i] += c.Calls[i]
 			}
 		}
+		// Read and reset in one step: a raise between a read and a
+		// separate reset would be lost.
+		var peak uint64
+		if err := t.maps.PeakBytes.LookupAndDelete(uint32(pid), &peak); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil, fmt.Errorf("reading the peak live bytes of pid %d: %w", pid, err)
+		}
+		s.PeakBytes = peak
 		out[pid] = s
 	}
 	toWall := wallClock()
@@ -361,9 +381,26 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		if s == nil {
 			continue
 		}
-		s.Allocs = append(s.Allocs, Alloc{Addr: key.Addr, Size: val.Size, API: int(val.Api), StackID: val.StackId, Time: toWall(val.TimeNs)})
+		s.Allocs = append(s.Allocs, Alloc{Addr: key.Addr, Size: val.Size, API: int(val.Api), StackID: val.StackId, Time: toWall(val.TimeNs), PyStack: val.PyStack})
+	}
+	if t.polls++; t.polls%bpfobj.StackGCEvery == 0 {
+		t.dropStacks(live)
 	}
 	return out, nil
+}
+
+// dropStacks deletes the stacks that no live allocation (of any process)
+// refers to, keeping those of failures drained since the last time: they
+// are symbolized after Poll.
+func (t *Tracker) dropStacks(live map[cudaCudaAllocKey]cudaCudaAlloc) {
+	keep := t.failStacks
+	for _, val := range live {
+		keep[uint32(val.StackId)] = true
+	}
+	if _, err := bpfobj.DropStacks(t.maps.CudaStacks, func(id uint32) bool { return keep[id] }); err != nil {
+		slog.Warn("dropping unused cuda stacks", "err", err)
+	}
+	t.failStacks = map[uint32]bool{}
 }
 
 // Failure is one failed allocation call.
@@ -374,6 +411,7 @@ type Failure struct {
 	Size     uint64
 	StackID  int32
 	Time     time.Time
+	PyStack  uint32
 }
 
 // Failures drains the failure ring buffer without blocking.
@@ -397,8 +435,9 @@ func (t *Tracker) Failures() ([]Failure, error) {
 		}
 		out = append(out, Failure{
 			PID: int(f.Tgid), TID: int(f.Tid), API: int(f.Api), Code: int(f.Code),
-			Size: f.Size, StackID: f.StackId, Time: toWall(f.TimeNs),
+			Size: f.Size, StackID: f.StackId, Time: toWall(f.TimeNs), PyStack: f.PyStack,
 		})
+		t.failStacks[uint32(f.StackId)] = true
 	}
 }
 

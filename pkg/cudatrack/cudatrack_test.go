@@ -1,6 +1,7 @@
 package cudatrack
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -172,6 +173,10 @@ func runOnce(t *testing.T, c *Concern, tg target) {
 	if want := uint64(1*MiB + 3*MiB + 10240); cs.LiveBytes != want || cs.LiveAllocs != 3 || cs.HostLiveBytes != 6*MiB {
 		t.Errorf("live: %d device bytes in %d allocations, %d host bytes; want %d in 3, 6 MiB", cs.LiveBytes, cs.LiveAllocs, cs.HostLiveBytes, want)
 	}
+	// The kernel's running sum leaves pinned host memory out too.
+	if got := kernelLive(t, c, pr.PID); got != int64(cs.LiveBytes) {
+		t.Errorf("kernel live sum %d, table %d", got, cs.LiveBytes)
+	}
 	if cs.HostAllocBytes != 11*MiB {
 		t.Errorf("host bytes allocated %d, want 11 MiB (cudaMallocHost + cudaHostAlloc)", cs.HostAllocBytes)
 	}
@@ -207,6 +212,9 @@ func TestDriverDirect(t *testing.T) {
 	}
 	if cs.LiveBytes != 10*MiB || cs.LiveAllocs != 2 || cs.HostLiveBytes != 0 {
 		t.Errorf("live: %d bytes in %d allocations, want 10 MiB in 2", cs.LiveBytes, cs.LiveAllocs)
+	}
+	if got := kernelLive(t, c, pr.PID); got != 10*MiB {
+		t.Errorf("kernel live sum %d, want 10 MiB", got)
 	}
 	if cs.HostAllocBytes != 3*MiB {
 		t.Errorf("host bytes allocated %d, want 3 MiB (cuMemAllocHost_v2)", cs.HostAllocBytes)
@@ -337,12 +345,18 @@ func TestBurst(t *testing.T) {
 		if len(cs.Sites) != 1 || !stackHas(cs.Sites[0].Stack, "burst_alloc") || len(cs.Sites[0].Allocs) != n {
 			t.Fatalf("round %d sites: %+v", round, cs.Sites)
 		}
+		if got := kernelLive(t, c, pr.PID); got != n*64<<10 || cs.LivePeakBytes != n*64<<10 {
+			t.Errorf("round %d held: kernel live sum %d, peak %d; want %d", round, got, cs.LivePeakBytes, n*64<<10)
+		}
 		p.Signal(t)
 		p.Wait(t, "released", 60*time.Second)
 		observe(t, c, pr)
 		cs = pr.CUDA
 		if cs.LiveAllocs != 0 || cs.LiveBytes != 0 || len(cs.Sites) != 0 {
 			t.Fatalf("round %d released: %d allocations, %d bytes left", round, cs.LiveAllocs, cs.LiveBytes)
+		}
+		if got := kernelLive(t, c, pr.PID); got != 0 {
+			t.Errorf("round %d released: kernel live sum %d, want 0", round, got)
 		}
 		if got := cs.AllocCalls["cudaMalloc"]; got != uint64(n*(round+1)) {
 			t.Errorf("round %d: %d cudaMalloc calls, want %d", round, got, n*(round+1))
@@ -351,6 +365,48 @@ func TestBurst(t *testing.T) {
 			t.Errorf("round %d: allocated %d bytes, freed %d", round, cs.AllocBytes["cudaMalloc"], cs.FreeBytes["cudaFree"])
 		}
 		p.Signal(t)
+	}
+	noLoss(t, c)
+}
+
+// kernelLive is the kernel's running sum of pid's live device bytes.
+func kernelLive(t *testing.T, c *Concern, pid int) int64 {
+	t.Helper()
+	var v int64
+	if err := c.maps.LiveBytes.Lookup(uint32(pid), &v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// Memory taken and released between two polls shows in the peak the kernel
+// keeps, and the peak starts over at each poll.
+func TestPeakBetweenPolls(t *testing.T) {
+	const n = 2000
+	c := newConcern(t)
+	p, pr := work(t, c, dynamic(t), "burst", "2000")
+	p.Signal(t)
+	p.Wait(t, "held", 60*time.Second)
+	p.Signal(t)
+	p.Wait(t, "released", 60*time.Second)
+	observe(t, c, pr)
+	if cs := pr.CUDA; cs.LiveBytes != 0 || cs.LivePeakBytes != n*64<<10 {
+		t.Fatalf("after a burst between polls: live %d, peak %d; want 0, %d", cs.LiveBytes, cs.LivePeakBytes, n*64<<10)
+	}
+	observe(t, c, pr)
+	if cs := pr.CUDA; cs.LivePeakBytes != 0 {
+		t.Errorf("next poll, nothing allocated: peak %d, want 0", cs.LivePeakBytes)
+	}
+	// Held across a poll: the peak of the interval after it includes the
+	// bytes live at its start.
+	p.Signal(t)
+	p.Wait(t, "held", 60*time.Second)
+	observe(t, c, pr)
+	p.Signal(t)
+	p.Wait(t, "released", 60*time.Second)
+	observe(t, c, pr)
+	if cs := pr.CUDA; cs.LiveBytes != 0 || cs.LivePeakBytes != n*64<<10 {
+		t.Errorf("released after a poll: live %d, peak %d; want 0, %d", cs.LiveBytes, cs.LivePeakBytes, n*64<<10)
 	}
 	noLoss(t, c)
 }
@@ -416,6 +472,14 @@ func TestUntrackAndClose(t *testing.T) {
 	c.Untrack(pr.PID)
 	if libs := c.Libraries(pr.PID); len(libs) != 0 {
 		t.Errorf("libraries still hooked after Untrack: %v", libs)
+	}
+	var sum int64
+	var peak uint64
+	if err := c.maps.LiveBytes.Lookup(uint32(pr.PID), &sum); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Errorf("live bytes of an untracked process: %d, %v", sum, err)
+	}
+	if err := c.maps.PeakBytes.Lookup(uint32(pr.PID), &peak); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Errorf("peak bytes of an untracked process: %d, %v", peak, err)
 	}
 	var key cudaCudaAllocKey
 	var val cudaCudaAlloc

@@ -84,9 +84,9 @@ type Finder struct {
 
 	// overCap holds processes that matched while the cap was reached; each
 	// is counted once in OverCap and retried when a slot frees.
-	overCap  map[int]bool
-	OverCap  atomic.Uint64
-	capWarn  bool
+	overCap map[int]bool
+	OverCap atomic.Uint64
+	capWarn bool
 	watched atomic.Int64 // live watched processes, for the gauge
 }
 

@@ -4,17 +4,22 @@ import (
 	"slices"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdexhaust"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/pyframes"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
 )
 
 // Concern is the fd concern as the pipeline sees it: the tracker, the
-// symbolization of opening stacks, and the fd-leak detector.
+// symbolization of opening stacks, and the fd-leak and fd-exhaustion
+// detectors.
 type Concern struct {
 	*Tracker
 	sym      *symbolize.Symbolizer
 	det      *fdleak.Detector
+	exhaust  *fdexhaust.Detector
+	py       *pyframes.Tracker
 	topSites int
 	sites    map[siteKey]*site
 	nextSite int64
@@ -28,6 +33,7 @@ type siteKey struct {
 	stack   int32
 	ip      uint64
 	callers Callers
+	py      uint32 // Python frames
 }
 
 type site struct {
@@ -44,7 +50,7 @@ func NewConcern(cfg Config, det fdleak.Config, sym *symbolize.Symbolizer, topSit
 	if err != nil {
 		return nil, err
 	}
-	return &Concern{Tracker: t, sym: sym, det: fdleak.New(det), topSites: topSites, sites: map[siteKey]*site{}}, nil
+	return &Concern{Tracker: t, sym: sym, det: fdleak.New(det), exhaust: fdexhaust.New(fdexhaust.Config{}), py: t.newPy(), topSites: topSites, sites: map[siteKey]*site{}}, nil
 }
 
 // Name is the concern's name in logs and `check`.
@@ -54,6 +60,8 @@ func (c *Concern) Name() string { return "fd" }
 func (c *Concern) Untrack(pid int) {
 	c.Tracker.Untrack(pid)
 	c.det.Forget(pid)
+	c.exhaust.Forget(pid)
+	c.py.Untrack(pid)
 	for k := range c.sites {
 		if k.pid == pid {
 			delete(c.sites, k)
@@ -61,11 +69,13 @@ func (c *Concern) Untrack(pid int) {
 	}
 }
 
-// Observe fills the fd part of each process and runs the leak detector.
+// Observe fills the fd part of each process and runs the leak and
+// exhaustion detectors.
 func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Finding, error) {
 	pids := make([]int, len(procs))
 	for i, p := range procs {
 		pids[i] = p.PID
+		c.py.Refresh(p.PID)
 	}
 	samples, err := c.Poll(pids)
 	if err != nil {
@@ -78,6 +88,7 @@ func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Findin
 		}
 		c.fill(p, samples[p.PID])
 		out = append(out, c.det.Observe(now, p)...)
+		out = append(out, c.exhaust.Observe(now, p)...)
 	}
 	return out, nil
 }
@@ -87,16 +98,24 @@ func (c *Concern) fill(pr *model.Process, s *Sample) {
 	pr.FD.Open = len(s.FDs)
 	pr.FD.Opened = kindMap(s.Opened[:])
 	pr.FD.Closed = kindMap(s.Closed[:])
+	// Both errnos, zeros included: a failure counter that exists before
+	// the first failure lets rate() and increase() see that failure.
+	pr.FD.Failed = make(map[string]uint64, len(model.FDErrnos))
+	for i, name := range model.FDErrnos {
+		pr.FD.Failed[name] = s.Failed[i]
+	}
+	pr.FD.OpenAtAttach = s.AtStart
+	pr.FD.LastFailure = nil
+	if lf := s.LastFailure; lf != nil {
+		st := c.site(c.keyOf(pr.PID, *lf))
+		pr.FD.LastFailure = &model.FDFailure{Time: lf.Opened, Kind: kindName(lf.Kind), StackID: st.id, Stack: c.frames(pr.PID, st)}
+	}
 	bySite := map[*site]*model.FDSite{}
 	for _, fd := range s.FDs {
 		if !fd.Known() {
 			continue
 		}
-		key := siteKey{pr.PID, fd.StackID, 0, fd.Callers}
-		if fd.StackID == StackNoFP {
-			key.ip = fd.IP
-		}
-		st := c.site(key)
+		st := c.site(c.keyOf(pr.PID, fd))
 		ms := bySite[st]
 		if ms == nil {
 			ms = &model.FDSite{StackID: st.id}
@@ -124,6 +143,15 @@ func (c *Concern) fill(pr *model.Process, s *Sample) {
 		sites[i].Stack = c.frames(pr.PID, byID[sites[i].StackID])
 	}
 	pr.FD.Sites = sites
+}
+
+// keyOf is the call site of fd in pid.
+func (c *Concern) keyOf(pid int, fd FD) siteKey {
+	key := siteKey{pid, fd.StackID, 0, fd.Callers, fd.PyStack}
+	if fd.StackID == StackNoFP {
+		key.ip = fd.IP
+	}
+	return key
 }
 
 // site returns the call site of k, numbering new ones.
@@ -156,8 +184,16 @@ func (c *Concern) frames(pid int, st *site) []string {
 			scan = append(scan, a)
 		}
 	}
-	st.frames = c.sym.Frames(pid, c.sym.Unwind(pid, fp, scan))
+	st.frames = pyframes.Merge(c.sym.Frames(pid, c.sym.Unwind(pid, fp, scan)), c.py.Frames(pid, st.key.py))
 	return st.frames
+}
+
+// kindName names an fd kind of the BPF side.
+func kindName(k uint8) string {
+	if int(k) < len(model.FDKinds) {
+		return model.FDKinds[k]
+	}
+	return model.FDKinds[0]
 }
 
 func kindMap(counts []uint64) map[string]uint64 {

@@ -57,6 +57,8 @@ type fdFdInfo struct {
 	Kind    uint8
 	Pad     [3]uint8
 	Callers [4]uint64
+	PyStack uint32
+	_       [4]byte
 }
 
 type fdFdKey struct {
@@ -82,6 +84,46 @@ const (
 	fdFdKindFD_KIND_MAX fdFdKind = 11
 )
 
+type fdPyProc struct {
+	_              structs.HostLayout
+	Runtime        uint64
+	InterpHead     uint16
+	InterpNext     uint16
+	InterpThreads  uint16
+	TstateNext     uint16
+	TstateThreadId uint16
+	TstateFrame    uint16
+	TstateSize     uint16
+	CframeFrame    uint16
+	FrameCode      uint16
+	FramePrevious  uint16
+	FrameInstr     uint16
+	FrameOwner     uint16
+	FrameEntry     uint16
+	FrameSize      uint16
+	Pad            uint32
+}
+
+type fdPyScratch struct {
+	_   structs.HostLayout
+	St  fdPyStack
+	Buf [264]uint8
+}
+
+type fdPyStack struct {
+	_         structs.HostLayout
+	Code      [24]uint64
+	Instr     [24]uint64
+	N         uint32
+	Truncated uint32
+}
+
+type fdPyThread struct {
+	_         structs.HostLayout
+	Tstate    uint64
+	CheckedNs uint64
+}
+
 type fdScan struct {
 	_ structs.HostLayout
 	W [32]uint64
@@ -105,6 +147,11 @@ const (
 	fdMapFdEntries        = "fd_entries"
 	fdMapFdStacks         = "fd_stacks"
 	fdMapFdTable          = "fd_table"
+	fdMapPyErrors         = "py_errors"
+	fdMapPyProcs          = "py_procs"
+	fdMapPyScratch        = "py_scratch"
+	fdMapPyStacks         = "py_stacks"
+	fdMapPyThreads        = "py_threads"
 	fdMapScanScratch      = "scan_scratch"
 	fdMapTextMap          = "text_map"
 	fdMapTrackedPids      = "tracked_pids"
@@ -120,6 +167,9 @@ const (
 	fdVarUnusedFdInfo     = "unused_fd_info"
 	fdVarUnusedFdKey      = "unused_fd_key"
 	fdVarUnusedFdKind     = "unused_fd_kind"
+	fdVarUnusedPyErr      = "unused_py_err"
+	fdVarUnusedPyProc     = "unused_py_proc"
+	fdVarUnusedPyStack    = "unused_py_stack"
 	fdVarUnusedTextRanges = "unused_text_ranges"
 )
 
@@ -183,6 +233,11 @@ type fdMapSpecs struct {
 	FdEntries   *ebpf.MapSpec `ebpf:"fd_entries"`
 	FdStacks    *ebpf.MapSpec `ebpf:"fd_stacks"`
 	FdTable     *ebpf.MapSpec `ebpf:"fd_table"`
+	PyErrors    *ebpf.MapSpec `ebpf:"py_errors"`
+	PyProcs     *ebpf.MapSpec `ebpf:"py_procs"`
+	PyScratch   *ebpf.MapSpec `ebpf:"py_scratch"`
+	PyStacks    *ebpf.MapSpec `ebpf:"py_stacks"`
+	PyThreads   *ebpf.MapSpec `ebpf:"py_threads"`
 	ScanScratch *ebpf.MapSpec `ebpf:"scan_scratch"`
 	TextMap     *ebpf.MapSpec `ebpf:"text_map"`
 	TrackedPids *ebpf.MapSpec `ebpf:"tracked_pids"`
@@ -198,6 +253,9 @@ type fdVariableSpecs struct {
 	UnusedFdInfo     *ebpf.VariableSpec `ebpf:"unused_fd_info"`
 	UnusedFdKey      *ebpf.VariableSpec `ebpf:"unused_fd_key"`
 	UnusedFdKind     *ebpf.VariableSpec `ebpf:"unused_fd_kind"`
+	UnusedPyErr      *ebpf.VariableSpec `ebpf:"unused_py_err"`
+	UnusedPyProc     *ebpf.VariableSpec `ebpf:"unused_py_proc"`
+	UnusedPyStack    *ebpf.VariableSpec `ebpf:"unused_py_stack"`
 	UnusedTextRanges *ebpf.VariableSpec `ebpf:"unused_text_ranges"`
 }
 
@@ -227,6 +285,11 @@ type fdMaps struct {
 	FdEntries   *ebpf.Map `ebpf:"fd_entries"`
 	FdStacks    *ebpf.Map `ebpf:"fd_stacks"`
 	FdTable     *ebpf.Map `ebpf:"fd_table"`
+	PyErrors    *ebpf.Map `ebpf:"py_errors"`
+	PyProcs     *ebpf.Map `ebpf:"py_procs"`
+	PyScratch   *ebpf.Map `ebpf:"py_scratch"`
+	PyStacks    *ebpf.Map `ebpf:"py_stacks"`
+	PyThreads   *ebpf.Map `ebpf:"py_threads"`
 	ScanScratch *ebpf.Map `ebpf:"scan_scratch"`
 	TextMap     *ebpf.Map `ebpf:"text_map"`
 	TrackedPids *ebpf.Map `ebpf:"tracked_pids"`
@@ -240,6 +303,11 @@ func (m *fdMaps) Close() error {
 		m.FdEntries,
 		m.FdStacks,
 		m.FdTable,
+		m.PyErrors,
+		m.PyProcs,
+		m.PyScratch,
+		m.PyStacks,
+		m.PyThreads,
 		m.ScanScratch,
 		m.TextMap,
 		m.TrackedPids,
@@ -256,6 +324,9 @@ type fdVariables struct {
 	UnusedFdInfo     *ebpf.Variable `ebpf:"unused_fd_info"`
 	UnusedFdKey      *ebpf.Variable `ebpf:"unused_fd_key"`
 	UnusedFdKind     *ebpf.Variable `ebpf:"unused_fd_kind"`
+	UnusedPyErr      *ebpf.Variable `ebpf:"unused_py_err"`
+	UnusedPyProc     *ebpf.Variable `ebpf:"unused_py_proc"`
+	UnusedPyStack    *ebpf.Variable `ebpf:"unused_py_stack"`
 	UnusedTextRanges *ebpf.Variable `ebpf:"unused_text_ranges"`
 }
 

@@ -36,6 +36,8 @@ type Tracker struct {
 	resyncs     map[uint32]uint64
 	drift       map[uint32]int // polls in a row whose count differed from /proc
 	started     map[uint32]time.Time
+	atStart     map[uint32]int // open fds /proc listed when tracking began
+	polls       int            // for the stack map's garbage collection
 }
 
 // New loads the fd object and attaches it: tp_btf where the kernel allows,
@@ -54,6 +56,7 @@ func New(cfg Config) (*Tracker, error) {
 		resyncs:     map[uint32]uint64{},
 		drift:       map[uint32]int{},
 		started:     map[uint32]time.Time{},
+		atStart:     map[uint32]int{},
 	}
 	t.obj, err = bpfobj.Open(loadFd, bpfobj.Options{
 		What: "fd BPF programs", Maps: &t.maps, Tracepoint: cfg.Tracepoint,

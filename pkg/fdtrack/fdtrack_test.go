@@ -129,8 +129,6 @@ func poll(t *testing.T, tr *Tracker, pid int) *Sample {
 	return m[pid]
 }
 
-func kindName(k uint8) string { return model.FDKinds[k] }
-
 func kindIndex(name string) int {
 	for i, n := range model.FDKinds {
 		if n == name {

@@ -24,6 +24,7 @@ type FD struct {
 	IP      uint64    // user instruction pointer at the syscall
 	Opened  time.Time // wall-clock open time; tracking start for seeded fds
 	Callers Callers   // candidate return addresses scanned from the user stack
+	PyStack uint32    // Python frames (pkg/pyframes); 0: none
 }
 
 // StackNoFP is the StackID of an fd whose opening code used rbp for data:
@@ -41,7 +42,18 @@ type Sample struct {
 	FDs    []FD
 	Opened [nKinds]uint64 // since tracking began, by kind
 	Closed [nKinds]uint64
+	// Failed counts fd-creating calls that failed with EMFILE or ENFILE
+	// since tracking began, in the order of model.FDErrnos.
+	Failed [nFails]uint64
+	// LastFailure is the latest of them: Opened is when it failed, Kind
+	// what it tried to create, and the site fields where it was called;
+	// Num is -1. nil when none failed.
+	LastFailure *FD
+	AtStart     int // open fds when tracking began, from /proc
 }
+
+// nFails is the number of errnos the BPF side counts failures by.
+const nFails = len(fdFdCounts{}.Failed)
 
 // Track starts tracking pid: counters first (the BPF side only updates
 // existing entries), then the filter, then the table seeded from /proc and
@@ -63,7 +75,17 @@ func (t *Tracker) Track(pid int) error {
 	if err := t.reconcile(tgid); err != nil {
 		return err
 	}
-	return t.reconcile(tgid)
+	if err := t.reconcile(tgid); err != nil {
+		return err
+	}
+	// A process at its fd limit already ran out before we could see a
+	// call fail: what it held then tells.
+	n, err := t.proc.FDCount(pid)
+	if err != nil {
+		return err
+	}
+	t.atStart[tgid] = n
+	return nil
 }
 
 // Untrack stops tracking pid and drops all its kernel state.
@@ -72,6 +94,7 @@ func (t *Tracker) Untrack(pid int) {
 	_ = t.maps.TrackedPids.Delete(tgid)
 	_ = t.maps.FdCounters.Delete(tgid)
 	_ = t.maps.TextMap.Delete(tgid)
+	_ = t.maps.FailSites.Delete(tgid)
 	var (
 		key  fdFdKey
 		info fdFdInfo
@@ -87,6 +110,7 @@ func (t *Tracker) Untrack(pid int) {
 		_ = t.maps.FdTable.Delete(k)
 	}
 	delete(t.started, tgid)
+	delete(t.atStart, tgid)
 	delete(t.drift, tgid)
 	delete(t.extraClosed, tgid)
 	delete(t.resyncs, tgid)
@@ -175,12 +199,15 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		if err := t.maps.FdCounters.Lookup(tgid, &per); err != nil {
 			return nil, fmt.Errorf("reading fd counters of pid %d: %w", pid, err)
 		}
-		s := &Sample{}
+		s := &Sample{AtStart: t.atStart[tgid]}
 		var resyncs uint64
 		for _, c := range per {
 			for k := 0; k < nKinds; k++ {
 				s.Opened[k] += c.Opened[k]
 				s.Closed[k] += c.Closed[k]
+			}
+			for e := range nFails {
+				s.Failed[e] += c.Failed[e]
 			}
 			resyncs += c.Resyncs
 		}
@@ -205,6 +232,14 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading fd table: %w", err)
 	}
+	for pid, s := range out {
+		// The kernel keeps a failure site only once a call has failed.
+		var info fdFdInfo
+		if s.Failed != [nFails]uint64{} && t.maps.FailSites.Lookup(uint32(pid), &info) == nil {
+			s.LastFailure = &FD{Num: -1, Kind: info.Kind, StackID: info.StackId, IP: info.Ip,
+				Opened: nowWall.Add(-time.Duration(nowMono - info.OpenNs)), Callers: info.Callers, PyStack: info.PyStack}
+		}
+	}
 	for key, info := range table {
 		s := out[int(key.Tgid)]
 		if s == nil {
@@ -214,13 +249,36 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		if info.OpenNs != 0 {
 			opened = nowWall.Add(-time.Duration(nowMono - info.OpenNs))
 		}
-		s.FDs = append(s.FDs, FD{Num: key.Fd, Kind: info.Kind, StackID: info.StackId, IP: info.Ip, Opened: opened, Callers: info.Callers})
+		s.FDs = append(s.FDs, FD{Num: key.Fd, Kind: info.Kind, StackID: info.StackId, IP: info.Ip, Opened: opened, Callers: info.Callers, PyStack: info.PyStack})
 	}
 	for pid, s := range out {
 		slices.SortFunc(s.FDs, func(a, b FD) int { return int(a.Num - b.Num) })
 		t.checkDrift(uint32(pid), len(s.FDs))
 	}
+	if t.polls++; t.polls%bpfobj.StackGCEvery == 0 {
+		t.dropStacks(table)
+	}
 	return out, nil
+}
+
+// dropStacks deletes the stacks that no live fd (of any process) and no
+// failure site refers to.
+func (t *Tracker) dropStacks(table map[fdFdKey]fdFdInfo) {
+	keep := map[uint32]bool{}
+	for _, info := range table {
+		keep[uint32(info.StackId)] = true
+	}
+	sites, err := bpfobj.ReadAll[uint32, fdFdInfo](t.maps.FailSites)
+	if err != nil {
+		slog.Warn("reading fd failure sites", "err", err)
+		return
+	}
+	for _, info := range sites {
+		keep[uint32(info.StackId)] = true
+	}
+	if _, err := bpfobj.DropStacks(t.maps.FdStacks, func(id uint32) bool { return keep[id] }); err != nil {
+		slog.Warn("dropping unused fd stacks", "err", err)
+	}
 }
 
 // checkDrift reconciles tgid with /proc when its table count has differed

@@ -27,9 +27,11 @@ type descs struct {
 	fdLimitDesc        *prometheus.Desc
 	openedDesc         *prometheus.Desc
 	closedDesc         *prometheus.Desc
+	fdFailuresDesc     *prometheus.Desc
 	socketsDesc        *prometheus.Desc
 	socketFDsDesc      *prometheus.Desc
 	findingDesc        *prometheus.Desc
+	findingCauseDesc   *prometheus.Desc
 	findingsTotalDesc  *prometheus.Desc
 	lostDesc           *prometheus.Desc
 	buildInfoDesc      *prometheus.Desc
@@ -58,15 +60,20 @@ func newDescs(pods bool) *descs {
 		"File descriptors created since attach, by kind.", names("kind"), nil)
 	d.closedDesc = prometheus.NewDesc("autoglm_fds_closed_total",
 		"File descriptors released since attach, by kind.", names("kind"), nil)
+	d.fdFailuresDesc = prometheus.NewDesc("autoglm_fd_create_failures_total",
+		"fd-creating calls that failed since attach because the process (EMFILE) or the system (ENFILE) was out of fds.", names("errno"), nil)
 	d.socketsDesc = prometheus.NewDesc("autoglm_sockets",
-		"TCP sockets the process holds, by state.", names("state"), nil)
+		"TCP sockets the process holds, by state; states it holds none in are left out.", names("state"), nil)
 	d.socketFDsDesc = prometheus.NewDesc("autoglm_socket_fds",
 		"Socket file descriptors of the process, by kind (tcp, udp, unix, other).", names("kind"), nil)
 	d.findingDesc = prometheus.NewDesc("autoglm_finding",
 		"1 while a finding is active, 0 once it no longer holds; site is the function at the finding's call site.",
 		append([]string{"kind", "severity", "site"}, names()...), nil)
+	d.findingCauseDesc = prometheus.NewDesc("autoglm_finding_caused_by",
+		"1 while a finding explained by another (cause: its kind) is active, 0 after; such a finding is not in autoglm_finding or autoglm_findings_total.",
+		append([]string{"kind", "cause"}, names()...), nil)
 	d.findingsTotalDesc = prometheus.NewDesc("autoglm_findings_total",
-		"Distinct findings that became active, by kind.", []string{"kind"}, nil)
+		"Distinct findings that became active, by kind; those explained by another finding are not counted.", []string{"kind"}, nil)
 	d.lostDesc = prometheus.NewDesc("autoglm_bpf_events_lost_total",
 		"Lost BPF events and failed map updates, by source.", []string{"source"}, nil)
 	d.buildInfoDesc = prometheus.NewDesc("autoglm_build_info",
@@ -102,13 +109,14 @@ func newDescs(pods bool) *descs {
 
 // all lists every description, for Describe.
 func (d *descs) all() []*prometheus.Desc {
-	return []*prometheus.Desc{d.openFDsDesc, d.fdLimitDesc, d.openedDesc, d.closedDesc, d.socketsDesc, d.socketFDsDesc, d.findingDesc, d.findingsTotalDesc, d.lostDesc, d.buildInfoDesc, d.cudaAllocBytesDesc, d.cudaFreeBytesDesc, d.cudaAllocCallsDesc, d.cudaLiveBytesDesc, d.cudaFailuresDesc, d.cudaUntrackedDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.ctxSwitchesDesc, d.runqLatencyDesc}
+	return []*prometheus.Desc{d.openFDsDesc, d.fdLimitDesc, d.openedDesc, d.closedDesc, d.fdFailuresDesc, d.socketsDesc, d.socketFDsDesc, d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.buildInfoDesc, d.cudaAllocBytesDesc, d.cudaFreeBytesDesc, d.cudaAllocCallsDesc, d.cudaLiveBytesDesc, d.cudaFailuresDesc, d.cudaUntrackedDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.ctxSwitchesDesc, d.runqLatencyDesc}
 }
 
 // Metrics is a sink that serves the latest snapshot to Prometheus.
 type Metrics struct {
 	d         *descs
 	pods      bool // per-process series carry pod labels
+	classic   bool // the run-queue histogram also has classic buckets
 	mu        sync.Mutex
 	buildInfo prometheus.Metric
 	series    []prometheus.Metric // what Collect serves, built by Update
@@ -116,6 +124,7 @@ type Metrics struct {
 	// High-water marks, so that a counter never goes down even if a source
 	// hands over a smaller value: rate() would read that as a counter reset.
 	opened, closed map[int]map[string]uint64 // by pid, then fd kind
+	failed         map[int]map[string]uint64 // fd creation failures by pid, then errno
 	lost           map[string]uint64         // by source
 	cuda           map[int]cudaCounts        // by pid
 	switches       map[int]map[string]uint64 // context switches by pid, then type
@@ -145,6 +154,9 @@ type Options struct {
 	// Pods adds the pod labels (namespace, pod, container, pod_uid,
 	// container_id) to every per-process series: the daemon sets it.
 	Pods bool
+	// RunqueueClassicBuckets adds a few classic buckets (RunqueueBuckets)
+	// to the run-queue histogram, for scrapers without native histograms.
+	RunqueueClassicBuckets bool
 }
 
 // New creates the metrics and registers them on reg; it panics, like
@@ -158,9 +170,11 @@ func New(reg prometheus.Registerer, version string, opts ...Options) *Metrics {
 	m := &Metrics{
 		d:         d,
 		pods:      o.Pods,
+		classic:   o.RunqueueClassicBuckets,
 		buildInfo: prometheus.MustNewConstMetric(d.buildInfoDesc, prometheus.GaugeValue, 1, label(version)),
 		opened:    map[int]map[string]uint64{},
 		closed:    map[int]map[string]uint64{},
+		failed:    map[int]map[string]uint64{},
 		lost:      map[string]uint64{},
 		cuda:      map[int]cudaCounts{},
 		switches:  map[int]map[string]uint64{},
@@ -266,6 +280,7 @@ func (m *Metrics) build(s *model.Snapshot) []prometheus.Metric {
 func (m *Metrics) processSeries(s *model.Snapshot, out []prometheus.Metric) []prometheus.Metric {
 	opened := make(map[int]map[string]uint64, len(s.Processes))
 	closed := make(map[int]map[string]uint64, len(s.Processes))
+	failed := make(map[int]map[string]uint64, len(s.Processes))
 	for _, p := range s.Processes {
 		id := m.procLabels(p)
 		out = append(out,
@@ -279,25 +294,34 @@ func (m *Metrics) processSeries(s *model.Snapshot, out []prometheus.Metric) []pr
 		for kind, n := range c {
 			out = append(out, constMetric(m.d.closedDesc, prometheus.CounterValue, float64(n), with(id, label(kind))...))
 		}
+		// Set by the fd concern with every errno, zeros included.
+		var f map[string]uint64
+		if p.FD.Failed != nil {
+			f = raise(m.failed[p.PID], p.FD.Failed)
+			for errno, n := range f {
+				out = append(out, constMetric(m.d.fdFailuresDesc, prometheus.CounterValue, float64(n), with(id, label(errno))...))
+			}
+		}
 		out = m.socketSeries(p, id, out)
 		if p.Exited {
 			// Served this once (see current); the state goes, so that a
 			// reused pid starts from its own counts.
 			continue
 		}
-		opened[p.PID], closed[p.PID] = o, c
+		opened[p.PID], closed[p.PID], failed[p.PID] = o, c, f
 	}
-	m.opened, m.closed = opened, closed
+	m.opened, m.closed, m.failed = opened, closed, failed
 	return out
 }
 
 // socketSeries exports the socket view of p when the socket concern filled
-// it: every state and kind, zeros included, so that a count that drops to
-// zero reads 0 rather than vanishing.
+// it: the TCP states it holds sockets in (a process has a few of the twelve,
+// and zeros would be most of the node's series: a state it no longer holds
+// goes stale), and every socket kind, zeros included.
 func (m *Metrics) socketSeries(p *model.Process, id []string, out []prometheus.Metric) []prometheus.Metric {
-	if p.Sock.TCPByState != nil {
-		for _, st := range model.TCPStates {
-			out = append(out, constMetric(m.d.socketsDesc, prometheus.GaugeValue, float64(p.Sock.TCPByState[st]), with(id, st)...))
+	for _, st := range model.TCPStates {
+		if n := p.Sock.TCPByState[st]; n > 0 {
+			out = append(out, constMetric(m.d.socketsDesc, prometheus.GaugeValue, float64(n), with(id, st)...))
 		}
 	}
 	if p.Sock.ByKind != nil {
@@ -316,9 +340,10 @@ func (m *Metrics) findingSeries(s *model.Snapshot, out []prometheus.Metric) []pr
 	for _, p := range s.Processes {
 		procs[p.PID] = p
 	}
+	caused := map[findingSeries]bool{} // kind is "kind\x00cause"
 	for _, f := range s.Findings {
 		id := findingID{f.Kind, f.PID, f.FirstSeen.UnixNano()}
-		if f.Active && !m.counted[id] {
+		if f.Active && !m.counted[id] && f.CausedBy == nil {
 			m.counted[id] = true
 			m.total[f.Kind]++
 		}
@@ -335,8 +360,21 @@ func (m *Metrics) findingSeries(s *model.Snapshot, out []prometheus.Metric) []pr
 		if len(f.Stack) > 0 {
 			site = label(stack.Function(stack.CallSite(f.Stack)))
 		}
+		if f.CausedBy != nil {
+			// One cause, one finding: this one is the cause's evidence.
+			k := findingSeries{kind: label(f.Kind) + "\x00" + label(f.CausedBy.Kind), proc: strings.Join(proc, "\x00")}
+			caused[k] = caused[k] || f.Active
+			continue
+		}
 		k := findingSeries{label(f.Kind), label(f.Severity), site, strings.Join(proc, "\x00")}
 		active[k] = active[k] || f.Active
+	}
+	for k, a := range caused {
+		v := 0.0
+		if a {
+			v = 1
+		}
+		out = append(out, constMetric(m.d.findingCauseDesc, prometheus.GaugeValue, v, append(strings.Split(k.kind, "\x00"), strings.Split(k.proc, "\x00")...)...))
 	}
 	for k, a := range active {
 		v := 0.0

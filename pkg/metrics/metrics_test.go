@@ -1,8 +1,10 @@
 package metrics
 
 import (
+	"fmt"
 	"io"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -103,16 +105,19 @@ func TestFindingsTotal(t *testing.T) {
 	f.Active = false
 	m.Update(snap(3, p, []model.Finding{f, second, inactive}, nil))
 
+	// Every kind has its series, 0 but for the two fd leaks.
 	want := `
-# HELP autoglm_findings_total Distinct findings that became active, by kind.
+# HELP autoglm_findings_total Distinct findings that became active, by kind; those explained by another finding are not counted.
 # TYPE autoglm_findings_total counter
-autoglm_findings_total{kind="ctx_switch_storm"} 0
-autoglm_findings_total{kind="fd_leak"} 2
-autoglm_findings_total{kind="gpu_alloc_burst"} 0
-autoglm_findings_total{kind="gpu_alloc_failure"} 0
-autoglm_findings_total{kind="gpu_memory_leak"} 0
-autoglm_findings_total{kind="socket_leak"} 0
-# HELP autoglm_finding 1 while a finding is active, 0 once it no longer holds; site is the function at the finding's call site.
+`
+	for _, k := range slices.Sorted(slices.Values(model.Kinds)) {
+		n := 0
+		if k == model.KindFDLeak {
+			n = 2
+		}
+		want += fmt.Sprintf("autoglm_findings_total{kind=%q} %d\n", k, n)
+	}
+	want += `# HELP autoglm_finding 1 while a finding is active, 0 once it no longer holds; site is the function at the finding's call site.
 # TYPE autoglm_finding gauge
 autoglm_finding{comm="fdwork",kind="fd_leak",pid="100",severity="warning",site="main.leak"} 1
 autoglm_finding{comm="fdwork",kind="socket_leak",pid="100",severity="warning",site="main.leak"} 0
@@ -216,9 +221,9 @@ func TestLint(t *testing.T) {
 	}
 }
 
-// Socket gauges: every TCP state and socket kind of a process the socket
-// concern filled (zeros included), none for one it did not, and gone after
-// the process exits.
+// Socket gauges: the TCP states a process the socket concern filled holds
+// sockets in, every socket kind (zeros included), none for a process it did
+// not fill, and gone after the process exits.
 func TestSocketSeries(t *testing.T) {
 	m, reg := newMetrics(t)
 	sock := proc(100, "sock\xffwork", 9, 9, 0, false)
@@ -227,13 +232,22 @@ func TestSocketSeries(t *testing.T) {
 		ByKind:     map[string]int{"tcp": 8, "udp": 1, "unix": 2, "other": 0},
 	}
 	m.Update(snap(1, []*model.Process{sock, proc(200, "fdwork", 3, 3, 0, false)}, nil, nil))
-	for state, want := range map[string]float64{"CLOSE_WAIT": 7, "LISTEN": 1, "ESTABLISHED": 0} {
+	for state, want := range map[string]float64{"CLOSE_WAIT": 7, "LISTEN": 1} {
 		if v, ok := value(t, reg, "autoglm_sockets", map[string]string{"pid": "100", "state": state}); !ok || v != want {
 			t.Errorf("autoglm_sockets{state=%s} = %v (present %v), want %v", state, v, ok, want)
 		}
 	}
-	if n := count(t, reg, "autoglm_sockets", map[string]string{"pid": "100"}); n != len(model.TCPStates) {
-		t.Errorf("%d state series, want %d", n, len(model.TCPStates))
+	if n := count(t, reg, "autoglm_sockets", map[string]string{"pid": "100"}); n != 2 {
+		t.Errorf("%d state series, want 2: one per state with sockets", n)
+	}
+	// The state emptied goes; the others stay.
+	sock.Sock.TCPByState = map[string]int{"LISTEN": 1, "CLOSE_WAIT": 0}
+	m.Update(snap(1, []*model.Process{sock, proc(200, "fdwork", 3, 3, 0, false)}, nil, nil))
+	if _, ok := value(t, reg, "autoglm_sockets", map[string]string{"pid": "100", "state": "CLOSE_WAIT"}); ok {
+		t.Error("CLOSE_WAIT still exported with no socket in it")
+	}
+	if n := count(t, reg, "autoglm_sockets", map[string]string{"pid": "100"}); n != 1 {
+		t.Errorf("%d state series, want 1", n)
 	}
 	for kind, want := range map[string]float64{"tcp": 8, "udp": 1, "unix": 2, "other": 0} {
 		if v, ok := value(t, reg, "autoglm_socket_fds", map[string]string{"pid": "100", "kind": kind}); !ok || v != want {
@@ -394,5 +408,124 @@ autoglm_open_fds{comm="host",container="",container_id="",namespace="",pid="200"
 	}
 	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
 		t.Fatalf("lint: %v %v", problems, err)
+	}
+}
+
+// fd creation failures: a counter per errno, zeros included, that never
+// goes down; none for a process the fd concern did not fill.
+func TestFDFailures(t *testing.T) {
+	m, reg := newMetrics(t)
+	p := proc(100, "fdwork", 256, 300, 44, false)
+	p.FD.Failed = map[string]uint64{"EMFILE": 42, "ENFILE": 0}
+	m.Update(snap(1, []*model.Process{p, {PID: 200, Comm: "other"}}, nil, nil))
+	want := `
+# HELP autoglm_fd_create_failures_total fd-creating calls that failed since attach because the process (EMFILE) or the system (ENFILE) was out of fds.
+# TYPE autoglm_fd_create_failures_total counter
+autoglm_fd_create_failures_total{comm="fdwork",errno="EMFILE",pid="100"} 42
+autoglm_fd_create_failures_total{comm="fdwork",errno="ENFILE",pid="100"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "autoglm_fd_create_failures_total"); err != nil {
+		t.Fatal(err)
+	}
+	p.FD.Failed = map[string]uint64{"EMFILE": 40, "ENFILE": 1}
+	m.Update(snap(2, []*model.Process{p}, nil, nil))
+	if v, _ := value(t, reg, "autoglm_fd_create_failures_total", map[string]string{"errno": "EMFILE"}); v != 42 {
+		t.Errorf("EMFILE after a smaller sample = %v, want 42", v)
+	}
+	if v, _ := value(t, reg, "autoglm_fd_create_failures_total", map[string]string{"errno": "ENFILE"}); v != 1 {
+		t.Errorf("ENFILE = %v, want 1", v)
+	}
+}
+
+// An fd leak explained by a socket leak is not a finding of its own on
+// /metrics: only the socket leak is, and the relation has its own gauge.
+func TestCausedBy(t *testing.T) {
+	m, reg := newMetrics(t)
+	s := finding(100, "sockwork", true)
+	s.Kind = model.KindSocketLeak
+	s.Stack = []string{"accept_conn+0x12 (sockwork)"}
+	f := finding(100, "sockwork", true)
+	ref := s.Ref()
+	f.CausedBy = &ref
+	p := []*model.Process{proc(100, "sockwork", 57, 80, 23, false)}
+	m.Update(snap(1, p, []model.Finding{f, s}, nil))
+	want := `
+# HELP autoglm_finding 1 while a finding is active, 0 once it no longer holds; site is the function at the finding's call site.
+# TYPE autoglm_finding gauge
+autoglm_finding{comm="sockwork",kind="socket_leak",pid="100",severity="warning",site="accept_conn"} 1
+# HELP autoglm_finding_caused_by 1 while a finding explained by another (cause: its kind) is active, 0 after; such a finding is not in autoglm_finding or autoglm_findings_total.
+# TYPE autoglm_finding_caused_by gauge
+autoglm_finding_caused_by{cause="socket_leak",comm="sockwork",kind="fd_leak",pid="100"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "autoglm_finding", "autoglm_finding_caused_by"); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := value(t, reg, "autoglm_findings_total", map[string]string{"kind": "fd_leak"}); v != 0 {
+		t.Errorf("findings_total{fd_leak} = %v, want 0", v)
+	}
+	if v, _ := value(t, reg, "autoglm_findings_total", map[string]string{"kind": "socket_leak"}); v != 1 {
+		t.Errorf("findings_total{socket_leak} = %v, want 1", v)
+	}
+	f.Active = false
+	m.Update(snap(2, p, []model.Finding{f, s}, nil))
+	if v, ok := value(t, reg, "autoglm_finding_caused_by", map[string]string{"kind": "fd_leak"}); !ok || v != 0 {
+		t.Errorf("caused_by after the fd leak ended = %v (present %v), want 0", v, ok)
+	}
+}
+
+// The series of one process as the fd, socket and scheduler concerns fill
+// it (README, "Series per process"): 18. Before sockets were exported by
+// state present and the run-queue histogram became native, the same process
+// had 50 without the two failure counters: 12 states, and a histogram of
+// 22 buckets, +Inf, sum and count.
+func TestSeriesPerProcess(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		opts    Options
+		classic int // series of the run-queue histogram
+	}{
+		{"native", Options{}, 1},
+		{"with classic buckets", Options{RunqueueClassicBuckets: true}, len(RunqueueBuckets) + 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := prometheus.NewPedanticRegistry()
+			m := New(reg, "v1", tc.opts)
+			p := schedProc(100, "server", 900, 40, false)
+			p.FD.Opened = map[string]uint64{"file": 80, "socket": 500, "pipe": 2}
+			p.FD.Closed = map[string]uint64{"file": 70, "socket": 480}
+			p.FD.Failed = map[string]uint64{"EMFILE": 0, "ENFILE": 0}
+			p.Sock = model.SockStats{TCPByState: map[string]int{"LISTEN": 1, "ESTABLISHED": 19},
+				ByKind: map[string]int{"tcp": 20, "udp": 0, "unix": 2, "other": 0}}
+			m.Update(snap(1, []*model.Process{p}, nil, nil))
+			// Series as Prometheus stores them: a classic histogram is
+			// one per bucket plus sum and count.
+			families, err := reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for _, f := range families {
+				for _, s := range f.GetMetric() {
+					pid := ""
+					for _, l := range s.GetLabel() {
+						if l.GetName() == "pid" {
+							pid = l.GetValue()
+						}
+					}
+					switch {
+					case pid != "100":
+					case s.GetHistogram() != nil && len(s.GetHistogram().GetBucket()) > 0:
+						n += len(s.GetHistogram().GetBucket()) + 3 // and +Inf, sum, count
+					default:
+						n++
+					}
+				}
+			}
+			// open_fds, fd_limit, 3 opened, 2 closed, 2 failures, 2 TCP
+			// states, 4 socket kinds, 2 context switch types, run queue.
+			if want := 1 + 1 + 3 + 2 + 2 + 2 + 4 + 2 + tc.classic; n != want {
+				t.Errorf("%d series for the process, want %d", n, want)
+			}
+		})
 	}
 }

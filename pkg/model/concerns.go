@@ -50,12 +50,18 @@ type SockConn struct {
 	State  string
 	Since  time.Time // when it entered State
 	Stack  []string  // opening stack, from the fd table where known
+	FD     int       // the process's fd for the socket (its lowest, if several)
 }
 
 // CUDAStats is the GPU-allocation view of one process at one instant.
 type CUDAStats struct {
-	LiveBytes      uint64            // device bytes allocated and not freed, from the kernel's live map
-	LiveAllocs     int               // live device allocations
+	LiveBytes  uint64 // device bytes allocated and not freed, from the kernel's live map
+	LiveAllocs int    // live device allocations
+	// LivePeakBytes is the most device bytes live at any instant since the
+	// previous poll (that poll's and this one's values included): a
+	// high-water mark the kernel keeps at every allocation, so a spike
+	// between two polls is not lost.
+	LivePeakBytes  uint64
 	HostLiveBytes  uint64            // pinned host bytes (cudaMallocHost, cudaHostAlloc, ...) allocated and not freed; not in LiveBytes or Sites
 	AllocBytes     map[string]uint64 // bytes allocated since attach, by API (monotonic)
 	HostAllocBytes uint64            // pinned host bytes allocated since attach (monotonic); included in AllocBytes
@@ -65,9 +71,12 @@ type CUDAStats struct {
 	Failures       []CUDAFailure     // failed allocation calls since attach
 	Sites          []CUDASite        // live allocations by stack, most bytes first
 	NVMLUsedBytes  uint64            // the GPU's own figure for this process (0 when NVML is absent)
-	HasNVML        bool
-	UntrackedBytes int64    // NVMLUsedBytes - LiveBytes: contexts, caching, paths not hooked
-	Libraries      []string // CUDA libraries hooked in this process
+	// The least and most of NVML's samples (every --gpu-interval) since
+	// the previous poll, NVMLUsedBytes among them.
+	NVMLMinBytes, NVMLMaxBytes uint64
+	HasNVML                    bool
+	UntrackedBytes             int64    // NVMLUsedBytes - LiveBytes: contexts, caching, paths not hooked
+	Libraries                  []string // CUDA libraries hooked in this process
 }
 
 // Active reports whether the process shows any CUDA activity; sinks show
@@ -102,11 +111,14 @@ type CUDASite struct {
 
 // GPU is one device as NVML reports it.
 type GPU struct {
-	Index       int
-	UUID        string
-	Name        string
-	MemoryUsed  uint64
-	MemoryTotal uint64
-	Utilization float64        // 0..1
-	Processes   map[int]uint64 // device memory used on this GPU, by pid
+	Index      int
+	UUID       string
+	Name       string
+	MemoryUsed uint64
+	// The least and most of the samples since the previous poll,
+	// MemoryUsed among them.
+	MemoryUsedMin, MemoryUsedMax uint64
+	MemoryTotal                  uint64
+	Utilization                  float64        // 0..1
+	Processes                    map[int]uint64 // device memory used on this GPU, by pid
 }

@@ -8,15 +8,17 @@ import "time"
 // Finding kinds, as they appear in reports, metrics and --fail-on.
 const (
 	KindFDLeak          = "fd_leak"
+	KindFDExhausted     = "fd_exhausted"
 	KindSocketLeak      = "socket_leak"
 	KindCtxSwitchStorm  = "ctx_switch_storm"
 	KindGPUAllocBurst   = "gpu_alloc_burst"
 	KindGPUMemoryLeak   = "gpu_memory_leak"
 	KindGPUAllocFailure = "gpu_alloc_failure"
+	KindGPUAllocChurn   = "gpu_alloc_churn"
 )
 
 // Kinds lists every finding kind, for flag validation and metric pre-creation.
-var Kinds = []string{KindFDLeak, KindSocketLeak, KindCtxSwitchStorm, KindGPUAllocBurst, KindGPUMemoryLeak, KindGPUAllocFailure}
+var Kinds = []string{KindFDLeak, KindFDExhausted, KindSocketLeak, KindCtxSwitchStorm, KindGPUAllocBurst, KindGPUMemoryLeak, KindGPUAllocFailure, KindGPUAllocChurn}
 
 // Severities, lowest first.
 const (
@@ -40,6 +42,25 @@ type Finding struct {
 	Summary   string         `json:"summary"`
 	Stack     []string       `json:"stack"`
 	Evidence  map[string]any `json:"evidence"`
+	// CausedBy names the finding that explains this one, which is then
+	// not a problem of its own (an fd leak made of CLOSE_WAIT sockets is
+	// the socket leak's); nil for a finding that stands on its own.
+	CausedBy *FindingRef `json:"caused_by,omitempty"`
+	// Related names other findings about the same process that this one
+	// explains or that bear on it.
+	Related []FindingRef `json:"related,omitempty"`
+}
+
+// FindingRef points at a finding: kind, pid and first sighting identify one.
+type FindingRef struct {
+	Kind      string    `json:"kind"`
+	PID       int       `json:"pid"`
+	FirstSeen time.Time `json:"first_seen"`
+}
+
+// Ref returns the reference to f.
+func (f *Finding) Ref() FindingRef {
+	return FindingRef{Kind: f.Kind, PID: f.PID, FirstSeen: f.FirstSeen}
 }
 
 // FDSite groups the live fds of a process by the user stack that opened them.
@@ -57,6 +78,28 @@ type FDStats struct {
 	Opened map[string]uint64 // fds created since attach, by kind (monotonic)
 	Closed map[string]uint64 // fds released since attach, by kind (monotonic)
 	Sites  []FDSite          // live fds by opening stack; sites with a known stack only
+	// Failed counts the fd-creating calls that failed because the process
+	// (EMFILE) or the system (ENFILE) was out of fds, since attach, by
+	// errno name (FDErrnos; monotonic).
+	Failed map[string]uint64
+	// LastFailure is the latest of those calls; nil when there was none.
+	LastFailure *FDFailure
+	// OpenAtAttach is how many fds the process held when watching began
+	// (from /proc): one at its limit then was out of fds before any call
+	// could be seen failing.
+	OpenAtAttach int
+}
+
+// FDErrnos name the errnos of FDStats.Failed; the order matches the BPF
+// enum fd_fail.
+var FDErrnos = []string{"EMFILE", "ENFILE"}
+
+// FDFailure is an fd-creating call that failed for want of fds.
+type FDFailure struct {
+	Time    time.Time
+	Kind    string   // the kind of fd it tried to create (FDKinds)
+	StackID int64    // its call site, numbered as FDSite.StackID
+	Stack   []string // symbolized frames, innermost first
 }
 
 // Pod says where a process runs in Kubernetes; empty outside a pod.

@@ -30,13 +30,23 @@ const (
 	MinInterval     = 10 * time.Millisecond
 )
 
-// Sampler polls NVML in the background and keeps the latest sample.
+// Sampler polls NVML in the background. Its figures are read by window:
+// Roll ends one (the pipeline rolls at each poll) and what the samples
+// since the previous Roll did, the least, the most and the last, is what
+// GPUs and ProcessMemory report until the next. A value a few samples saw
+// between two polls thus still shows in the window's Max.
 type Sampler struct {
 	lib gonvml.Interface
 
 	mu    sync.Mutex
-	gpus  []model.GPU
-	procs map[int]uint64 // device memory used by pid, summed over devices
+	gpus  []model.GPU    // the latest sample
+	procs map[int]uint64 // device memory used by pid, summed over devices, in the latest sample
+	// The open window: by pid, and device memory used by device index.
+	winProcs map[int]Range
+	winGPUs  map[int]Range
+	// The window closed by the last Roll.
+	rolledGPUs  []model.GPU
+	rolledProcs map[int]Range
 
 	done chan struct{} // closed once the loop has shut NVML down
 }
@@ -44,7 +54,20 @@ type Sampler struct {
 // New returns a sampler over lib: gonvml.New() for the real library, a mock
 // in tests.
 func New(lib gonvml.Interface) *Sampler {
-	return &Sampler{lib: lib, procs: map[int]uint64{}, done: make(chan struct{})}
+	return &Sampler{lib: lib, procs: map[int]uint64{}, winProcs: map[int]Range{}, winGPUs: map[int]Range{}, rolledProcs: map[int]Range{},
+		done: make(chan struct{})}
+}
+
+// Range is what one figure did within a window: the least and the most of
+// its samples, and the last one.
+type Range struct{ Min, Max, Last uint64 }
+
+// with returns r extended by the sample v; the zero Range has no sample.
+func (r Range) with(v uint64, first bool) Range {
+	if first {
+		return Range{v, v, v}
+	}
+	return Range{min(r.Min, v), max(r.Max, v), v}
 }
 
 // Start initializes NVML, takes a first sample, and samples every interval
@@ -70,6 +93,7 @@ func (s *Sampler) start(ctx context.Context, every time.Duration) error {
 		s.shutdown()
 		return err
 	}
+	s.Roll()
 	go s.loop(ctx, every)
 	return nil
 }
@@ -155,49 +179,91 @@ func (s *Sampler) sample() error {
 		gpus = append(gpus, g)
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.gpus, s.procs = gpus, procs
-	s.mu.Unlock()
+	for pid, b := range procs {
+		r, ok := s.winProcs[pid]
+		s.winProcs[pid] = r.with(b, !ok)
+	}
+	for _, g := range gpus {
+		r, ok := s.winGPUs[g.Index]
+		s.winGPUs[g.Index] = r.with(g.MemoryUsed, !ok)
+	}
 	return nil
+}
+
+// Roll ends the current window: from now until the next Roll, GPUs and
+// ProcessMemory report what the samples taken since the previous Roll did.
+// The new window starts with the latest sample, which holds until the next
+// one. A process or device missing from the latest sample is left out.
+func (s *Sampler) Roll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.gpus == nil {
+		return // not started
+	}
+	s.rolledProcs = make(map[int]Range, len(s.procs))
+	for pid, b := range s.procs {
+		r := s.winProcs[pid]
+		r.Last = b
+		s.rolledProcs[pid] = r
+	}
+	s.rolledGPUs = make([]model.GPU, len(s.gpus))
+	for i, g := range s.gpus {
+		r := s.winGPUs[g.Index]
+		g.MemoryUsedMin, g.MemoryUsedMax = r.Min, r.Max
+		s.rolledGPUs[i] = g // the maps of a sample are never written again
+	}
+	clear(s.winProcs)
+	for pid, b := range s.procs {
+		s.winProcs[pid] = Range{b, b, b}
+	}
+	clear(s.winGPUs)
+	for _, g := range s.gpus {
+		s.winGPUs[g.Index] = Range{g.MemoryUsed, g.MemoryUsed, g.MemoryUsed}
+	}
 }
 
 // notAvailable is NVML_VALUE_NOT_AVAILABLE as an unsigned long long.
 const notAvailable = ^uint64(0)
 
-// GPUs returns the devices as last sampled; nil before Start succeeds.
+// GPUs returns the devices as of the last Roll (MemoryUsed the last
+// sample, MemoryUsedMin and MemoryUsedMax over the window); nil before Start
+// succeeds.
 func (s *Sampler) GPUs() []model.GPU {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.gpus == nil {
+	if s.rolledGPUs == nil {
 		return nil
 	}
-	out := make([]model.GPU, len(s.gpus))
-	for i, g := range s.gpus {
+	out := make([]model.GPU, len(s.rolledGPUs))
+	for i, g := range s.rolledGPUs {
 		g.Processes = maps.Clone(g.Processes)
 		out[i] = g
 	}
 	return out
 }
 
-// ProcessMemory returns the device memory pid uses on all GPUs together, and
-// whether NVML lists it at all.
-func (s *Sampler) ProcessMemory(pid int) (uint64, bool) {
+// ProcessMemory returns the device memory pid uses on all GPUs together as
+// of the last Roll, and whether NVML listed it then.
+func (s *Sampler) ProcessMemory(pid int) (Range, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	b, ok := s.procs[pid]
-	return b, ok
+	r, ok := s.rolledProcs[pid]
+	return r, ok
 }
 
-// Join records NVML's figure for p (from ProcessMemory) next to what the
-// CUDA hooks saw; p.CUDA.LiveBytes must be filled first. The difference is
-// memory the hooks do not account for: contexts, module images, allocator
-// caches, allocation paths not hooked.
-func Join(p *model.Process, used uint64, ok bool) {
+// Join records NVML's figures for p (from ProcessMemory) next to what the
+// CUDA hooks saw; p.CUDA.LiveBytes must be filled first. The difference
+// from the last sample is memory the hooks do not account for: contexts,
+// module images, allocator caches, allocation paths not hooked.
+func Join(p *model.Process, used Range, ok bool) {
 	if !ok {
-		p.CUDA.NVMLUsedBytes, p.CUDA.HasNVML, p.CUDA.UntrackedBytes = 0, false, 0
+		p.CUDA.NVMLUsedBytes, p.CUDA.NVMLMinBytes, p.CUDA.NVMLMaxBytes, p.CUDA.HasNVML, p.CUDA.UntrackedBytes = 0, 0, 0, false, 0
 		return
 	}
-	p.CUDA.NVMLUsedBytes, p.CUDA.HasNVML = used, true
-	p.CUDA.UntrackedBytes = int64(used) - int64(p.CUDA.LiveBytes)
+	p.CUDA.NVMLUsedBytes, p.CUDA.NVMLMinBytes, p.CUDA.NVMLMaxBytes, p.CUDA.HasNVML = used.Last, used.Min, used.Max, true
+	p.CUDA.UntrackedBytes = int64(used.Last) - int64(p.CUDA.LiveBytes)
 }
 
 // Detector is what the CUDA concern runs on each process every interval.

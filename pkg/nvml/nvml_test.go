@@ -108,8 +108,8 @@ func TestSamplerTwoDevices(t *testing.T) {
 		want uint64
 		ok   bool
 	}{{100, 6 * gib, true}, {200, 1 * gib, true}, {300, 0, false}, {400, 0, false}} {
-		if b, ok := s.ProcessMemory(c.pid); b != c.want || ok != c.ok {
-			t.Errorf("ProcessMemory(%d) = %d, %v; want %d, %v", c.pid, b, ok, c.want, c.ok)
+		if r, ok := s.ProcessMemory(c.pid); r.Last != c.want || ok != c.ok {
+			t.Errorf("ProcessMemory(%d) = %+v, %v; want last %d, %v", c.pid, r, ok, c.want, c.ok)
 		}
 	}
 
@@ -119,7 +119,7 @@ func TestSamplerTwoDevices(t *testing.T) {
 		t.Error("GPUs() shares its maps with the sampler")
 	}
 
-	// The loop keeps sampling.
+	// The loop keeps sampling; a Roll shows what it sampled.
 	fakes[1].setUsed(5 * gib)
 	deadline := time.Now().Add(10 * time.Second)
 	for s.GPUs()[1].MemoryUsed != 5*gib {
@@ -127,12 +127,63 @@ func TestSamplerTwoDevices(t *testing.T) {
 			t.Fatal("a later sample never showed the new memory figure")
 		}
 		time.Sleep(MinInterval)
+		s.Roll()
 	}
 
 	cancel()
 	s.Wait()
 	if n := len(lib.ShutdownCalls()); n != 1 {
 		t.Errorf("Shutdown called %d times after ctx done, want 1", n)
+	}
+}
+
+// A window reports the least, the most and the last of its samples; the
+// next starts from the last, which holds until a new sample.
+func TestWindow(t *testing.T) {
+	lib, fakes := twoGPUs()
+	fakes[0].graphics = nil // its figure would hide the compute one's
+	s := New(lib)
+	for _, used := range []uint64{2, 7, 3} {
+		fakes[0].setUsed(used * gib)
+		fakes[0].compute[0].UsedGpuMemory = used * gib // pid 100
+		if err := s.sample(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Roll()
+	check := func(when string, lo, hi, last uint64) {
+		t.Helper()
+		g := s.GPUs()[0]
+		if g.MemoryUsedMin != lo*gib || g.MemoryUsedMax != hi*gib || g.MemoryUsed != last*gib {
+			t.Errorf("%s: GPU 0 used min %d max %d last %d, want %d %d %d GiB", when, g.MemoryUsedMin, g.MemoryUsedMax, g.MemoryUsed, lo, hi, last)
+		}
+		// pid 100 also has 2 GiB on the second device, unchanged.
+		want := Range{(lo + 2) * gib, (hi + 2) * gib, (last + 2) * gib}
+		if r, ok := s.ProcessMemory(100); !ok || r != want {
+			t.Errorf("%s: pid 100 = %+v, %v; want %+v", when, r, ok, want)
+		}
+	}
+	check("three samples", 2, 7, 3)
+	s.Roll()
+	check("no sample since", 3, 3, 3)
+	fakes[0].setUsed(1 * gib)
+	fakes[0].compute[0].UsedGpuMemory = 1 * gib
+	if err := s.sample(); err != nil {
+		t.Fatal(err)
+	}
+	check("before the roll", 3, 3, 3)
+	s.Roll()
+	check("one lower sample", 1, 3, 1)
+
+	// A process that leaves the GPU is not reported by the next window.
+	fakes[0].compute = fakes[0].compute[1:]
+	fakes[1].compute = fakes[1].compute[1:]
+	if err := s.sample(); err != nil {
+		t.Fatal(err)
+	}
+	s.Roll()
+	if r, ok := s.ProcessMemory(100); ok {
+		t.Errorf("pid 100 gone from the GPUs: ProcessMemory = %+v, true", r)
 	}
 }
 
@@ -149,8 +200,9 @@ func TestJoin(t *testing.T) {
 	p := &model.Process{PID: 100, CUDA: model.CUDAStats{LiveBytes: 5*gib + gib/2}}
 	used, ok := s.ProcessMemory(p.PID)
 	Join(p, used, ok)
-	if !p.CUDA.HasNVML || p.CUDA.NVMLUsedBytes != 6*gib || p.CUDA.UntrackedBytes != gib/2 {
-		t.Errorf("join pid 100: %+v, want NVML 6 GiB, untracked 0.5 GiB", p.CUDA)
+	if !p.CUDA.HasNVML || p.CUDA.NVMLUsedBytes != 6*gib || p.CUDA.UntrackedBytes != gib/2 ||
+		p.CUDA.NVMLMinBytes != 6*gib || p.CUDA.NVMLMaxBytes != 6*gib {
+		t.Errorf("join pid 100: %+v, want NVML 6 GiB (min and max too), untracked 0.5 GiB", p.CUDA)
 	}
 
 	// The hooks may see more than NVML reports (freed memory the caching

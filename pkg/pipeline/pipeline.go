@@ -17,6 +17,7 @@ import (
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/cudatrack"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/causes"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ctxstorm"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpualloc"
@@ -60,6 +61,9 @@ type Config struct {
 	CtxStorm ctxstorm.Config
 	SockLeak sockleak.Config
 	GPUAlloc gpualloc.Config
+	// SockProcTables reads TCP sockets from /proc/PID/net/tcp{,6} rather
+	// than sock_diag: the agent-cost benchmark's baseline.
+	SockProcTables bool
 	// MaxAllocs is the capacity of the kernel's live GPU allocation table.
 	MaxAllocs uint32
 	// GPUInterval is how often NVML is sampled.
@@ -115,6 +119,7 @@ type Pipeline struct {
 	starts   map[int]uint64 // start time of each watched pid, to notice reuse
 	order    []int          // pids in the order they were added
 	findings []model.Finding
+	link     *causes.Linker
 }
 
 // New starts loading every concern's BPF side, all at once: each concern is
@@ -136,6 +141,7 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 		procs:  map[int]*model.Process{},
 		starts: map[int]uint64{},
 		maps:   procinfo.NewMapsCache(),
+		link:   causes.New(causes.DefaultGrace),
 	}
 
 	// NVML is optional: without a driver the sampler reports one clear
@@ -161,11 +167,15 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 			return schedtrack.NewConcern(schedtrack.Config{ProcRoot: cfg.ProcRoot}, cfg.CtxStorm)
 		}},
 		{"sock", func() (Concern, error) {
-			return socktrack.NewConcern(socktrack.Config{ProcRoot: cfg.ProcRoot}, cfg.SockLeak)
+			return socktrack.NewConcern(socktrack.Config{ProcRoot: cfg.ProcRoot, ProcTables: cfg.SockProcTables}, cfg.SockLeak)
 		}},
 		{"cuda", func() (Concern, error) {
+			// A leak's time to exhaustion is judged against the devices'
+			// free memory as NVML samples it.
+			gpuAlloc := cfg.GPUAlloc
+			gpuAlloc.Devices = p.gpu.GPUs
 			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites, Maps: p.maps},
-				p.gpu.Joining(gpualloc.New(cfg.GPUAlloc)), p.sym)
+				p.gpu.Joining(gpualloc.New(gpuAlloc)), p.sym)
 		}},
 	}
 	p.arrivals = make(chan arrival, len(loaders))
@@ -360,6 +370,9 @@ func (p *Pipeline) allExited() bool {
 
 func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 	p.maps.Next()
+	// NVML's figures for this interval: what its samples since the last
+	// poll did (the join and the snapshot read them).
+	p.gpu.Roll()
 	p.adoptArrived()
 	if p.cfg.Daemon {
 		p.forgetExited()
@@ -391,14 +404,18 @@ func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 		}
 		observe = append(observe, pr)
 	}
+	var fresh []model.Finding
 	for _, c := range p.concerns {
 		fs, err := c.Observe(now, observe)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", c.Name(), err)
 		}
-		for _, f := range fs {
-			p.record(f, now, f.Active)
-		}
+		fresh = append(fresh, fs...)
+	}
+	// One cause, one finding: an fd leak made of CLOSE_WAIT sockets is
+	// the socket leak's.
+	for _, f := range p.link.Link(now, observe, fresh, p.findings) {
+		p.record(f, now, f.Active)
 	}
 	for _, pr := range exiting {
 		pr.Exited = true

@@ -1,10 +1,11 @@
-// Package report writes the JSON report of a run; docs/REPORT.md describes
-// the schema.
+// Package report writes the report of a run, as JSON (docs/REPORT.md
+// describes the schema) and as a self-contained HTML page with charts.
 package report
 
 import (
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -13,11 +14,18 @@ import (
 	"slices"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/history"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
+// SchemaVersion is the version of the report's format, bumped when its
+// meaning changes: 2 added history (schema 1 reports have no
+// schema_version field).
+const SchemaVersion = 2
+
 // Report is the document written when the run ends.
 type Report struct {
+	SchemaVersion   int               `json:"schema_version"`
 	Version         string            `json:"version"`
 	Start           time.Time         `json:"start"`
 	End             time.Time         `json:"end"`
@@ -39,6 +47,8 @@ type GPU struct {
 	UtilizationRatio float64 `json:"utilization_ratio"`
 	// Device memory by pid, every process NVML lists, watched or not.
 	ProcessMemoryUsedBytes map[int]uint64 `json:"process_memory_used_bytes"`
+	// Used memory over the run.
+	History *history.History `json:"history,omitempty"`
 }
 
 // CUDA is the GPU-allocation view of a process that used CUDA.
@@ -58,6 +68,7 @@ type CUDA struct {
 type Process struct {
 	PID       int               `json:"pid"`
 	Comm      string            `json:"comm"`
+	Started   time.Time         `json:"started"` // when watching it began
 	Exited    bool              `json:"exited"`
 	OpenFDs   int               `json:"open_fds"`
 	FDLimit   uint64            `json:"fd_limit"`
@@ -74,6 +85,9 @@ type Process struct {
 	// (null when no wait was seen).
 	ContextSwitches    ContextSwitches `json:"context_switches"`
 	RunqueueP99Seconds *float64        `json:"runqueue_p99_seconds"`
+
+	// The figures above and more, at each interval of the run.
+	History *history.History `json:"history,omitempty"`
 }
 
 // processKey tells apart two processes that had the same pid in one run.
@@ -82,9 +96,16 @@ type processKey struct {
 	started int64
 }
 
+// Outputs says where a Writer writes the report; an empty path is not
+// written.
+type Outputs struct {
+	JSON string // "-" is standard output
+	HTML string
+}
+
 // Writer is a sink that writes the report when it is closed.
 type Writer struct {
-	path    string
+	out     Outputs
 	version string
 	stdout  io.Writer // where path "-" writes; a field so that tests can read it
 	created time.Time // the run's start if no snapshot ever arrives
@@ -92,27 +113,36 @@ type Writer struct {
 	// Every process ever seen: processes drop out of snapshots after they
 	// exit, but the report must still show them.
 	procs map[processKey]Process
+	hist  *history.Recorder
 }
 
-// New returns a Writer for path; "-" means standard output.
-func New(path, version string) *Writer {
+// New returns a Writer to out, recording history with the default bounds.
+func New(version string, out Outputs) *Writer {
 	return &Writer{
-		path:    path,
+		out:     out,
 		version: version,
 		stdout:  os.Stdout,
 		created: time.Now(),
 		procs:   map[processKey]Process{},
+		hist:    history.New(history.DefaultConfig()),
 	}
 }
 
-// Update records s as the latest state.
+// Update records s as the latest state, and its figures in the history.
 func (w *Writer) Update(s *model.Snapshot) {
+	w.hist.Update(s)
+	w.record(s)
+}
+
+// record keeps s as the latest state.
+func (w *Writer) record(s *model.Snapshot) {
 	w.last = s
 	for _, p := range s.Processes {
 		// Copied: the report is written long after this snapshot.
 		w.procs[processKey{p.PID, p.Started.UnixNano()}] = Process{
 			PID:       p.PID,
 			Comm:      p.Comm,
+			Started:   p.Started,
 			Exited:    p.Exited,
 			OpenFDs:   p.FD.Open,
 			FDLimit:   p.FD.Limit,
@@ -129,39 +159,57 @@ func (w *Writer) Update(s *model.Snapshot) {
 	}
 }
 
-// Close records final, if any, and writes the report. A file is replaced
-// atomically, so that a reader never sees half a report.
+// Close records final, if any, and writes the report to each output. A
+// file is replaced atomically, so that a reader never sees half a report.
 func (w *Writer) Close(final *model.Snapshot) error {
+	var errs []error
 	if final != nil {
-		w.Update(final)
+		w.record(final)
 	}
-	data, err := json.MarshalIndent(w.report(time.Now()), "", "  ")
+	// The final snapshot repeats the last poll's figures: it ends the
+	// report, not the history.
+	if err := w.hist.Close(final); err != nil {
+		errs = append(errs, err)
+	}
+	r := w.report(time.Now())
+	if w.out.JSON != "" {
+		if err := w.writeJSON(r); err != nil {
+			errs = append(errs, fmt.Errorf("report: %w", err))
+		}
+	}
+	if w.out.HTML != "" {
+		if err := WriteHTMLFile(w.out.HTML, r); err != nil {
+			errs = append(errs, fmt.Errorf("HTML report: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (w *Writer) writeJSON(r *Report) error {
+	data, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
-		return fmt.Errorf("report: %w", err)
+		return err
 	}
 	data = append(data, '\n')
-	if w.path == "-" {
+	if w.out.JSON == "-" {
 		_, err = w.stdout.Write(data)
-	} else {
-		err = writeAtomic(w.path, data)
+		return err
 	}
-	if err != nil {
-		return fmt.Errorf("report: %w", err)
-	}
-	return nil
+	return writeAtomic(w.out.JSON, data)
 }
 
 // report builds the document; now ends a run that produced no snapshot.
 func (w *Writer) report(now time.Time) *Report {
 	r := &Report{
-		Version:    w.version,
-		Start:      w.created,
-		End:        now,
-		Targets:    []int{},
-		Processes:  w.processes(),
-		Findings:   []model.Finding{},
-		LostEvents: map[string]uint64{},
-		GPUs:       []GPU{},
+		SchemaVersion: SchemaVersion,
+		Version:       w.version,
+		Start:         w.created,
+		End:           now,
+		Targets:       []int{},
+		Processes:     w.processes(),
+		Findings:      []model.Finding{},
+		LostEvents:    map[string]uint64{},
+		GPUs:          []GPU{},
 	}
 	if s := w.last; s != nil {
 		r.Start, r.End = s.Start, s.Time
@@ -172,6 +220,7 @@ func (w *Writer) report(now time.Time) *Report {
 				Index: g.Index, UUID: g.UUID, Name: g.Name,
 				MemoryUsedBytes: g.MemoryUsed, MemoryTotalBytes: g.MemoryTotal, UtilizationRatio: g.Utilization,
 				ProcessMemoryUsedBytes: maps.Clone(g.Processes),
+				History:                w.hist.GPU(g.UUID, g.Index),
 			})
 		}
 		for _, f := range s.Findings {
@@ -197,7 +246,9 @@ func (w *Writer) processes() []Process {
 	})
 	out := make([]Process, 0, len(keys))
 	for _, k := range keys {
-		out = append(out, w.procs[k])
+		p := w.procs[k]
+		p.History = w.hist.Process(p.PID, p.Started)
+		out = append(out, p)
 	}
 	return out
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/history"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
@@ -28,7 +29,7 @@ func proc(pid int, comm string, open int, exited bool) *model.Process {
 
 // toStdout returns a Writer for "-" that writes into a buffer.
 func toStdout() (*Writer, *bytes.Buffer) {
-	w := New("-", "v1.2.3")
+	w := New("v1.2.3", Outputs{JSON: "-"})
 	var buf bytes.Buffer
 	w.stdout = &buf
 	return w, &buf
@@ -63,14 +64,25 @@ func TestRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := decode(t, buf.Bytes())
-	if r.Version != "v1.2.3" || !r.Start.Equal(t0) || !r.End.Equal(t0.Add(30*time.Second)) || r.DurationSeconds != 30 {
+	if r.SchemaVersion != SchemaVersion || r.Version != "v1.2.3" || !r.Start.Equal(t0) || !r.End.Equal(t0.Add(30*time.Second)) || r.DurationSeconds != 30 {
 		t.Errorf("header = %q %v %v %v", r.Version, r.Start, r.End, r.DurationSeconds)
 	}
 	if !reflect.DeepEqual(r.Targets, []int{100}) {
 		t.Errorf("targets = %v", r.Targets)
 	}
+	// One point, from the update: the final snapshot repeats the last
+	// poll's figures and ends the report, not the history.
+	if len(r.Processes) == 1 {
+		h := r.Processes[0].History
+		if h == nil || !reflect.DeepEqual(h.Time, []int64{t0.Add(10 * time.Second).UnixMilli()}) ||
+			!reflect.DeepEqual(h.Series["open_fds"].Last, history.Values{40}) {
+			t.Errorf("history = %+v", h)
+		}
+		r.Processes[0].History = nil
+		r.Processes[0].Started = r.Processes[0].Started.UTC()
+	}
 	wantProc := Process{
-		PID: 100, Comm: "fdwork", OpenFDs: 57, FDLimit: 1024,
+		PID: 100, Comm: "fdwork", Started: t0, OpenFDs: 57, FDLimit: 1024,
 		FDsOpened: map[string]uint64{"file": 80, "socket": 2},
 		FDsClosed: map[string]uint64{"file": 23},
 
@@ -183,7 +195,7 @@ func TestFileWrittenAtomically(t *testing.T) {
 	if err := os.WriteFile(path, []byte("old"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	w := New(path, "v1")
+	w := New("v1", Outputs{JSON: path})
 	if err := w.Close(&model.Snapshot{Time: t0, Start: t0, Processes: []*model.Process{proc(100, "fdwork", 1, false)}}); err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +223,7 @@ func TestFileWrittenAtomically(t *testing.T) {
 }
 
 func TestWriteError(t *testing.T) {
-	w := New(filepath.Join(t.TempDir(), "missing", "report.json"), "v1")
+	w := New("v1", Outputs{JSON: filepath.Join(t.TempDir(), "missing", "report.json")})
 	err := w.Close(nil)
 	if err == nil || !strings.Contains(err.Error(), "report:") {
 		t.Errorf("Close into a missing directory = %v, want an error", err)

@@ -192,14 +192,19 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 // it, as nothing useful is told apart there.
 const firstSlot = 9
 
+// slotUnitExp: the kernel slots waits in units of 2^slotUnitExp seconds
+// (bpf/sched.bpf.c, RUNQ_UNIT_*).
+const slotUnitExp = -30
+
 // Histogram turns the kernel's log2 slots (slot i: waits of [2^i, 2^(i+1))
-// ns) into a model histogram with bounds in seconds. The last slot has no
-// upper bound, so it counts in Count and Sum only.
+// units of 2^-30 s) into a model histogram whose bounds are powers of two
+// of a second, from 2^-20 s (~0.95 µs) to 2 s. The last slot has no upper
+// bound, so it counts in Count and Sum only.
 func (s *Sample) Histogram() model.Histogram {
 	last := len(s.RunqSlots) - 1
 	h := model.Histogram{Sum: float64(s.RunqSumNs) / 1e9}
 	for i := firstSlot; i < last; i++ {
-		h.Bounds = append(h.Bounds, math.Ldexp(1, i+1)/1e9)
+		h.Bounds = append(h.Bounds, math.Ldexp(1, i+1+slotUnitExp))
 		h.Counts = append(h.Counts, s.RunqSlots[i])
 	}
 	for i := range firstSlot {

@@ -2,6 +2,7 @@ package schedtrack
 
 import (
 	"errors"
+	"math"
 	"os"
 	"runtime"
 	"testing"
@@ -194,6 +195,23 @@ func TestStormFlaggedOthersQuiet(t *testing.T) {
 	if inBuckets == 0 || inBuckets > s.RunqLatency.Count {
 		t.Errorf("bucket counts sum to %d of %d", inBuckets, s.RunqLatency.Count)
 	}
+	// Every wait lies within its bucket (the kernel's sum is exact), so the
+	// buckets bound the sum: a slot off by a power of two would not.
+	h := s.RunqLatency
+	last := h.Bounds[len(h.Bounds)-1]
+	lo, hi := float64(h.Count-inBuckets)*last, math.Inf(1)
+	if h.Count == inBuckets {
+		hi = 0
+		for i, n := range h.Counts {
+			hi += float64(n) * h.Bounds[i]
+		}
+	}
+	for i, n := range h.Counts[1:] {
+		lo += float64(n) * h.Bounds[i]
+	}
+	if h.Sum < lo || h.Sum > hi {
+		t.Errorf("sum %.6fs outside what the buckets allow, [%.6f, %.6f]", h.Sum, lo, hi)
+	}
 	pingpong := 0
 	for _, th := range s.Threads {
 		if th.Name == "pingpong" && th.Voluntary > 0 {
@@ -327,18 +345,18 @@ func TestCloseUnloads(t *testing.T) {
 	}
 }
 
-// The histogram's bounds: powers of two in nanoseconds, from about a
+// The histogram's bounds: powers of two of a second, from about a
 // microsecond; waits under it fall in the first bucket, waits over the last
 // bound only in Count.
 func TestHistogram(t *testing.T) {
 	var s Sample
-	s.RunqSlots[0] = 1  // 1 ns
-	s.RunqSlots[9] = 2  // 512..1023 ns
-	s.RunqSlots[10] = 3 // 1024..2047 ns
-	s.RunqSlots[31] = 4 // over 2^31 ns
+	s.RunqSlots[0] = 1  // ~1 ns
+	s.RunqSlots[9] = 2  // 2^-21..2^-20 s
+	s.RunqSlots[10] = 3 // 2^-20..2^-19 s
+	s.RunqSlots[31] = 4 // over 2 s
 	s.RunqSumNs = 5e9
 	h := s.Histogram()
-	if len(h.Bounds) != 22 || h.Bounds[0] != 1024e-9 || h.Bounds[1] != 2048e-9 || h.Bounds[21] != float64(int64(1)<<31)/1e9 {
+	if len(h.Bounds) != 22 || h.Bounds[0] != math.Ldexp(1, -20) || h.Bounds[1] != math.Ldexp(1, -19) || h.Bounds[21] != 2 {
 		t.Fatalf("bounds %v", h.Bounds)
 	}
 	if h.Counts[0] != 3 || h.Counts[1] != 3 || h.Count != 10 || h.Sum != 5 {

@@ -81,7 +81,7 @@ func stats(s *Sample, stacks map[int][]string) model.SockStats {
 	for _, c := range s.Conns {
 		st.TCPByState[c.State]++
 		if c.State == "CLOSE_WAIT" {
-			st.CloseWait = append(st.CloseWait, model.SockConn{Local: c.Local, Remote: c.Remote, State: c.State, Since: c.Since, Stack: stacks[c.FD]})
+			st.CloseWait = append(st.CloseWait, model.SockConn{Local: c.Local, Remote: c.Remote, State: c.State, Since: c.Since, Stack: stacks[c.FD], FD: c.FD})
 		}
 	}
 	return st

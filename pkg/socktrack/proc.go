@@ -30,16 +30,17 @@ type tcpRow struct {
 	state         uint8
 }
 
-// readTCP reads the TCP tables of pid's network namespace, by inode. A table
-// the kernel does not have (tcp6 with IPv6 off) is empty.
+// readTCP reads the TCP tables of pid's network namespace, by inode, from
+// /proc, where sock_diag is missing. A table the kernel does not have (tcp6
+// with IPv6 off) is empty.
 func readTCP(procRoot string, pid int) (map[uint64]tcpRow, error) {
 	fs, err := procfs.NewFS(filepath.Join(procRoot, strconv.Itoa(pid)))
 	if err != nil {
 		return nil, err
 	}
 	tcp := map[uint64]tcpRow{}
-	// procfs marks these readers deprecated in favour of netlink sock_diag;
-	// /proc is what the rest of this tool reads, and is enough at poll rate.
+	// procfs marks these readers deprecated in favour of sock_diag, which
+	// is what the tracker uses where the kernel has it.
 	for _, read := range []func() (procfs.NetTCP, error){fs.NetTCP, fs.NetTCP6} {
 		rows, err := read()
 		if err != nil && !errors.Is(err, os.ErrNotExist) {

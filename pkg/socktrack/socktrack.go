@@ -1,17 +1,20 @@
 // Package socktrack loads and attaches the socket-tracking BPF object and
 // builds the socket view of each tracked process.
 //
-// Counts come from /proc: the socket inodes in /proc/PID/fd, looked up in the
-// TCP tables of the process's network namespace (/proc/PID/net/tcp{,6}), give
-// exact per-process counts by TCP state, including sockets opened before
-// tracking began; other sockets are sorted by the protocol name sockfs gives
-// (the system.sockprotoname attribute of /proc/PID/fd/N). The kernel side (bpf/sock.bpf.c) records when
+// Counts are exact: the socket inodes in /proc/PID/fd, looked up in the TCP
+// sockets of the process's network namespace, give per-process counts by TCP
+// state, including sockets opened before tracking began. The namespace's
+// sockets come from sock_diag netlink (INET_DIAG), which leaves TIME_WAIT
+// sockets out in the kernel, or from /proc/PID/net/tcp{,6} where sock_diag
+// is missing. Other sockets are sorted by the protocol name sockfs gives (the
+// system.sockprotoname attribute of /proc/PID/fd/N). The kernel side (bpf/sock.bpf.c) records when
 // each socket of a tracked process entered its state; joined by inode, it
 // dates CLOSE_WAIT sockets to the moment the peer's FIN arrived rather than to
 // the poll that first saw them.
 package socktrack
 
 import (
+	"log/slog"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -27,6 +30,10 @@ const Tracepoint = "sock/inet_sock_set_state"
 type Config struct {
 	MaxSockets uint32 // TCP sockets tracked in the kernel, all processes together
 	ProcRoot   string // normally /proc
+	// ProcTables reads TCP sockets from /proc/PID/net/tcp{,6} even where
+	// sock_diag works: the benchmark's baseline. Without sock_diag they
+	// are read from there anyway.
+	ProcTables bool
 }
 
 // Tracker owns the loaded socket BPF object and its links, and what user space
@@ -38,6 +45,7 @@ type Tracker struct {
 	procRoot string
 
 	pids map[int]*procState
+	diag *diag // nil: TCP sockets are read from /proc/PID/net/tcp{,6}
 	// Failed sock_inodes updates (map full): those sockets are dated by
 	// polling only.
 	inodesFailed uint64
@@ -84,6 +92,11 @@ func New(cfg Config) (*Tracker, error) {
 	if err != nil {
 		return nil, err
 	}
+	if !cfg.ProcTables {
+		if t.diag, err = newDiag(cfg.ProcRoot); err != nil {
+			slog.Warn("sock_diag unavailable: reading TCP sockets from /proc/PID/net/tcp, which costs more on hosts with many sockets", "err", err)
+		}
+	}
 	return t, nil
 }
 
@@ -92,5 +105,8 @@ func (t *Tracker) Skipped() []string { return t.obj.Skipped }
 
 // Close detaches and unloads everything; safe to call more than once.
 func (t *Tracker) Close() error {
+	if t.diag != nil {
+		t.diag.close()
+	}
 	return t.obj.Close()
 }

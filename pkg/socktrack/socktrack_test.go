@@ -314,3 +314,59 @@ func entries(t *testing.T, m *ebpf.Map) int {
 	}
 	return n
 }
+
+// sock_diag and /proc/PID/net/tcp agree on the sockets a process holds,
+// and sock_diag leaves out the TIME_WAIT sockets /proc lists.
+func TestDiagMatchesProc(t *testing.T) {
+	testutil.RequireRoot(t)
+	d, err := newDiag("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.close()
+	bin := testutil.Fixture(t, "sockwork")
+	// The client hangs up first, so its ends of the served connections
+	// wait out TIME_WAIT in the same namespace.
+	pid := testutil.Start(t, bin, "healthy-server", "50", "30").Process.Pid
+	time.Sleep(2 * time.Second)
+	ns, err := netns("/proc", pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromProc, err := readTCP("/proc", pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromDiag, err := d.tcp(pid, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, inodes := tcpRows(t, pid)
+	held, differ := 0, 0
+	for s := range inodes {
+		ino, _ := strconv.ParseUint(s, 10, 64)
+		p, inProc := fromProc[ino]
+		if !inProc {
+			continue // not TCP
+		}
+		held++
+		if q, ok := fromDiag[ino]; !ok || q != p {
+			differ++ // a connection that changed between the two reads
+			t.Logf("inode %d: /proc %+v, sock_diag %+v (present %v)", ino, p, q, ok)
+		}
+	}
+	if held == 0 || differ > 2 {
+		t.Errorf("%d of the %d TCP sockets the server holds differ between /proc and sock_diag", differ, held)
+	}
+	for ino, r := range fromDiag {
+		if r.state == tcpTimeWait || r.state == tcpNewSynRecv {
+			t.Errorf("sock_diag returned inode %d in state %d", ino, r.state)
+		}
+	}
+	if n := procServed(t, pid); n == 0 {
+		t.Error("no TIME_WAIT connection to compare against")
+	}
+	if len(fromDiag) > len(fromProc)+5 {
+		t.Errorf("sock_diag returned %d sockets, /proc %d", len(fromDiag), len(fromProc))
+	}
+}

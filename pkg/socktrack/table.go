@@ -106,10 +106,13 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 			out[pid] = s
 		}
 	}
+	if t.diag != nil {
+		t.diag.sweep()
+	}
 	return out, nil
 }
 
-// sample reads the sockets of pid from /proc, dates its TCP sockets from the
+// sample reads the sockets of pid, dates its TCP sockets from the
 // kernel table where it has them, and updates what user space remembers.
 func (t *Tracker) sample(pid int, st *procState, kernel map[uint64]sockSockInfo, tables map[string]map[uint64]tcpRow) (*Sample, error) {
 	fds, err := t.proc.FDs(pid)
@@ -122,7 +125,12 @@ func (t *Tracker) sample(pid int, st *procState, kernel map[uint64]sockSockInfo,
 	}
 	tcp := tables[ns]
 	if tcp == nil {
-		if tcp, err = readTCP(t.procRoot, pid); err != nil {
+		if t.diag != nil {
+			tcp, err = t.diag.tcp(pid, ns)
+		} else {
+			tcp, err = readTCP(t.procRoot, pid)
+		}
+		if err != nil {
 			return nil, err
 		}
 		tables[ns] = tcp

@@ -10,6 +10,14 @@
 // Close to the fd limit the bar is lower: any steady growth that piles up at
 // some site (or that no known stack can account for) is flagged, however slow,
 // because the process is about to fail with EMFILE.
+//
+// Leaks too slow for that window (an fd every few seconds, minutes or hours)
+// are judged on longer time scales (series.Multi: per step, the floor of the
+// count of fds held longer than MinAge, in bounded memory). There the two
+// signals are the floor rising over the scale's window with few falls, and
+// one site
+// holding fds opened all through that window and never closed: a pool that
+// filled and stopped, or start-up opening, has opened nothing held since.
 package fdleak
 
 import (
@@ -38,6 +46,13 @@ type Config struct {
 	MinSiteFDs    int           // old unclosed fds at one site needed
 	ExhaustWithin time.Duration // time-to-exhaustion below which severity is critical
 	LimitRatio    float64       // live/limit at or above which we flag while growing
+	// Scales are the longer time scales slow leaks are judged on, finest
+	// first. A leak of r fds/s shows on a scale whose Step is at least
+	// about 1/r and whose window holds at least MinRise of its fds.
+	Scales []series.Scale
+	// MinRise is the least growth, in fds over a scale's window, reported
+	// as a slow leak.
+	MinRise int
 }
 
 // DefaultConfig returns the thresholds used when none are given.
@@ -49,8 +64,32 @@ func DefaultConfig() Config {
 		MinSiteFDs:    10,
 		ExhaustWithin: 10 * time.Minute,
 		LimitRatio:    0.8,
+		// 1 fd every 5 s shows within 100 s; 1 a minute within 15 min;
+		// 1 every 10 min within 2 h; 1 every 30 min within 12 h.
+		Scales: []series.Scale{
+			{Step: 5 * time.Second, Points: 20},
+			{Step: 30 * time.Second, Points: 30},
+			{Step: 5 * time.Minute, Points: 24},
+			{Step: 30 * time.Minute, Points: 24},
+		},
+		MinRise: 8,
 	}
 }
+
+// Slow-scale thresholds. The floor must rise with few falls (connections
+// that live for seconds or minutes move it a little either way); the
+// leaking site must account for a good part of it, with fds opened in every
+// quarter of the window and nearly as many in its later half as in its
+// earlier one: one batch, or growth that stopped early in the window, leaves
+// quarters empty, and a pool filling towards its size (growth decaying with
+// a time constant up to about the window) opens fewer and fewer.
+const (
+	maxDropShare     = 0.5   // of the floor's rise, lost in falls between steps
+	minSiteShare     = 0.5   // of the floor's rise, held by the site
+	minQuarterShare  = 0.125 // of the site's fds, in each quarter of the window
+	minLateHalf      = 0.4   // of the site's fds, in the later half of the window
+	quartersInWindow = 4
+)
 
 // Steadiness thresholds. A leak adds fds on most steps, keeps adding them to
 // the end of the window, and never gives back or takes a large share of its
@@ -69,8 +108,12 @@ type Detector struct {
 
 type procState struct {
 	series   []sample       // samples within the last Window, oldest first
+	trend    *series.Multi  // the held count (heldFDs) at the slow scales
+	since    time.Time      // first sample
 	active   *model.Finding // the open finding, nil when none
 	lastHeld time.Time      // last sample at which the active finding's condition held
+	hold     time.Duration  // how long the finding stays open after that
+	shown    int            // the verdict (index) the finding reports
 }
 
 type sample struct {
@@ -85,7 +128,9 @@ type siteView struct {
 	stack  []string
 	old    int           // fds older than MinAge
 	oldest time.Duration // age of its oldest live fd
-	growth int           // rise of old over the window when spread over it, else 0
+	growth int           // rise of old over the window when spread over it, else 0; slow scales: fds opened in the window and still open
+	spread bool          // slow scales: those fds were opened all through the window, not decaying
+	late   bool          // slow scales: some of them in the last quarter
 }
 
 // New returns a detector with cfg, zero fields replaced by defaults.
@@ -109,6 +154,12 @@ func New(cfg Config) *Detector {
 	if cfg.LimitRatio <= 0 {
 		cfg.LimitRatio = def.LimitRatio
 	}
+	if cfg.Scales == nil {
+		cfg.Scales = def.Scales
+	}
+	if cfg.MinRise <= 0 {
+		cfg.MinRise = def.MinRise
+	}
 	return &Detector{cfg: cfg, procs: make(map[int]*procState)}
 }
 
@@ -122,30 +173,126 @@ func (d *Detector) Observe(now time.Time, p *model.Process) []model.Finding {
 
 	st := d.procs[p.PID]
 	if st == nil {
-		st = &procState{}
+		st = &procState{trend: series.NewMulti(d.cfg.Scales...), since: now}
 		d.procs[p.PID] = st
 	}
 	sites, old := d.sites(now, p.FD.Sites)
 	st.series = series.Push(st.series, sample{t: now, open: p.FD.Open, old: old}, now, d.cfg.Window,
 		func(s sample) time.Time { return s.t })
+	// Until MinAge has passed, fds open since the first sample are not
+	// yet held however long they stay: the count would jump by all of
+	// them then.
+	if now.Sub(st.since) > d.cfg.MinAge {
+		st.trend.Add(now, float64(heldFDs(p, old)))
+	}
 
-	a := d.assess(p, st.series, sites)
+	vs := d.verdicts(now, p, st, sites)
+	raised, held := -1, -1
+	for i, v := range vs {
+		if v.leak && raised < 0 {
+			raised = i
+		}
+		if (v.leak || v.held) && held < 0 {
+			held = i
+		}
+	}
+	if raised >= 0 {
+		held = raised // a leak outranks what merely holds
+	}
 	switch {
 	case st.active == nil:
-		if !a.leak(d.cfg) {
+		if raised < 0 {
 			return nil
 		}
 		st.active = &model.Finding{Kind: model.KindFDLeak, PID: p.PID, FirstSeen: now}
-		st.lastHeld = now
-	case a.leak(d.cfg) || a.held():
-		st.lastHeld = now
-	case now.Sub(st.lastHeld) >= d.cfg.Window:
-		f := d.fill(*st.active, now, p, a, false)
+		fallthrough
+	case held >= 0:
+		st.lastHeld, st.hold, st.shown = now, vs[held].hold, held
+	case now.Sub(st.lastHeld) >= st.hold:
+		f := d.fill(*st.active, now, p, vs[st.shown].assessment, false)
 		st.active = nil
 		return []model.Finding{f}
 	}
-	*st.active = d.fill(*st.active, now, p, a, true)
+	*st.active = d.fill(*st.active, now, p, vs[st.shown].assessment, true)
 	return []model.Finding{*st.active}
+}
+
+// verdict is what one time scale says about a process.
+type verdict struct {
+	assessment
+	leak bool          // raise a finding
+	held bool          // keep a raised one open
+	hold time.Duration // how long a finding stays open once nothing holds
+}
+
+// verdicts judges the process on the short window, then on each slow scale.
+func (d *Detector) verdicts(now time.Time, p *model.Process, st *procState, sites []siteView) []verdict {
+	a := d.assess(p, st.series, sites)
+	vs := make([]verdict, 0, 1+len(d.cfg.Scales))
+	vs = append(vs, verdict{assessment: a, leak: a.leak(d.cfg), held: a.held(), hold: d.cfg.Window})
+	for i, sc := range d.cfg.Scales {
+		tr := st.trend.Trend(i)
+		a := d.assessSlow(now, p, tr)
+		top := siteView{}
+		if len(a.sites) > 0 {
+			top = a.sites[0]
+		}
+		vs = append(vs, verdict{
+			assessment: a,
+			leak: a.covered && tr.Rise() >= float64(d.cfg.MinRise) && tr.Drops <= maxDropShare*tr.Rise() &&
+				top.spread && top.growth >= d.cfg.MinRise && float64(top.growth) >= minSiteShare*tr.Rise(),
+			held: a.covered && tr.Slope > 0 && top.late,
+			hold: sc.Window(),
+		})
+	}
+	return vs
+}
+
+// assessSlow is what one slow scale's trend says, with the sites ranked by
+// the fds they opened within the window and still hold.
+func (d *Detector) assessSlow(now time.Time, p *model.Process, tr series.Trend) assessment {
+	a := assessment{covered: tr.Covered(), span: tr.Span, slope: tr.Slope, scale: tr.Scale.Window()}
+	if !a.covered {
+		return a // judges nothing yet: spare the walk over every fd
+	}
+	// Held at least one step: an fd opened in the step being filled may
+	// be a request's.
+	from, to := now.Add(-tr.Scale.Window()), now.Add(-tr.Scale.Step)
+	for _, s := range p.FD.Sites {
+		if s.StackID < 0 {
+			continue
+		}
+		v := siteView{id: s.StackID, stack: s.Stack}
+		var quarters [quartersInWindow]int
+		for _, at := range s.Opened {
+			age := now.Sub(at)
+			if age > d.cfg.MinAge {
+				v.old++
+			}
+			v.oldest = max(v.oldest, age)
+			if at.Before(from) || at.After(to) {
+				continue
+			}
+			v.growth++
+			quarters[min(quartersInWindow-1, int(quartersInWindow*at.Sub(from)/to.Sub(from)))]++
+		}
+		if v.growth == 0 {
+			continue
+		}
+		v.spread = float64(quarters[2]+quarters[3]) >= minLateHalf*float64(v.growth)
+		for _, n := range quarters {
+			v.spread = v.spread && float64(n) >= minQuarterShare*float64(v.growth)
+		}
+		v.late = quarters[quartersInWindow-1] > 0
+		a.sites = append(a.sites, v)
+	}
+	slices.SortFunc(a.sites, func(x, y siteView) int {
+		return cmp.Or(cmp.Compare(y.growth, x.growth), cmp.Compare(y.old, x.old), cmp.Compare(x.id, y.id))
+	})
+	a.topGrew = len(a.sites) > 0
+	a.attributed = slices.ContainsFunc(p.FD.Sites, func(s model.FDSite) bool { return s.StackID >= 0 && len(s.Opened) > 0 })
+	a.nearLimit = p.FD.Limit > 0 && float64(p.FD.Open)/float64(p.FD.Limit) >= d.cfg.LimitRatio
+	return a
 }
 
 // Forget drops all state of pid (process exited).
@@ -187,8 +334,26 @@ func (d *Detector) sites(now time.Time, fdSites []model.FDSite) ([]siteView, map
 	return views, old
 }
 
+// heldFDs counts the fds of p held longer than MinAge, the slow scales'
+// signal: fds of requests and other short work come and go by the hundred
+// and would drown a slow leak in noise. fds of unknown site (mostly those
+// open before attach) count as held.
+func heldFDs(p *model.Process, old map[int64]int) int {
+	n := p.FD.Open
+	for _, s := range p.FD.Sites {
+		if s.StackID >= 0 {
+			n -= len(s.Opened)
+		}
+	}
+	for _, o := range old {
+		n += o
+	}
+	return n
+}
+
 // assessment is what the window says about one process.
 type assessment struct {
+	scale      time.Duration // the slow scale's window; 0 for the short Window
 	covered    bool          // the series spans about a full Window
 	span       time.Duration // time the series covers
 	slope      float64       // least-squares growth of the open count, fds/s
@@ -287,8 +452,9 @@ func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, a asse
 	f.Summary = d.summary(p, a, active, tte != nil, tteSec)
 	f.Evidence = map[string]any{
 		"open_fds":                   p.FD.Open,
-		"growth_fds_per_second":      series.Round(a.slope, 2),
+		"growth_fds_per_second":      series.Round(a.slope, 4),
 		"window_seconds":             series.Round(a.span.Seconds(), 1),
+		"time_scale_seconds":         d.scaleOf(a).Seconds(),
 		"limit":                      p.FD.Limit,
 		"time_to_exhaustion_seconds": tte,
 		"top_sites":                  top,
@@ -304,14 +470,22 @@ func (d *Detector) summary(p *model.Process, a assessment, active, hasTTE bool, 
 	if !active {
 		head = "fd leak ended"
 	}
-	fmt.Fprintf(&b, "%s: %d open fds growing %.1f/s", head, p.FD.Open, a.slope)
+	if a.scale == 0 {
+		fmt.Fprintf(&b, "%s: %d open fds growing %.1f/s", head, p.FD.Open, a.slope)
+	} else {
+		fmt.Fprintf(&b, "%s: %d open fds growing %s over %s", head, p.FD.Open, roughRate(a.slope), scaleName(a.scale))
+	}
 	if len(a.sites) > 0 {
 		top := a.sites[0]
 		frame := fmt.Sprintf("stack #%d", top.id)
 		if len(top.stack) > 0 {
 			frame = stack.CallSite(top.stack)
 		}
-		fmt.Fprintf(&b, "; %d unclosed fds older than %s opened at %s", top.old, d.cfg.MinAge, frame)
+		if a.scale == 0 {
+			fmt.Fprintf(&b, "; %d unclosed fds older than %s opened at %s", top.old, d.cfg.MinAge, frame)
+		} else {
+			fmt.Fprintf(&b, "; %d fds opened at %s in that time still open", top.growth, frame)
+		}
 	}
 	if a.nearLimit || hasTTE {
 		fmt.Fprintf(&b, "; limit %d", p.FD.Limit)
@@ -323,6 +497,38 @@ func (d *Detector) summary(p *model.Process, a assessment, active, hasTTE bool, 
 		}
 	}
 	return b.String()
+}
+
+// scaleOf is the time scale a judged: its slow scale's window, else Window.
+func (d *Detector) scaleOf(a assessment) time.Duration {
+	if a.scale == 0 {
+		return d.cfg.Window
+	}
+	return a.scale
+}
+
+// scaleName renders a scale's window in its largest whole unit: 100s, 15m, 2h.
+func scaleName(w time.Duration) string {
+	switch {
+	case w%time.Hour == 0:
+		return fmt.Sprintf("%dh", w/time.Hour)
+	case w%time.Minute == 0:
+		return fmt.Sprintf("%dm", w/time.Minute)
+	default:
+		return fmt.Sprintf("%.0fs", w.Seconds())
+	}
+}
+
+// roughRate renders a growth in fds/s in the unit that reads best.
+func roughRate(perSecond float64) string {
+	switch {
+	case perSecond >= 0.1:
+		return fmt.Sprintf("%.1f/s", perSecond)
+	case perSecond*60 >= 1:
+		return fmt.Sprintf("%.1f/min", perSecond*60)
+	default:
+		return fmt.Sprintf("%.1f/h", perSecond*3600)
+	}
 }
 
 // roughSeconds renders a duration in seconds as one rounded unit, e.g. "3m".

@@ -1,6 +1,7 @@
 // Package series holds the numeric helpers the detectors share to judge a
-// short window of samples: trimming the window, its least-squares slope, and
-// whether a rise is spread over many steps. The thresholds stay with each
+// short window of samples (trimming the window, its least-squares slope, and
+// whether a rise is spread over many steps) and to follow slow trends over
+// minutes and hours in bounded memory (Multi). The thresholds stay with each
 // detector; only the arithmetic lives here, so that the detectors cannot
 // drift apart on it.
 package series
@@ -12,6 +13,9 @@ import (
 
 // Integer is a count or byte total sampled by a detector.
 type Integer interface{ ~int | ~int64 }
+
+// Number is an Integer or a value derived from one (a floor, a mean).
+type Number interface{ Integer | ~float64 }
 
 // Push appends x, taken at now, to s and drops the samples older than window.
 // A now that does not move past the last sample means the clock stepped: a
@@ -38,7 +42,7 @@ func Covered(span, window time.Duration, n int) bool {
 
 // Slope is the least-squares growth of vs over ts, in units per second; 0
 // when the times do not spread (fewer than two distinct ones).
-func Slope[V Integer](ts []time.Time, vs []V) float64 {
+func Slope[V Number](ts []time.Time, vs []V) float64 {
 	var sx, sy, sxx, sxy float64
 	for i, t := range ts {
 		x, y := t.Sub(ts[0]).Seconds(), float64(vs[i])

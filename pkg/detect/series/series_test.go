@@ -170,3 +170,94 @@ func TestRound(t *testing.T) {
 		}
 	}
 }
+
+// A day of samples every second keeps at most Points buckets per scale,
+// each the least, greatest and last of its step.
+func TestMultiBoundedAndFloors(t *testing.T) {
+	scales := []Scale{{Step: 5 * time.Second, Points: 20}, {Step: time.Minute, Points: 30}}
+	m := NewMulti(scales...)
+	base := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	for s := range 24 * 3600 {
+		// A sawtooth 0..4 within each 5 s step, on a ramp of 1 per minute.
+		m.Add(base.Add(time.Duration(s)*time.Second), float64(s/60+s%5))
+	}
+	for i, sc := range scales {
+		bs := m.Buckets(i)
+		if len(bs) != sc.Points || cap(m.rings[i].buf) != sc.Points {
+			t.Fatalf("scale %d: %d buckets kept, capacity %d, want %d", i, len(bs), cap(m.rings[i].buf), sc.Points)
+		}
+		for j := 1; j < len(bs); j++ {
+			if !bs[j].Start.Equal(bs[j-1].Start.Add(sc.Step)) {
+				t.Fatalf("scale %d: buckets %v and %v not one step apart", i, bs[j-1].Start, bs[j].Start)
+			}
+		}
+	}
+	b := m.Buckets(0)[0]
+	s := int(b.Start.Sub(base).Seconds())
+	if b.N != 5 || b.Min != float64(s/60) || b.Max != float64(s/60+4) || b.Last != float64((s+4)/60+4) {
+		t.Errorf("bucket at %ds: %+v", s, b)
+	}
+	for i := range scales {
+		if tr := m.Trend(i); !tr.Covered() || tr.Span != scales[i].Window() {
+			t.Errorf("scale %d: trend %+v, want a full window", i, tr)
+		}
+	}
+	// The ramp shows on the scale whose window holds many of its steps.
+	if tr := m.Trend(1); math.Abs(tr.Slope-1.0/60) > 0.1/60 || tr.Drops != 0 {
+		t.Errorf("30 min trend %+v, want 1/min without falls", tr)
+	}
+}
+
+// One step (a batch opened once) does not tilt the slope of a flat series,
+// nor change that of a slow ramp; falls are summed.
+func TestTrendRobust(t *testing.T) {
+	base := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		name  string
+		value func(s int) float64
+		slope float64
+		drops float64
+	}{
+		{"flat with a step", func(s int) float64 { return 100 + 50*float64(min(1, s/30)) }, 0, 0},
+		{"ramp with a step", func(s int) float64 { return float64(s)/10 + 50*float64(min(1, s/30)) }, 0.1, 0},
+		{"sawtooth", func(s int) float64 { return float64(s%20) / 2 }, math.NaN(), 4 * 9},
+	} {
+		m := NewMulti(Scale{Step: 2 * time.Second, Points: 50})
+		for s := range 101 {
+			m.Add(base.Add(time.Duration(s)*time.Second), tc.value(s))
+		}
+		tr := m.Trend(0)
+		if !math.IsNaN(tc.slope) && math.Abs(tr.Slope-tc.slope) > 0.01 {
+			t.Errorf("%s: slope %.3f/s, want %.3f", tc.name, tr.Slope, tc.slope)
+		}
+		if tr.Drops != tc.drops {
+			t.Errorf("%s: drops %v, want %v", tc.name, tr.Drops, tc.drops)
+		}
+	}
+}
+
+// A clock stepping back starts every scale again; steps without samples
+// leave the window uncovered.
+func TestMultiClockStepAndGaps(t *testing.T) {
+	base := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	sc := Scale{Step: time.Second, Points: 10}
+	m := NewMulti(sc)
+	for s := range 30 {
+		m.Add(base.Add(time.Duration(s)*time.Second), float64(s))
+	}
+	if !m.Trend(0).Covered() {
+		t.Fatal("30 s of samples do not cover a 10 s window")
+	}
+	m.Add(base.Add(-time.Hour), 0)
+	if n := len(m.Buckets(0)); n != 0 || m.Trend(0).Covered() {
+		t.Fatalf("%d buckets after the clock stepped back", n)
+	}
+	// One sample every 3 s: a third of the steps.
+	m = NewMulti(sc)
+	for s := 0; s < 60; s += 3 {
+		m.Add(base.Add(time.Duration(s)*time.Second), float64(s))
+	}
+	if tr := m.Trend(0); tr.Covered() {
+		t.Errorf("covered with %d of %d steps sampled", tr.Buckets, sc.Points)
+	}
+}

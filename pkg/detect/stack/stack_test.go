@@ -29,3 +29,63 @@ func TestFunction(t *testing.T) {
 		}
 	}
 }
+
+func TestCallSitePython(t *testing.T) {
+	for _, tc := range []struct {
+		stack []string
+		want  string
+	}{
+		// The user's innermost frame, behind the interpreter's and the
+		// standard library's.
+		{[]string{"__open64+0x51 (libc.so.6)", "_io_FileIO___init__+0x1a2 (python3.11)",
+			"open (/usr/lib/python3.11/pathlib.py:1044)", "cache_tokenizer (/srv/app/leak.py:12)", "main (/srv/app/leak.py:30)"},
+			"cache_tokenizer (leak.py:12)"},
+		{[]string{"cudaMalloc+0x10 (libcudart.so.11.0)", "ffi_call+0x8f (libffi.so.8)",
+			"load (/venv/lib/python3.12/site-packages/torch/serialization.py:1025)", "<module> (serve.py:88)"},
+			"<module> (serve.py:88)"},
+		// Only library frames: the innermost, with its package path.
+		{[]string{"__open64+0x51 (libc.so.6)", "get (/usr/lib/python3/dist-packages/requests/api.py:73)",
+			"_bootstrap (<frozen importlib._bootstrap>:1)"},
+			"get (requests/api.py:73)"},
+		// Qualified names keep their dots.
+		{[]string{"Loader.load_adapter (/srv/app/serve.py:88)"}, "Loader.load_adapter (serve.py:88)"},
+	} {
+		if got := CallSite(tc.stack); got != tc.want {
+			t.Errorf("CallSite(%q) = %q, want %q", tc.stack, got, tc.want)
+		}
+	}
+}
+
+func TestPythonFrames(t *testing.T) {
+	for frame, want := range map[string]bool{
+		"cache_tokenizer (/x/leak.py:12)":             true,
+		"<module> (<frozen runpy>:198)":               true,
+		"cache_tokenizer+0x1a (demo)":                 false,
+		"libfoo.so+0x1234 (libfoo.so)":                false,
+		"0x7ffd0000":                                  false,
+		"main (demo)":                                 false,
+		"_PyEval_EvalFrameDefault+0x4b2 (python3.11)": false,
+	} {
+		if _, _, _, ok := Python(frame); ok != want {
+			t.Errorf("Python(%q) ok = %v, want %v", frame, ok, want)
+		}
+	}
+	for file, want := range map[string]bool{
+		"/srv/app/serve.py":                                 true,
+		"serve.py":                                          true,
+		"/home/u/lib/python3.11-notes/x.py":                 true,
+		"/usr/lib/python3.11/pathlib.py":                    false,
+		"/usr/lib/python3/dist-packages/requests/api.py":    false,
+		"/venv/lib/python3.12/site-packages/torch/nn.py":    false,
+		"/root/.pyenv/versions/3.13.0/lib/python3.13/os.py": false,
+		"<frozen importlib._bootstrap>":                     false,
+		"<string>":                                          false,
+	} {
+		if got := UserCode(file); got != want {
+			t.Errorf("UserCode(%q) = %v, want %v", file, got, want)
+		}
+	}
+	if got := Function("cache_tokenizer (/x/leak.py:12)"); got != "cache_tokenizer" {
+		t.Errorf("Function of a Python frame = %q", got)
+	}
+}

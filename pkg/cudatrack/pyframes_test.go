@@ -1,0 +1,102 @@
+package cudatrack
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpualloc"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/pyframes"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
+)
+
+// The C structs of bpf/pyframes.h and their Go mirrors agree.
+func TestPyLayout(t *testing.T) {
+	if err := pyframes.SameLayout(cudaPyProc{}, pyframes.Proc{}); err != nil {
+		t.Error(err)
+	}
+	if err := pyframes.SameLayout(cudaPyStack{}, pyframes.Stack{}); err != nil {
+		t.Error(err)
+	}
+}
+
+func TestSiteID(t *testing.T) {
+	for _, tc := range []struct {
+		native int32
+		py     uint32
+	}{{0, 1}, {8191, 0xffffffff}, {1<<31 - 1, 0x80000000}, {5, 0}} {
+		id := siteID(tc.native, tc.py)
+		if id < 0 {
+			t.Errorf("siteID(%d, %#x) = %d < 0", tc.native, tc.py, id)
+		}
+		if n, p := splitSite(id); n != tc.native || p != tc.py {
+			t.Errorf("splitSite(siteID(%d, %#x)) = %d, %#x", tc.native, tc.py, n, p)
+		}
+	}
+	if siteID(-1, 7) != -1 {
+		t.Error("a site without a native stack is not -1")
+	}
+}
+
+// A Python function that calls cudaMalloc through ctypes is named, with its
+// line, in the allocation site's stack and in a failed allocation's
+// finding, on every interpreter at hand.
+func TestPythonFramesAtAllocations(t *testing.T) {
+	testutil.RequireRoot(t)
+	rt := testutil.CUDAStubs(t)
+	script := testutil.PythonScript("gpu.py")
+	leak := fmt.Sprintf("load_adapter (%s:%d)", script, testutil.LineOf(t, script, "# alloc: leak"))
+	failLine := testutil.LineOf(t, script, "# alloc: fail")
+	fail := fmt.Sprintf("warmup_kv_cache (%s:%d)", script, failLine)
+	for _, py := range testutil.Pythons(t) {
+		t.Run(testutil.PythonVersion(t, py)+"/"+filepath.Base(py), func(t *testing.T) {
+			c, err := New(Config{ProcRoot: "/proc"}, gpualloc.New(gpualloc.DefaultConfig()), symbolize.New("/proc"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = c.Close() })
+			p := testutil.StartProc(t, []string{"CUDA_STUB_LIMIT=1073741824"}, py, script, rt, "4", "64")
+			pr := &model.Process{PID: p.Cmd.Process.Pid, Comm: "python"}
+			if err := c.Track(pr.PID); err != nil {
+				t.Fatal(err)
+			}
+			observe(t, c, pr) // hooks the runtime ctypes loaded
+			p.Signal(t)
+			p.Wait(t, "done", 10*time.Second)
+			findings, err := c.Observe(time.Now(), []*model.Process{pr})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var bytes uint64
+			for _, s := range pr.CUDA.Sites {
+				if slices.Contains(s.Stack, leak) {
+					bytes += s.Bytes
+				}
+			}
+			if bytes != 4*64*MiB {
+				for _, s := range pr.CUDA.Sites {
+					t.Logf("%d bytes at\n  %s", s.Bytes, strings.Join(s.Stack, "\n  "))
+				}
+				t.Fatalf("%d bytes allocated at %s, want %d", bytes, leak, 4*64*MiB)
+			}
+			if len(pr.CUDA.Failures) != 1 || !slices.Contains(pr.CUDA.Failures[0].Stack, fail) {
+				t.Fatalf("failures %+v, want one at %s", pr.CUDA.Failures, fail)
+			}
+			var summary string
+			for _, f := range findings {
+				if f.Kind == model.KindGPUAllocFailure {
+					summary = f.Summary
+				}
+			}
+			if want := fmt.Sprintf("at warmup_kv_cache (gpu.py:%d)", failLine); !strings.Contains(summary, want) {
+				t.Errorf("failure finding %q does not say %q", summary, want)
+			}
+			noLoss(t, c)
+		})
+	}
+}

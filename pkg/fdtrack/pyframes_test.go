@@ -1,0 +1,99 @@
+package fdtrack
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdleak"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/stack"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/pyframes"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
+)
+
+// The C structs of bpf/pyframes.h and their Go mirrors agree.
+func TestPyLayout(t *testing.T) {
+	if err := pyframes.SameLayout(fdPyProc{}, pyframes.Proc{}); err != nil {
+		t.Error(err)
+	}
+	if err := pyframes.SameLayout(fdPyStack{}, pyframes.Stack{}); err != nil {
+		t.Error(err)
+	}
+}
+
+// Files opened from a Python function carry its frames: function, file and
+// line of cache_tokenizer and its callers, after the native frames, on
+// every interpreter at hand, from the main thread and from a worker thread
+// while the main thread keeps the interpreter busy.
+func TestPythonFramesAtOpen(t *testing.T) {
+	testutil.RequireRoot(t)
+	script := testutil.PythonScript("leak.py")
+	line := testutil.LineOf(t, script, "# leak: open")
+	want := fmt.Sprintf("cache_tokenizer (%s:%d)", script, line)
+	for _, py := range testutil.Pythons(t) {
+		version := testutil.PythonVersion(t, py)
+		for _, mode := range []string{"main", "thread"} {
+			t.Run(version+"/"+filepath.Base(py)+"/"+mode, func(t *testing.T) {
+				c, err := NewConcern(Config{ProcRoot: "/proc"}, fdleak.DefaultConfig(), symbolize.New("/proc"), 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = c.Close() })
+				args := []string{script, "50", "30"}
+				if mode == "thread" {
+					args = append(args, "thread")
+				}
+				cmd := testutil.Start(t, py, args...)
+				pr := &model.Process{PID: cmd.Process.Pid}
+				if err := c.Track(pr.PID); err != nil {
+					t.Fatal(err)
+				}
+				if got := c.py.Version(pr.PID); !strings.HasPrefix(version, got) || got == "" {
+					t.Fatalf("found Python %q, want %s", got, version)
+				}
+				time.Sleep(time.Second)
+				if _, err := c.Observe(time.Now(), []*model.Process{pr}); err != nil {
+					t.Fatal(err)
+				}
+				leaked := 0
+				for _, s := range pr.FD.Sites {
+					i := slices.Index(s.Stack, want)
+					if i < 0 {
+						continue
+					}
+					leaked += len(s.FDs)
+					caller := "serve (" + script
+					if i+1 >= len(s.Stack) || !strings.HasPrefix(s.Stack[i+1], caller) {
+						t.Errorf("%s is not called from %s...: %q", want, caller, s.Stack)
+					}
+					if i == 0 || !strings.Contains(s.Stack[0], "(libc.so.6)") {
+						t.Errorf("native frames are not innermost: %q", s.Stack)
+					}
+					if got, want := stack.CallSite(s.Stack), fmt.Sprintf("cache_tokenizer (leak.py:%d)", line); got != want {
+						t.Errorf("call site %q, want %q", got, want)
+					}
+				}
+				if leaked < 20 {
+					for _, s := range pr.FD.Sites {
+						t.Logf("%d fds at\n  %s", len(s.FDs), strings.Join(s.Stack, "\n  "))
+					}
+					t.Fatalf("%d fds opened at %s, want >= 20", leaked, want)
+				}
+				lost, err := c.Lost()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for k, v := range lost {
+					if strings.HasPrefix(k, "fd_py_") && v != 0 {
+						t.Errorf("%s = %d", k, v)
+					}
+				}
+			})
+		}
+	}
+}

@@ -1,0 +1,74 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/launch"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
+)
+
+// A Python process leaking files from a named function, watched from
+// before exec as `run` does: the fd_leak finding's stack has the function,
+// file and line, and its summary names it.
+func TestPythonLeakNamesFunction(t *testing.T) {
+	testutil.RequireRoot(t)
+	if _, err := os.Stat(testutil.DebianPython); err != nil {
+		testutil.Pythons(t) // fails in CI, skips elsewhere
+		t.Skipf("%s missing", testutil.DebianPython)
+	}
+	script := testutil.PythonScript("leak.py")
+	line := testutil.LineOf(t, script, "# leak: open")
+	proc, _ := procinfo.New("/proc")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*intervals*time.Second)
+	defer cancel()
+	polls := 0
+	rec := &recorder{proc: proc, cancel: cancel}
+	rec.stop = func(s *model.Snapshot) bool {
+		polls++
+		return polls > intervals || slices.ContainsFunc(s.Findings, func(f model.Finding) bool { return f.Kind == model.KindFDLeak })
+	}
+	p, err := New(DefaultConfig(), rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	g, err := launch.Start([]string{testutil.DebianPython, script, "20", "60"}, nil, nil, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Abort)
+	if err := p.Watch(g.Cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	p.Ready()
+	if err := g.Release(); err != nil {
+		t.Fatal(err)
+	}
+	final, err := p.Run(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range final.Findings {
+		if f.Kind != model.KindFDLeak {
+			continue
+		}
+		want := fmt.Sprintf("cache_tokenizer (%s:%d)", script, line)
+		if !slices.Contains(f.Stack, want) {
+			t.Errorf("stack has no %q:\n  %s", want, strings.Join(f.Stack, "\n  "))
+		}
+		if site := fmt.Sprintf("at cache_tokenizer (leak.py:%d)", line); !strings.Contains(f.Summary, site) {
+			t.Errorf("summary %q does not say %q", f.Summary, site)
+		}
+		t.Logf("found at interval %d: %s", polls, f.Summary)
+		return
+	}
+	t.Fatalf("no fd leak in %d intervals", polls)
+}

@@ -1,0 +1,50 @@
+package pyframes
+
+import (
+	"strings"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/stack"
+)
+
+// evalFrame is the native function that runs Python frames (3.10-3.13).
+const evalFrame = "_PyEval_EvalFrameDefault"
+
+// Merge places the Python frames py among the native frames (both innermost
+// first), as py-spy --native does: each _PyEval_EvalFrameDefault frame of
+// the native stack is replaced by the Python frames of that call of the
+// evaluation loop (a group of py ending at an EvalEnd frame). Where the
+// native stack has fewer such frames than there are groups (its unwind
+// stopped early: interpreters built without frame pointers, as Debian's,
+// cannot be walked through), the remaining groups follow the native
+// frames; so without any, every Python frame comes after the native ones.
+func Merge(native []string, py []Frame) []string {
+	if len(py) == 0 {
+		return native
+	}
+	var groups [][]Frame
+	start := 0
+	for i, f := range py {
+		if f.EvalEnd || i == len(py)-1 {
+			groups = append(groups, py[start:i+1])
+			start = i + 1
+		}
+	}
+	out := make([]string, 0, len(native)+len(py))
+	g := 0
+	for _, f := range native {
+		if g < len(groups) && strings.HasPrefix(stack.Function(f), evalFrame) {
+			for _, p := range groups[g] {
+				out = append(out, p.String())
+			}
+			g++
+			continue
+		}
+		out = append(out, f)
+	}
+	for ; g < len(groups); g++ {
+		for _, p := range groups[g] {
+			out = append(out, p.String())
+		}
+	}
+	return out
+}

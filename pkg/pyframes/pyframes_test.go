@@ -1,0 +1,190 @@
+package pyframes
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
+)
+
+// dumpCode prints, for every code object of the files given and of a few
+// standard library modules, its first line, its co_linetable and the lines
+// co_lines() gives for each range of byte offsets.
+const dumpCode = `
+import json, sys, types, os, json.decoder, threading, dataclasses
+def walk(co):
+    yield co
+    for c in co.co_consts:
+        if isinstance(c, types.CodeType):
+            yield from walk(c)
+out = []
+for path in sys.argv[1:] + [os.__file__, json.decoder.__file__, threading.__file__, dataclasses.__file__]:
+    with open(path) as f:
+        top = compile(f.read(), path, "exec")
+    for co in walk(top):
+        out.append({"name": co.co_name, "first": co.co_firstlineno, "table": co.co_linetable.hex(),
+                    "lines": [[s, e, -1 if l is None else l] for s, e, l in co.co_lines()]})
+json.dump(out, sys.stdout)
+`
+
+// The line tables of 3.10 and of 3.11+ decode to the lines the interpreter
+// itself gives, for every instruction of thousands of code objects.
+func TestLineTables(t *testing.T) {
+	for _, py := range testutil.Pythons(t) {
+		version := testutil.PythonVersion(t, py)
+		t.Run(version+"/"+filepath.Base(py), func(t *testing.T) {
+			out, err := exec.Command(py, "-c", dumpCode, testutil.PythonScript("leak.py"), testutil.PythonScript("gpu.py")).Output()
+			if err != nil {
+				t.Fatalf("%s: %v", py, err)
+			}
+			var codes []struct {
+				Name  string
+				First int
+				Table string
+				Lines [][3]int
+			}
+			if err := json.Unmarshal(out, &codes); err != nil {
+				t.Fatal(err)
+			}
+			checked, bad := 0, 0
+			for _, c := range codes {
+				table, err := hex.DecodeString(c.Table)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, r := range c.Lines {
+					for off := r[0]; off < r[1]; off += 2 {
+						var got int
+						if strings.HasPrefix(version, "3.10.") {
+							got = lineAt310(table, c.First, off)
+						} else {
+							got = lineAt311(table, c.First, off/2)
+						}
+						checked++
+						if got != r[2] {
+							if bad++; bad <= 10 {
+								t.Errorf("%s at byte %d: line %d, want %d", c.Name, off, got, r[2])
+							}
+						}
+					}
+				}
+			}
+			if checked < 10000 {
+				t.Errorf("only %d instructions checked", checked)
+			}
+			t.Logf("%d code objects, %d instructions", len(codes), checked)
+		})
+	}
+}
+
+// Each interpreter is found, with its version, whether libpython is linked
+// into the executable (Debian) or a shared library (pyenv), and the layout
+// checks out against its live thread state.
+func TestFindInterp(t *testing.T) {
+	testutil.RequireRoot(t)
+	fs, err := procinfo.New("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, py := range testutil.Pythons(t) {
+		version := testutil.PythonVersion(t, py)
+		t.Run(version+"/"+filepath.Base(py), func(t *testing.T) {
+			cmd := testutil.Start(t, py, "-c", "import time; print('ready', flush=True); time.sleep(60)")
+			pid := cmd.Process.Pid
+			maps, err := fs.Maps(pid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			in, err := findInterp("/proc", pid, maps)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.HasPrefix(version, in.version) || in.version == "" {
+				t.Errorf("version %q, want %s", in.version, version)
+			}
+			if in.codeType == 0 {
+				t.Error("PyCode_Type not found")
+			}
+			if err := in.check(pid); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	// Not Python: nothing found, no error beyond that.
+	cmd := testutil.Start(t, "/bin/sh", "-c", "echo ready; exec sleep 60")
+	maps, err := fs.Maps(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := findInterp("/proc", cmd.Process.Pid, maps); err != errNoPython {
+		t.Errorf("sh: %v, want errNoPython", err)
+	}
+}
+
+func TestMerge(t *testing.T) {
+	py := []Frame{
+		{Function: "inner", File: "a.py", Line: 3},
+		{Function: "outer", File: "a.py", Line: 9, EvalEnd: true},
+		{Function: "<module>", File: "a.py", Line: 12, EvalEnd: true},
+	}
+	for _, tc := range []struct {
+		name   string
+		native []string
+		want   []string
+	}{
+		{"each eval frame replaced by its group",
+			[]string{"__open64+0x51 (libc.so.6)", "_PyEval_EvalFrameDefault+0x10 (libpython3.12.so)", "_PyEval_Vector+0x5 (libpython3.12.so)",
+				"_PyEval_EvalFrameDefault.cold+0x2 (libpython3.12.so)", "Py_RunMain+0x9 (libpython3.12.so)"},
+			[]string{"__open64+0x51 (libc.so.6)", "inner (a.py:3)", "outer (a.py:9)", "_PyEval_Vector+0x5 (libpython3.12.so)",
+				"<module> (a.py:12)", "Py_RunMain+0x9 (libpython3.12.so)"}},
+		{"no eval frame: after the native frames",
+			[]string{"__open64+0x51 (libc.so.6)", "_io_FileIO___init__+0x1a (python3.11)"},
+			[]string{"__open64+0x51 (libc.so.6)", "_io_FileIO___init__+0x1a (python3.11)", "inner (a.py:3)", "outer (a.py:9)", "<module> (a.py:12)"}},
+		{"fewer eval frames than groups: the rest after",
+			[]string{"__open64+0x51 (libc.so.6)", "_PyEval_EvalFrameDefault+0x10 (python3)"},
+			[]string{"__open64+0x51 (libc.so.6)", "inner (a.py:3)", "outer (a.py:9)", "<module> (a.py:12)"}},
+	} {
+		if got := Merge(tc.native, py); !slices.Equal(got, tc.want) {
+			t.Errorf("%s:\n got %q\nwant %q", tc.name, got, tc.want)
+		}
+	}
+	if got := Merge([]string{"a+0x1 (b)"}, nil); !slices.Equal(got, []string{"a+0x1 (b)"}) {
+		t.Errorf("no Python frames: %q", got)
+	}
+}
+
+func TestLayoutFromDebug(t *testing.T) {
+	var d debugOffsets
+	copy(d.Cookie[:], debugCookie)
+	d.Version = 0x030d00f0
+	d.Thread.ThreadID = 152
+	raw := make([]byte, debugOffsetsSize)
+	if _, err := encode(raw, &d); err != nil {
+		t.Fatal(err)
+	}
+	l, err := layoutFromDebug(raw)
+	if err != nil || l.Minor != 13 || l.TstateThreadID != 152 {
+		t.Fatalf("layout %+v, %v", l, err)
+	}
+	d.Version = 0x030e00f0
+	_, _ = encode(raw, &d)
+	if _, err := layoutFromDebug(raw); err == nil {
+		t.Error("3.14's offsets accepted")
+	}
+	d.Version, d.FreeThreaded = 0x030d00f0, 1
+	_, _ = encode(raw, &d)
+	if _, err := layoutFromDebug(raw); err == nil {
+		t.Error("a free-threaded build accepted")
+	}
+}
+
+func encode(raw []byte, d *debugOffsets) (int, error) {
+	return binary.Encode(raw, binary.LittleEndian, d)
+}

@@ -1,0 +1,404 @@
+package report
+
+import (
+	"bytes"
+	_ "embed"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"io"
+	"maps"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/history"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+)
+
+// The page is one file with everything inline (CSS, SVG, a small script, the
+// report itself as JSON): it opens offline, from a mail attachment or a CI
+// artifact, in any browser. html/template escapes what the traced process
+// controls (comm, stacks, summaries).
+//
+//go:embed report.html.tmpl
+var pageSource string
+
+var pageTemplate = template.Must(template.New("report").Parse(pageSource))
+
+// Chart ids, the DOM's data-chart: one chart per figure per process.
+const (
+	ChartOpenFDs         = "open_fds"
+	ChartFDRates         = "fd_rates"
+	ChartContextSwitches = "context_switches"
+	ChartRunqueue        = "runqueue_p99"
+	ChartTCP             = "tcp_sockets"
+	ChartGPUMemory       = "gpu_memory" // processes with CUDA activity only
+	ChartDeviceMemory    = "gpu_device_memory"
+)
+
+// ProcessCharts are the charts every process has, in page order; a process
+// with CUDA activity has ChartGPUMemory after the first.
+var ProcessCharts = []string{ChartOpenFDs, ChartFDRates, ChartContextSwitches, ChartRunqueue, ChartTCP}
+
+// chartOf is the chart on which a finding of each kind is marked.
+var chartOf = map[string]string{
+	model.KindFDLeak:          ChartOpenFDs,
+	model.KindSocketLeak:      ChartTCP,
+	model.KindCtxSwitchStorm:  ChartContextSwitches,
+	model.KindGPUAllocBurst:   ChartGPUMemory,
+	model.KindGPUMemoryLeak:   ChartGPUMemory,
+	model.KindGPUAllocFailure: ChartGPUMemory,
+}
+
+// Colours of the series, readable on white and told apart by most colour
+// vision deficiencies when paired as used here.
+const (
+	blue   = "#2563eb"
+	orange = "#ea580c"
+	green  = "#16a34a"
+	purple = "#9333ea"
+	teal   = "#0d9488"
+	red    = "#dc2626"
+	grey   = "#64748b"
+	pink   = "#db2777"
+	brown  = "#a16207"
+)
+
+// WriteHTMLFile renders r into path, replaced atomically.
+func WriteHTMLFile(path string, r *Report) error {
+	var buf bytes.Buffer
+	if err := WriteHTML(&buf, r); err != nil {
+		return err
+	}
+	return writeAtomic(path, buf.Bytes())
+}
+
+// WriteHTML renders r as a self-contained HTML page. The page is built from
+// r as its JSON file holds it, so that a report rendered at the end of a
+// run and one rendered later from its file are the same page.
+func WriteHTML(w io.Writer, r *Report) error {
+	data, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	var saved Report
+	if err := json.Unmarshal(data, &saved); err != nil {
+		return err
+	}
+	return pageTemplate.Execute(w, buildPage(&saved, data))
+}
+
+// Read loads a JSON report written by autoglm-ebpf.
+func Read(path string) (*Report, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var r Report
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, fmt.Errorf("%s: not a valid JSON report: %w", path, err)
+	}
+	// Every report has a start and a processes list, even an empty one.
+	if r.Start.IsZero() || r.Processes == nil {
+		return nil, fmt.Errorf("%s: not an autoglm-ebpf report (no start or processes)", path)
+	}
+	if r.SchemaVersion > SchemaVersion {
+		return nil, fmt.Errorf("%s: report format %d is newer than this autoglm-ebpf reads (%d)", path, r.SchemaVersion, SchemaVersion)
+	}
+	return &r, nil
+}
+
+// page is what the template shows.
+type page struct {
+	Title     string
+	Version   string
+	Start     string
+	End       string
+	Duration  string
+	Targets   string
+	Lost      []kv
+	Findings  []findingView
+	GPUs      []chart
+	Processes []procView
+	NoHistory bool // a report from before history was recorded
+	Data      json.RawMessage
+}
+
+type kv struct{ Key, Value string }
+
+type findingView struct {
+	N        int
+	Anchor   string
+	Kind     string
+	Severity string
+	PID      int
+	Comm     string
+	Active   bool
+	First    string // clock time
+	Last     string
+	Span     string // "+12s → +25s"
+	Summary  string
+	Stack    []string
+	Evidence []kv
+	first    time.Time
+	last     time.Time
+}
+
+type procView struct {
+	PID      int
+	Comm     string
+	Anchor   string
+	Exited   bool
+	Facts    []kv
+	Charts   []chart
+	Findings []findingView
+}
+
+func buildPage(r *Report, data []byte) *page {
+	loc := r.Start.Location()
+	clock := func(t time.Time) string { return t.In(loc).Format("15:04:05") }
+	ax := axis{start: r.Start, end: r.End}
+	pg := &page{
+		Title:    "autoglm-ebpf report",
+		Version:  r.Version,
+		Start:    r.Start.In(loc).Format("2006-01-02 15:04:05 -07:00"),
+		End:      r.End.In(loc).Format("2006-01-02 15:04:05 -07:00"),
+		Duration: elapsed(r.End.Sub(r.Start)),
+		Data:     data,
+	}
+	var targets []string
+	for _, t := range r.Targets {
+		targets = append(targets, strconv.Itoa(t))
+	}
+	pg.Targets = strings.Join(targets, ", ")
+	for _, k := range slices.Sorted(maps.Keys(r.LostEvents)) {
+		if n := r.LostEvents[k]; n > 0 {
+			pg.Lost = append(pg.Lost, kv{k, strconv.FormatUint(n, 10)})
+		}
+	}
+	for i, f := range r.Findings {
+		fv := findingView{
+			N: i + 1, Anchor: fmt.Sprintf("finding-%d", i+1), Kind: f.Kind, Severity: f.Severity, PID: f.PID, Comm: f.Comm,
+			Active: f.Active, First: clock(f.FirstSeen), Last: clock(f.LastSeen), Summary: f.Summary, Stack: f.Stack,
+			Span:  "+" + elapsed(f.FirstSeen.Sub(r.Start)) + " → +" + elapsed(f.LastSeen.Sub(r.Start)),
+			first: f.FirstSeen, last: f.LastSeen,
+		}
+		for _, k := range slices.Sorted(maps.Keys(f.Evidence)) {
+			fv.Evidence = append(fv.Evidence, kv{k, evidence(f.Evidence[k])})
+		}
+		pg.Findings = append(pg.Findings, fv)
+	}
+	for gi, g := range r.GPUs {
+		if g.History == nil {
+			continue
+		}
+		h := g.History
+		s := h.Series[history.MemoryUsedBytes]
+		if s == nil {
+			continue
+		}
+		var refs []ref
+		if g.MemoryTotalBytes > 0 {
+			refs = append(refs, ref{float64(g.MemoryTotalBytes), "total " + bytesText(g.MemoryTotalBytes)})
+		}
+		title := fmt.Sprintf("GPU %d %s: device memory used", g.Index, g.Name)
+		c := newChart(ChartDeviceMemory, 0, title, history.UnitBytes, "no samples", ax, h.Time,
+			[]plot{{name: history.MemoryUsedBytes, label: "used (NVML)", color: teal, vals: s.Last, min: s.Min, max: s.Max, bandLabel: "least–most of the samples"}},
+			refs)
+		c.Source = fmt.Sprintf("g%d", gi)
+		pg.GPUs = append(pg.GPUs, c)
+	}
+	for i, p := range r.Processes {
+		pv := procView{PID: p.PID, Comm: p.Comm, Exited: p.Exited, Anchor: fmt.Sprintf("process-%d-%d", i, p.PID)}
+		pv.Facts = facts(&p)
+		pv.Findings = findingsOf(pg.Findings, r.Processes, i)
+		if p.History == nil {
+			pg.NoHistory = true
+		}
+		pv.Charts = processCharts(&p, ax, pv.Findings)
+		for j := range pv.Charts {
+			pv.Charts[j].Source = fmt.Sprintf("p%d", i)
+		}
+		pg.Processes = append(pg.Processes, pv)
+	}
+	return pg
+}
+
+// findingsOf returns the findings about the i-th process: its pid, first
+// seen after it was watched and before a later process with the same pid.
+func findingsOf(all []findingView, procs []Process, i int) []findingView {
+	p := procs[i]
+	var out []findingView
+	for _, f := range all {
+		if f.PID != p.PID || f.first.Before(p.Started) {
+			continue
+		}
+		later := slices.ContainsFunc(procs[i+1:], func(q Process) bool {
+			return q.PID == p.PID && !f.first.Before(q.Started)
+		})
+		if !later {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func facts(p *Process) []kv {
+	out := []kv{
+		{"open fds", fmt.Sprintf("%d of %d", p.OpenFDs, p.FDLimit)},
+		{"fds opened / closed", fmt.Sprintf("%d / %d", total(p.FDsOpened), total(p.FDsClosed))},
+		{"context switches", fmt.Sprintf("%d voluntary, %d involuntary", p.ContextSwitches.Voluntary, p.ContextSwitches.Involuntary)},
+	}
+	if p.RunqueueP99Seconds != nil {
+		out = append(out, kv{"run-queue p99", secondsText(*p.RunqueueP99Seconds)})
+	}
+	if c := p.CUDA; c != nil {
+		out = append(out, kv{"GPU memory live", bytesText(c.LiveBytes)})
+		if c.NVMLUsedBytes != nil {
+			out = append(out, kv{"GPU memory per NVML", bytesText(*c.NVMLUsedBytes)})
+		}
+		if c.Failures > 0 {
+			out = append(out, kv{"failed GPU allocations", strconv.Itoa(c.Failures)})
+		}
+	}
+	if p.Exited {
+		out = append(out, kv{"state", "exited"})
+	}
+	return out
+}
+
+func total(m map[string]uint64) uint64 {
+	var n uint64
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+// processCharts draws the charts of p, with its findings marked on the
+// chart of their kind.
+func processCharts(p *Process, ax axis, findings []findingView) []chart {
+	h := p.History
+	if h == nil {
+		h = &history.History{}
+	}
+	get := func(name, label, color, bandLabel string) []plot {
+		s := h.Series[name]
+		if s == nil {
+			return nil
+		}
+		vals := s.Last
+		if _, rate := history.Unit(name); rate {
+			vals = s.Mean
+		}
+		return []plot{{name: name, label: label, color: color, bandLabel: bandLabel, vals: vals, min: s.Min, max: s.Max}}
+	}
+	none := "no data"
+	if p.History == nil {
+		none = "no history in this report"
+	}
+	var refs []ref
+	if p.FDLimit > 0 {
+		refs = append(refs, ref{float64(p.FDLimit), fmt.Sprintf("fd limit %d", p.FDLimit)})
+	}
+	charts := []chart{
+		newChart(ChartOpenFDs, p.PID, "Open file descriptors", history.UnitFDs, none, ax, h.Time,
+			get(history.OpenFDs, "open fds", blue, ""), refs),
+	}
+	// GPU memory next, for the processes that use it: what this tool is
+	// mostly pointed at.
+	if h.Series[history.GPULiveBytes] != nil || h.Series[history.NVMLUsedBytes] != nil {
+		gpu := append(get(history.GPULiveBytes, "tracked live (eBPF)", blue, "peak between polls"),
+			get(history.NVMLUsedBytes, "NVML per process", orange, "least–most of NVML samples")...)
+		charts = append(charts, newChart(ChartGPUMemory, p.PID, "GPU memory: tracked allocations vs NVML", history.UnitBytes, none, ax, h.Time, gpu, nil))
+	}
+	charts = append(charts,
+		newChart(ChartFDRates, p.PID, "File descriptors opened and closed", history.UnitFDRate, none, ax, h.Time,
+			append(get(history.FDsOpened, "opened", green, ""), get(history.FDsClosed, "closed", grey, "")...), nil),
+		newChart(ChartContextSwitches, p.PID, "Context switches", history.UnitSwitches, none, ax, h.Time,
+			append(get(history.VoluntarySwitches, "voluntary", purple, ""), get(history.InvoluntarySwitches, "involuntary", orange, "")...), nil),
+		newChart(ChartRunqueue, p.PID, "Run-queue latency, p99 of each interval", history.UnitSeconds, "no run-queue waits seen", ax, h.Time,
+			get(history.RunqueueP99, "p99 wait", teal, ""), nil))
+	var tcp []plot
+	palette := []string{blue, green, purple, brown, pink, teal, orange, grey}
+	for i, st := range model.TCPStates {
+		color := palette[i%len(palette)]
+		if st == "CLOSE_WAIT" {
+			color = red // the state a socket leak piles up in
+		}
+		tcp = append(tcp, get(history.TCPPrefix+st, st, color, "")...)
+	}
+	charts = append(charts, newChart(ChartTCP, p.PID, "TCP sockets by state", history.UnitSockets, "no TCP sockets", ax, h.Time, tcp, nil))
+	for i := range charts {
+		c := &charts[i]
+		for _, f := range findings {
+			if chartOf[f.Kind] != c.ID {
+				continue
+			}
+			c.addMarker(marker{Kind: f.Kind, Severity: f.Severity, Label: fmt.Sprintf("#%d %s", f.N, f.Kind), Href: "#" + f.Anchor,
+				Title: fmt.Sprintf("#%d %s (%s) %s: %s", f.N, f.Kind, f.Severity, f.Span, f.Summary)}, ax.x(f.first), ax.x(f.last))
+		}
+	}
+	return charts
+}
+
+// evidenceMax bounds an evidence value on the page (lists of sites with
+// their stacks run long); the embedded report has them whole.
+const evidenceMax = 160
+
+// evidence writes one evidence value as read from JSON: whole numbers
+// without exponent, others briefly, long values cut.
+func evidence(v any) string {
+	var text string
+	switch x := v.(type) {
+	case float64:
+		if x == math.Trunc(x) && math.Abs(x) < 1<<53 {
+			return strconv.FormatInt(int64(x), 10)
+		}
+		return strconv.FormatFloat(x, 'g', 6, 64)
+	case string:
+		text = x
+	default:
+		// The page escapes it; JSON's own HTML escapes would show.
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(v); err != nil {
+			return fmt.Sprint(v)
+		}
+		text = strings.TrimSuffix(b.String(), "\n")
+	}
+	if r := []rune(text); len(r) > evidenceMax {
+		return string(r[:evidenceMax]) + "…"
+	}
+	return text
+}
+
+// bytesText writes a byte count with a binary unit, e.g. "1.5 GiB".
+func bytesText(b uint64) string {
+	v, u := float64(b), "B"
+	for _, next := range []string{"KiB", "MiB", "GiB", "TiB"} {
+		if v < 1024 {
+			break
+		}
+		v, u = v/1024, next
+	}
+	if u == "B" {
+		return fmt.Sprintf("%d B", b)
+	}
+	return fmt.Sprintf("%.1f %s", v, u)
+}
+
+func secondsText(s float64) string {
+	switch {
+	case s >= 1:
+		return fmt.Sprintf("%.2f s", s)
+	case s >= 1e-3:
+		return fmt.Sprintf("%.2f ms", s*1e3)
+	}
+	return fmt.Sprintf("%.1f µs", s*1e6)
+}
