@@ -68,15 +68,6 @@ var allowedHostPaths = map[string]bool{
 	"/proc":               true,
 }
 
-// findingKindsPending are finding kinds the rules already alert on that
-// pkg/model does not list yet.
-var findingKindsPending = []string{"fd_exhausted"}
-
-// metricsPending are metrics the rules and the dashboard use that only the
-// coming daemon mode exports: missing from the Go sources, they are logged,
-// not failed.
-var metricsPending = []string{"autoglm_watched_processes", "autoglm_processes_over_cap_total"}
-
 // ---------------------------------------------------------------- manifests
 
 // manifest is one decoded YAML document of kubernetes/.
@@ -966,7 +957,7 @@ func TestRulesContent(t *testing.T) {
 			}
 		}
 	}
-	kinds := append(slices.Clone(model.Kinds), findingKindsPending...)
+	kinds := model.Kinds
 	for _, k := range kinds {
 		if len(byKind[k]) != 1 {
 			t.Errorf("finding kind %s: alerts %v, want exactly one", k, byKind[k])
@@ -975,11 +966,6 @@ func TestRulesContent(t *testing.T) {
 	for k := range byKind {
 		if !slices.Contains(kinds, k) {
 			t.Errorf("alert on unknown finding kind %s", k)
-		}
-	}
-	for _, k := range findingKindsPending {
-		if slices.Contains(model.Kinds, k) {
-			t.Logf("finding kind %s is in pkg/model now: drop it from findingKindsPending", k)
 		}
 	}
 	for _, name := range []string{"AutoglmFdExhaustionPredicted", "AutoglmGpuMemoryExhaustionPredicted",
@@ -1529,8 +1515,6 @@ func TestMetricNamesExist(t *testing.T) {
 		}
 		switch {
 		case defined[base]:
-		case slices.Contains(metricsPending, base):
-			t.Logf("%s (used in %s) is not exported yet: pending the daemon mode", base, f)
 		default:
 			t.Errorf("%s uses %s, which no Go code exports", f, m)
 		}

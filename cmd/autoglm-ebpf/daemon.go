@@ -40,6 +40,7 @@ type daemonFlags struct {
 	gpuEvery    time.Duration
 	ctxFloor    float64
 	gpuBudget   gpualloc.Bytes
+	classic     bool
 }
 
 func newDaemon() *cobra.Command {
@@ -80,6 +81,10 @@ everything and exits 0.`,
 	fl.Uint32Var(&f.maxAllocs, "max-allocs", 1<<18, "capacity of the kernel's live GPU allocation table, all processes together")
 	fl.DurationVar(&f.gpuEvery, "gpu-interval", nvml.DefaultInterval, "how often NVML is sampled (at least "+nvml.MinInterval.String()+")")
 	fl.Float64Var(&f.ctxFloor, "ctx-switch-floor", ctxstorm.DefaultConfig().Floor, "context switches/s below which no storm is reported")
+	// On by default here, unlike attach: the shipped dashboard and many
+	// Prometheus servers (native histograms need a feature flag before 3.0)
+	// read the classic buckets.
+	fl.BoolVar(&f.classic, "runqueue-classic-buckets", true, "give the run-queue histogram a few classic buckets besides the native ones")
 	fl.Var(&f.gpuBudget, "gpu-memory-budget", "device memory each process may use (e.g. 80GiB): a GPU leak's time to exhaustion is also judged against it (needed without NVML)")
 	return cmd
 }
@@ -146,7 +151,7 @@ func runDaemon(f *daemonFlags, rules daemon.Rules) error {
 	finder := daemon.NewFinder(rules, proc, events, f.resync)
 
 	reg := prometheus.NewRegistry()
-	sink := metrics.New(reg, version, metrics.Options{Pods: true})
+	sink := metrics.New(reg, version, metrics.Options{Pods: true, RunqueueClassicBuckets: f.classic})
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "autoglm_watched_processes",
 			Help: "Processes the daemon watches now."}, func() float64 { return float64(finder.Watched()) }),

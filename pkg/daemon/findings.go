@@ -59,6 +59,9 @@ func (l *FindingsLog) Update(s *model.Snapshot) {
 	}
 	seen := make(map[findingKey]bool, len(s.Findings))
 	for _, f := range s.Findings {
+		if f.CausedBy != nil {
+			continue // part of the finding that explains it
+		}
 		k := findingKey{f.Kind, f.PID, f.FirstSeen.UnixNano()}
 		seen[k] = true
 		cur := findingState{f.Active, f.Severity}

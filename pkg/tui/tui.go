@@ -70,6 +70,7 @@ func New(w io.Writer, live bool) *View {
 // Update shows s: new findings once each, then either the redrawn block or
 // a line for each process that changed.
 func (v *View) Update(s *model.Snapshot) {
+	s = ownFindings(s)
 	v.record(s)
 	v.clear()
 	for _, f := range s.Findings {
@@ -98,7 +99,7 @@ func (v *View) Update(s *model.Snapshot) {
 // with the summary, and returns the first error writing to the terminal.
 func (v *View) Close(final *model.Snapshot) error {
 	if final != nil {
-		v.record(final)
+		v.record(ownFindings(final))
 	}
 	v.clear()
 	v.summary()
@@ -269,6 +270,15 @@ func lostEvents(lost map[string]uint64) string {
 		}
 	}
 	return strings.Join(parts, " ")
+}
+
+// ownFindings returns s without the findings another one explains (an fd
+// leak that is a socket leak's sockets): one cause is shown once, by the
+// finding that carries the other as evidence.
+func ownFindings(s *model.Snapshot) *model.Snapshot {
+	c := *s
+	c.Findings = slices.DeleteFunc(slices.Clone(s.Findings), func(f model.Finding) bool { return f.CausedBy != nil })
+	return &c
 }
 
 func findingsByPID(findings []model.Finding) map[int]int {

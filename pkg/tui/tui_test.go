@@ -202,3 +202,21 @@ func TestWriteErrorReturnedByClose(t *testing.T) {
 		t.Errorf("%d writes after the first failed one, want none", w.n-1)
 	}
 }
+
+// An fd leak that a socket leak explains is not shown on its own.
+func TestCausedFindingNotShown(t *testing.T) {
+	var buf bytes.Buffer
+	v := New(&buf, false)
+	sock := model.Finding{Kind: model.KindSocketLeak, PID: 100, Comm: "fdwork", Severity: model.SeverityWarning,
+		FirstSeen: t0, Active: true, Summary: "CLOSE_WAIT sockets pile up"}
+	fd := leak
+	fd.CausedBy = &model.FindingRef{Kind: model.KindSocketLeak, PID: 100, FirstSeen: t0}
+	v.Update(snap(1, []*model.Process{proc(100, "fdwork", 10, false)}, []model.Finding{sock, fd}, nil))
+	if err := v.Close(nil); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	if !strings.Contains(out, "CLOSE_WAIT sockets pile up") || strings.Contains(out, leak.Summary) {
+		t.Errorf("view:\n%s\nwant the socket leak only", out)
+	}
+}
