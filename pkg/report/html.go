@@ -47,11 +47,13 @@ var ProcessCharts = []string{ChartOpenFDs, ChartFDRates, ChartContextSwitches, C
 // chartOf is the chart on which a finding of each kind is marked.
 var chartOf = map[string]string{
 	model.KindFDLeak:          ChartOpenFDs,
+	model.KindFDExhausted:     ChartOpenFDs,
 	model.KindSocketLeak:      ChartTCP,
 	model.KindCtxSwitchStorm:  ChartContextSwitches,
 	model.KindGPUAllocBurst:   ChartGPUMemory,
 	model.KindGPUMemoryLeak:   ChartGPUMemory,
 	model.KindGPUAllocFailure: ChartGPUMemory,
+	model.KindGPUAllocChurn:   ChartGPUMemory,
 }
 
 // Colours of the series, readable on white and told apart by most colour

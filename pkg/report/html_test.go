@@ -317,3 +317,12 @@ func near(c color.RGBA, hex string) bool {
 	r, g, b := d(c.R, v>>16), d(c.G, v>>8&0xff), d(c.B, v&0xff)
 	return r*r+g*g+b*b < 20*20
 }
+
+// Every finding kind is marked on some chart.
+func TestEveryKindHasAChart(t *testing.T) {
+	for _, k := range model.Kinds {
+		if chartOf[k] == "" {
+			t.Errorf("finding kind %s is marked on no chart", k)
+		}
+	}
+}

@@ -211,9 +211,9 @@ func (s *Symbolizer) frame(pid int, m *mapping, addr uint64) string {
 		return fmt.Sprintf("%s+%#x", module, vaddr)
 	}
 	if d := vaddr - sym.start; d != 0 {
-		return fmt.Sprintf("%s+%#x (%s)", sym.name, d, module)
+		return fmt.Sprintf("%s+%#x (%s)", readable(sym.name), d, module)
 	}
-	return fmt.Sprintf("%s (%s)", sym.name, module)
+	return fmt.Sprintf("%s (%s)", readable(sym.name), module)
 }
 
 // open opens the file behind m, preferring the path inside the process's

@@ -128,7 +128,12 @@ func ShortFile(file string) string {
 // Python frame "func (file:LINE)": what an alert can name as the site. A
 // frame without a symbol ("module+0xoff", "0xaddr") is returned as is.
 func Function(frame string) string {
-	name, _, _ := strings.Cut(frame, " (")
+	name := frame
+	// The module is the last parenthesis: a demangled C++ name may hold
+	// others, e.g. "(anonymous namespace)::load (libfoo.so)".
+	if i := strings.LastIndex(frame, " ("); i >= 0 && strings.HasSuffix(frame, ")") {
+		name = frame[:i]
+	}
 	if fn, off, ok := strings.Cut(name, "+0x"); ok && fn != "" && off != "" {
 		return fn
 	}

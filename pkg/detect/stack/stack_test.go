@@ -23,6 +23,7 @@ func TestFunction(t *testing.T) {
 		"main (demo)":                  "main",
 		"libfoo.so+0x1234 (libfoo.so)": "libfoo.so",
 		"0x7ffd0000":                   "0x7ffd0000",
+		"ns::(anonymous namespace)::load+0x10 (libfoo.so)": "ns::(anonymous namespace)::load",
 	} {
 		if got := Function(frame); got != want {
 			t.Errorf("Function(%q) = %q, want %q", frame, got, want)
