@@ -174,6 +174,10 @@ func TestAttachFailOnLeak(t *testing.T) {
 	if len(r.Findings) == 0 || r.Findings[0].Kind != "fd_leak" || !strings.Contains(strings.Join(r.Findings[0].Stack, " "), "leak_tick") {
 		t.Fatalf("report findings: %+v", r.Findings)
 	}
+	// What leaks, not only where: the fds point at /dev/null.
+	if f := r.Findings[0]; !strings.Contains(f.Summary, "leaking /dev/null (") || f.Evidence["leaked_targets"] == nil {
+		t.Errorf("fd_leak does not say what leaks: %q, evidence %v", f.Summary, f.Evidence["leaked_targets"])
+	}
 	if after := progCount(t); after != before {
 		t.Fatalf("BPF programs before %d, after %d", before, after)
 	}

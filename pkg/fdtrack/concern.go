@@ -23,6 +23,7 @@ type Concern struct {
 	topSites int
 	sites    map[siteKey]*site
 	nextSite int64
+	targets  map[findingKey][]Target // what each fd leak's fds point at
 }
 
 // siteKey identifies an opening call site of one process: the kernel's
@@ -50,7 +51,7 @@ func NewConcern(cfg Config, det fdleak.Config, sym *symbolize.Symbolizer, topSit
 	if err != nil {
 		return nil, err
 	}
-	return &Concern{Tracker: t, sym: sym, det: fdleak.New(det), exhaust: fdexhaust.New(fdexhaust.Config{}), py: t.newPy(), topSites: topSites, sites: map[siteKey]*site{}}, nil
+	return &Concern{Tracker: t, sym: sym, det: fdleak.New(det), exhaust: fdexhaust.New(fdexhaust.Config{}), py: t.newPy(), topSites: topSites, sites: map[siteKey]*site{}, targets: map[findingKey][]Target{}}, nil
 }
 
 // Name is the concern's name in logs and `check`.
@@ -65,6 +66,11 @@ func (c *Concern) Untrack(pid int) {
 	for k := range c.sites {
 		if k.pid == pid {
 			delete(c.sites, k)
+		}
+	}
+	for k := range c.targets {
+		if k.pid == pid {
+			delete(c.targets, k)
 		}
 	}
 }
@@ -87,7 +93,10 @@ func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Findin
 			p.FD.Limit = limit
 		}
 		c.fill(p, samples[p.PID])
-		out = append(out, c.det.Observe(now, p)...)
+		for _, f := range c.det.Observe(now, p) {
+			c.leakedTargets(p, &f)
+			out = append(out, f)
+		}
 		out = append(out, c.exhaust.Observe(now, p)...)
 	}
 	return out, nil
