@@ -13,6 +13,10 @@
 //
 // An fd-exhaustion finding lists the leaks of the same process that lead to
 // it as related; it is not held back: running out of fds is reported at once.
+//
+// A GPU memory leak and allocation bursts from the same call site of one
+// process are two faces of one site (a cache that takes a burst each step
+// and keeps part of it): each names the other as related and says so.
 package causes
 
 import (
@@ -21,6 +25,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/stack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
@@ -101,6 +106,7 @@ func (l *Linker) Link(now time.Time, procs []*model.Process, fresh, recorded []m
 			}
 		}
 	}
+	linkGPU(out)
 	kept := out[:0]
 	for i, f := range out {
 		if !drop[i] {
@@ -108,6 +114,27 @@ func (l *Linker) Link(now time.Time, procs []*model.Process, fresh, recorded []m
 		}
 	}
 	return kept
+}
+
+// linkGPU relates each GPU leak to the bursts of the same process and call
+// site.
+func linkGPU(out []model.Finding) {
+	for i := range out {
+		f := &out[i]
+		if f.Kind != model.KindGPUMemoryLeak || len(f.Stack) == 0 {
+			continue
+		}
+		for j := range out {
+			g := &out[j]
+			if g.Kind != model.KindGPUAllocBurst || g.PID != f.PID || len(g.Stack) == 0 || stack.CallSite(g.Stack) != stack.CallSite(f.Stack) {
+				continue
+			}
+			f.Related = appendRef(f.Related, g.Ref())
+			g.Related = appendRef(g.Related, f.Ref())
+			f.Summary += "; the same site also bursts (" + model.KindGPUAllocBurst + ")"
+			g.Summary += "; the same site also leaks (" + model.KindGPUMemoryLeak + ")"
+		}
+	}
 }
 
 // link marks fd leak f as caused by socket leak s and gives s the fd

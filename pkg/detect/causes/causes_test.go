@@ -178,3 +178,26 @@ func TestJSON(t *testing.T) {
 		t.Errorf("caused_by on more than the fd leak: %s", b)
 	}
 }
+
+// A GPU leak and the bursts of the same call site name each other; a burst
+// from another site stays unrelated.
+func TestGPULeakAndBurstOfOneSite(t *testing.T) {
+	site := []string{"cudaMalloc+0x10 (libcudart.so.12)", "cache_activations+0x2a (trainer)", "main+0x40 (trainer)"}
+	other := []string{"cudaMalloc+0x10 (libcudart.so.12)", "warmup+0x11 (trainer)"}
+	leak := model.Finding{Kind: model.KindGPUMemoryLeak, PID: 7, FirstSeen: t0, Active: true, Stack: site, Summary: "GPU memory leak"}
+	burst := model.Finding{Kind: model.KindGPUAllocBurst, PID: 7, FirstSeen: t0.Add(time.Second), Active: true, Stack: site, Summary: "GPU allocation burst"}
+	elsewhere := model.Finding{Kind: model.KindGPUAllocBurst, PID: 7, FirstSeen: t0.Add(2 * time.Second), Active: true, Stack: other, Summary: "GPU allocation burst"}
+	got := New(DefaultGrace).Link(t0.Add(3*time.Second), nil, []model.Finding{leak, burst, elsewhere}, nil)
+	if len(got) != 3 {
+		t.Fatalf("%d findings, want 3", len(got))
+	}
+	if len(got[0].Related) != 1 || got[0].Related[0] != burst.Ref() || !strings.Contains(got[0].Summary, "also bursts") {
+		t.Errorf("leak: related %v, summary %q", got[0].Related, got[0].Summary)
+	}
+	if len(got[1].Related) != 1 || got[1].Related[0] != leak.Ref() || !strings.Contains(got[1].Summary, "also leaks") {
+		t.Errorf("burst: related %v, summary %q", got[1].Related, got[1].Summary)
+	}
+	if len(got[2].Related) != 0 {
+		t.Errorf("burst of another site related to %v", got[2].Related)
+	}
+}
