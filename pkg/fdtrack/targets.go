@@ -17,8 +17,8 @@ const targetsShown = 3
 // lsof would show them: files of one directory and extension
 // ("/var/cache/tok/*.json"), one file, sockets, pipes, eventfds, ...
 type Target struct {
-	What string `json:"target"`
-	FDs  int    `json:"fds"`
+	What string
+	FDs  int
 }
 
 // groupTargets groups fd link targets (the links of /proc/PID/fd), most fds
@@ -96,11 +96,15 @@ func (c *Concern) leakedTargets(p *model.Process, f *model.Finding) {
 	if len(targets) == 0 {
 		return
 	}
-	f.Evidence["leaked_targets"] = targets
+	// Evidence holds plain maps, as every other detector's: a struct would
+	// encode its keys in field order and read back sorted.
+	list := make([]map[string]any, len(targets))
 	parts := make([]string, len(targets))
 	for i, t := range targets {
+		list[i] = map[string]any{"target": t.What, "fds": t.FDs}
 		parts[i] = fmt.Sprintf("%s (%d)", t.What, t.FDs)
 	}
+	f.Evidence["leaked_targets"] = list
 	f.Summary += "; leaking " + strings.Join(parts, ", ")
 }
 
