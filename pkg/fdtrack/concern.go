@@ -23,7 +23,7 @@ type Concern struct {
 	topSites int
 	sites    map[siteKey]*site
 	nextSite int64
-	targets  map[findingKey][]Target // what each fd leak's fds point at
+	targets  map[findingKey]leakRead // what each fd leak's fds point at
 }
 
 // siteKey identifies an opening call site of one process: the kernel's
@@ -51,7 +51,7 @@ func NewConcern(cfg Config, det fdleak.Config, sym *symbolize.Symbolizer, topSit
 	if err != nil {
 		return nil, err
 	}
-	return &Concern{Tracker: t, sym: sym, det: fdleak.New(det), exhaust: fdexhaust.New(fdexhaust.Config{}), py: t.newPy(), topSites: topSites, sites: map[siteKey]*site{}, targets: map[findingKey][]Target{}}, nil
+	return &Concern{Tracker: t, sym: sym, det: fdleak.New(det), exhaust: fdexhaust.New(fdexhaust.Config{}), py: t.newPy(), topSites: topSites, sites: map[siteKey]*site{}, targets: map[findingKey]leakRead{}}, nil
 }
 
 // Name is the concern's name in logs and `check`.

@@ -62,37 +62,33 @@ func groupTargets(links []string) []Target {
 }
 
 // leakedTargets names what the fds of f's opening site point at, read from
-// /proc when the finding is made and kept for its later updates (keyed by
-// its first sighting), so that an open finding does not re-read hundreds
-// of links every interval.
+// /proc when the finding is made and again whenever the site has doubled
+// since (the counts then say how many at that time), not every interval: a
+// leak can hold thousands of links.
 func (c *Concern) leakedTargets(p *model.Process, f *model.Finding) {
 	if f.Kind != model.KindFDLeak || len(f.Stack) == 0 {
 		return
 	}
+	i := slices.IndexFunc(p.FD.Sites, func(s model.FDSite) bool { return slices.Equal(s.Stack, f.Stack) })
 	key := findingKey{p.PID, f.FirstSeen.UnixNano()}
-	targets, ok := c.targets[key]
-	if !ok {
-		i := slices.IndexFunc(p.FD.Sites, func(s model.FDSite) bool { return slices.Equal(s.Stack, f.Stack) })
-		if i < 0 {
-			return
-		}
-		fds, err := c.proc.FDs(p.PID)
-		if err != nil {
-			return
-		}
-		leaked := map[int]bool{}
-		for _, n := range p.FD.Sites[i].FDs {
-			leaked[int(n)] = true
-		}
-		var links []string
-		for _, fd := range fds {
-			if leaked[fd.Num] {
-				links = append(links, fd.Target)
+	cached, ok := c.targets[key]
+	if i >= 0 && (!ok || len(p.FD.Sites[i].FDs) >= 2*max(cached.fds, 1)) {
+		if fds, err := c.proc.FDs(p.PID); err == nil {
+			leaked := map[int]bool{}
+			for _, n := range p.FD.Sites[i].FDs {
+				leaked[int(n)] = true
 			}
+			var links []string
+			for _, fd := range fds {
+				if leaked[fd.Num] {
+					links = append(links, fd.Target)
+				}
+			}
+			cached = leakRead{groupTargets(links), len(links)}
+			c.targets[key] = cached
 		}
-		targets = groupTargets(links)
-		c.targets[key] = targets
 	}
+	targets := cached.targets
 	if len(targets) == 0 {
 		return
 	}
@@ -106,6 +102,13 @@ func (c *Concern) leakedTargets(p *model.Process, f *model.Finding) {
 	}
 	f.Evidence["leaked_targets"] = list
 	f.Summary += "; leaking " + strings.Join(parts, ", ")
+}
+
+// leakRead is what an fd leak's fds pointed at when last read, and how many
+// fds there were then.
+type leakRead struct {
+	targets []Target
+	fds     int
 }
 
 // findingKey is one finding of a process, by its first sighting.
