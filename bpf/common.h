@@ -23,7 +23,7 @@ struct {
  * monotonic counters and never reset. */
 enum err_kind {
 	ERR_TABLE_FULL = 0,  /* live table update failed (map full) */
-	ERR_STACK = 1,       /* bpf_get_stackid failed (stack map full or collision) */
+	ERR_STACK = 1,       /* a user stack could not be stored (stack map full or collision) */
 	ERR_ENTRY_STATE = 2, /* per-thread entry state could not be saved */
 	ERR_COUNTERS = 3,    /* per-process counters missing */
 	ERR_READ_USER = 4,   /* bpf_probe_read_user failed */

@@ -19,6 +19,7 @@
  * argument shape serves every function of that shape. */
 #include "common.h"
 #include "pyframes.h"
+#include "unwind.h"
 
 /* Hooked functions; the cookie of each attach point. Runtime first, then
  * driver, then the driver's virtual memory management calls. The Go table in
@@ -79,7 +80,7 @@ struct cuda_alloc_key {
 struct cuda_alloc {
 	u64 size;
 	u64 time_ns;  /* bpf_ktime_get_ns at return */
-	s32 stack_id; /* user stack at return; negative: unknown */
+	s32 stack_id; /* user stack at entry, an id in unwound_stacks (bpf/unwind.h); negative: unknown */
 	u16 api;
 	u16 pad;
 	u32 py_stack; /* Python frames, an id in py_stacks (bpf/pyframes.h); 0: none */
@@ -114,7 +115,8 @@ struct call_state {
 	u64 width; /* bytes per row asked for, pitch shape only */
 	u16 api;
 	u8 shape;
-	u8 pad[5];
+	u8 pad;
+	s32 stack_id; /* allocations: the caller's stack, taken at entry */
 };
 
 /* Per-thread entry state, one slot per layer. Task storage: no hash update
@@ -172,13 +174,6 @@ struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 256 * 1024);
 } failures SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
-	__uint(max_entries, 8192);
-	__uint(key_size, sizeof(u32));
-	__uint(value_size, 127 * sizeof(u64));
-} cuda_stacks SEC(".maps");
 
 /* Force the shared types into BTF so bpf2go can generate them. */
 const struct cuda_alloc_key *unused_cuda_alloc_key __attribute__((unused));
@@ -321,6 +316,10 @@ static __always_inline u32 enter(struct pt_regs *ctx, u8 shape, u64 out, u64 siz
 	st->width = width;
 	st->api = api;
 	st->shape = shape;
+	/* At entry the caller's return address is at the stack pointer; by the
+	 * return the callee has overwritten the registers a walk needs. Frees
+	 * and counted calls have no site to record. */
+	st->stack_id = shape == SHAPE_ALLOC || shape == SHAPE_PITCH ? unwind_at_entry(ctx, tgid) : -1;
 	return api;
 }
 
@@ -463,17 +462,11 @@ int cuda_return(struct pt_regs *ctx)
 		return 0; /* recorded at entry */
 	u64 bytes = 0;
 	if (st.shape != SHAPE_COUNT) {
-		/* At return the instruction pointer is the caller's return address
-		 * and the frame pointer the caller's: the stack starts at the
-		 * caller. */
-		s32 stack_id = bpf_get_stackid(ctx, &cuda_stacks, BPF_F_USER_STACK);
-		if (stack_id < 0)
-			count_err(ERR_STACK);
 		s32 code = (s32)PT_REGS_RC(ctx);
 		if (code != 0)
-			report_failure(&st, tgid, tid, code, stack_id);
+			report_failure(&st, tgid, tid, code, st.stack_id);
 		else
-			bytes = record_alloc(&st, tgid, stack_id);
+			bytes = record_alloc(&st, tgid, st.stack_id);
 	}
 	count(tgid, st.api, bytes, 0);
 	return 0;

@@ -5,7 +5,9 @@
 # "test" what the tests run besides the tool: bpftool (nothing left loaded),
 # Prometheus with promtool and Alertmanager (the alert rules, dashboard
 # queries and the alerting loop), Debian's python3.11 (Python frames in
-# stacks), Chromium (the HTML report is rendered in
+# stacks), g++, readelf (binutils) and eu-stack (elfutils) (stacks of
+# code without frame pointers, held to elfutils' and binutils' unwind
+# tables), Chromium (the HTML report is rendered in
 # it); with "screenshot" Chromium and pngquant (README's picture of the
 # HTML report).
 set -euo pipefail
@@ -24,6 +26,9 @@ if [ "${1:-}" = test ]; then
 	command -v promtool >/dev/null || need+=(prometheus)
 	command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
 	[ -x /usr/bin/python3.11 ] || need+=(python3.11) # Python frames: pkg/testutil.DebianPython
+	command -v g++ >/dev/null || need+=(g++)
+	command -v readelf >/dev/null || need+=(binutils)
+	command -v eu-stack >/dev/null || need+=(elfutils)
 fi
 if [ "${1:-}" = test ] || [ "${1:-}" = screenshot ]; then
 	command -v chromium >/dev/null || need+=(chromium)

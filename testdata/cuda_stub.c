@@ -4,7 +4,10 @@
  * live; nothing is ever run on a device.
  *
  * CUDA_STUB_LIMIT (bytes, read at load): a larger request fails with
- * CUDA_ERROR_OUT_OF_MEMORY, as a full GPU would. */
+ * CUDA_ERROR_OUT_OF_MEMORY, as a full GPU would.
+ * CUDA_STUB_STOP (set, read at load): the first allocation stops the
+ * process (SIGSTOP) inside the call, for a debugger's view of the stack. */
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -21,12 +24,14 @@ enum {
 };
 
 static size_t limit = SIZE_MAX;
+static int stop;
 
 __attribute__((constructor)) static void init(void)
 {
 	const char *s = getenv("CUDA_STUB_LIMIT");
 	if (s && *s)
 		limit = strtoull(s, NULL, 10);
+	stop = getenv("CUDA_STUB_STOP") != NULL;
 }
 
 static CUresult alloc(void **out, size_t size)
@@ -35,6 +40,10 @@ static CUresult alloc(void **out, size_t size)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (size > limit)
 		return CUDA_ERROR_OUT_OF_MEMORY;
+	if (stop) {
+		stop = 0;
+		raise(SIGSTOP);
+	}
 	void *p = malloc(size ? size : 1);
 	if (!p)
 		return CUDA_ERROR_OUT_OF_MEMORY;

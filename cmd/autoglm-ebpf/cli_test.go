@@ -171,7 +171,7 @@ func TestAttachFailOnLeak(t *testing.T) {
 		t.Fatalf("exit %d, want %d; output:\n%s", code, exitFailOn, out)
 	}
 	r := readReport(t, js)
-	if len(r.Findings) == 0 || r.Findings[0].Kind != "fd_leak" || !strings.Contains(strings.Join(r.Findings[0].Stack, " "), "leak_tick") {
+	if len(r.Findings) == 0 || r.Findings[0].Kind != "fd_leak" || !strings.Contains(strings.Join(testutil.Texts(r.Findings[0].Stack), " "), "leak_tick") {
 		t.Fatalf("report findings: %+v", r.Findings)
 	}
 	// What leaks, not only where: the fds point at /dev/null.
@@ -415,7 +415,7 @@ func TestLargeLibraryWithinMemoryBudget(t *testing.T) {
 	r := readReport(t, js)
 	named := false
 	for _, f := range r.Findings {
-		named = named || (f.Kind == "fd_leak" && strings.Contains(strings.Join(f.Stack, " "), "leak_in_big_library+"))
+		named = named || (f.Kind == "fd_leak" && strings.Contains(strings.Join(testutil.Texts(f.Stack), " "), "leak_in_big_library+"))
 	}
 	if !named {
 		t.Fatalf("no fd_leak naming leak_in_big_library: %+v", r.Findings)

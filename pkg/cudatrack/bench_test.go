@@ -12,6 +12,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
@@ -22,7 +23,11 @@ import (
 // (each call enters the driver stand-in too: four hooked functions per
 // pair): without hooks, with an empty entry+return program on every hooked
 // function (the bare cost of the probes), and with our hooks. ns/op is the
-// cost of one pair; scripts/bench-cuda.sh compares hooked with empty.
+// cost of one pair; scripts/bench-cuda.sh compares hooked with empty. With
+// our hooks it also reports the kernel's own count of the time spent in
+// our programs (BPF run-time statistics): bpf-ns/pair in all of them, and
+// entry-ns/alloc in the allocation entry program, where the stack is
+// unwound.
 func BenchmarkAllocFree(b *testing.B) {
 	testutil.RequireRoot(b)
 	runtime := testutil.CUDAStubs(b)
@@ -34,6 +39,10 @@ func BenchmarkAllocFree(b *testing.B) {
 		{"unhooked", func(*testing.B, int) func() { return func() {} }},
 		{"empty", func(b *testing.B, pid int) func() { return attachEmpty(b, pid, runtime) }},
 		{"hooked", func(b *testing.B, pid int) func() {
+			stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+			if err != nil {
+				b.Fatal(err)
+			}
 			c, err := New(Config{ProcRoot: "/proc"}, nil, symbolize.New("/proc"))
 			if err != nil {
 				b.Fatal(err)
@@ -44,7 +53,11 @@ func BenchmarkAllocFree(b *testing.B) {
 			if n := len(c.Libraries(pid)); n != 2 {
 				b.Fatalf("%d libraries hooked, want 2", n)
 			}
-			return func() { _ = c.Close() }
+			return func() {
+				reportRunTime(b, c)
+				_ = c.Close()
+				_ = stats.Close()
+			}
 		}},
 	}
 	for _, s := range setups {
@@ -65,6 +78,24 @@ func BenchmarkAllocFree(b *testing.B) {
 			b.ReportMetric(ns/float64(b.N), "ns/pair")
 		})
 	}
+}
+
+// reportRunTime reports the time the kernel counted in our programs.
+func reportRunTime(b *testing.B, c *Concern) {
+	var total time.Duration
+	for name, p := range c.coll.Programs {
+		st, err := p.Stats()
+		if err != nil {
+			b.Fatal(err)
+		}
+		total += st.Runtime
+		if name == "cuda_alloc_enter" && st.RunCount > 0 {
+			// Two runs per pair: the runtime's call, and the driver's
+			// nested in it, which returns early.
+			b.ReportMetric(float64(st.Runtime.Nanoseconds())/float64(b.N), "entry-ns/alloc")
+		}
+	}
+	b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "bpf-ns/pair")
 }
 
 // attachEmpty puts a program that does nothing on the entry and return of

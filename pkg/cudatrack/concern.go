@@ -29,7 +29,7 @@ type Concern struct {
 	det      Detector
 	topSites int
 	failures map[int][]model.CUDAFailure
-	frames   map[stackKey][]string
+	frames   map[stackKey][]model.Frame
 	py       *pyframes.Tracker
 }
 
@@ -40,6 +40,9 @@ type stackKey struct {
 
 // New loads the CUDA BPF object. det may be nil (no findings).
 func New(cfg Config, det Detector, sym *symbolize.Symbolizer) (*Concern, error) {
+	if cfg.Symbolizer == nil {
+		cfg.Symbolizer = sym
+	}
 	t, err := NewTracker(cfg)
 	if err != nil {
 		return nil, err
@@ -48,7 +51,7 @@ func New(cfg Config, det Detector, sym *symbolize.Symbolizer) (*Concern, error) 
 	if top <= 0 {
 		top = 64
 	}
-	return &Concern{Tracker: t, sym: sym, det: det, topSites: top, failures: map[int][]model.CUDAFailure{}, frames: map[stackKey][]string{}, py: t.newPy()}, nil
+	return &Concern{Tracker: t, sym: sym, det: det, topSites: top, failures: map[int][]model.CUDAFailure{}, frames: map[stackKey][]model.Frame{}, py: t.newPy()}, nil
 }
 
 // Name is the concern's name in logs and `check`.
@@ -210,10 +213,10 @@ func (c *Concern) fill(p *model.Process, s *Sample) {
 	}
 }
 
-// stack symbolizes a stack of pid once. The kernel's frame-pointer walk
-// starts at the caller of the CUDA function (it is taken at return); id is a
-// siteID, so its Python frames are merged in.
-func (c *Concern) stack(pid int, id int64) []string {
+// stack symbolizes a stack of pid once. It starts at the caller of the
+// CUDA function (unwind.go); id is a siteID, so its Python frames are
+// merged in.
+func (c *Concern) stack(pid int, id int64) []model.Frame {
 	if id < 0 {
 		return nil
 	}
@@ -222,11 +225,11 @@ func (c *Concern) stack(pid int, id int64) []string {
 		return fr
 	}
 	native, py := splitSite(id)
-	fp, err := c.Stack(native)
+	pcs, err := c.Stack(native)
 	if err != nil {
 		return nil
 	}
-	fr := pyframes.Merge(c.sym.Frames(pid, c.sym.Unwind(pid, fp, nil)), c.py.Frames(pid, py))
+	fr := pyframes.Merge(c.sym.Frames(pid, pcs), c.py.Frames(pid, py))
 	c.frames[k] = fr
 	return fr
 }

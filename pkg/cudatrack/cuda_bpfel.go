@@ -147,52 +147,100 @@ type cudaPyThread struct {
 type cudaThreadCalls struct {
 	_     structs.HostLayout
 	Layer [2]struct {
-		_     structs.HostLayout
-		Sp    uint64
-		Out   uint64
-		Size  uint64
-		Pitch uint64
-		Width uint64
-		Api   uint16
-		Shape uint8
-		Pad   [5]uint8
+		_       structs.HostLayout
+		Sp      uint64
+		Out     uint64
+		Size    uint64
+		Pitch   uint64
+		Width   uint64
+		Api     uint16
+		Shape   uint8
+		Pad     uint8
+		StackId int32
 	}
+}
+
+type cudaUnwindKey struct {
+	_    structs.HostLayout
+	Mm   uint64
+	Pc   uint64
+	Tgid uint32
+	Pad  uint32
+}
+
+type cudaUnwindRequest struct {
+	_       structs.HostLayout
+	Mm      uint64
+	Tgid    uint32
+	StackId int32
+	Sp      uint64
+	Bp      uint64
+	N       uint32
+	Copied  uint32
+	Pcs     [64]uint64
+	Stack   [8192]uint8
+}
+
+type cudaUnwindRule struct {
+	_      structs.HostLayout
+	Cfa    uint8
+	Rbp    uint8
+	Pad    uint16
+	CfaOff int32
+	RbpOff int32
+	Pad2   uint32
+}
+
+type cudaUnwoundStack struct {
+	_         structs.HostLayout
+	Hash      uint64
+	N         uint32
+	Truncated uint32
+	Pcs       [64]uint64
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	cudaMapCalls              = "calls"
-	cudaMapCudaCounters       = "cuda_counters"
-	cudaMapCudaStacks         = "cuda_stacks"
-	cudaMapErrors             = "errors"
-	cudaMapFailures           = "failures"
-	cudaMapLiveAllocs         = "live_allocs"
-	cudaMapLiveBytes          = "live_bytes"
-	cudaMapPeakBytes          = "peak_bytes"
-	cudaMapPyErrors           = "py_errors"
-	cudaMapPyProcs            = "py_procs"
-	cudaMapPyScratch          = "py_scratch"
-	cudaMapPyStacks           = "py_stacks"
-	cudaMapPyThreads          = "py_threads"
-	cudaMapTrackedPids        = "tracked_pids"
-	cudaProgCudaAllocEnter    = "cuda_alloc_enter"
-	cudaProgCudaCountEnter    = "cuda_count_enter"
-	cudaProgCudaFreeEnter     = "cuda_free_enter"
-	cudaProgCudaPitchEnter    = "cuda_pitch_enter"
-	cudaProgCudaReturn        = "cuda_return"
-	cudaVarUnusedCudaAlloc    = "unused_cuda_alloc"
-	cudaVarUnusedCudaAllocKey = "unused_cuda_alloc_key"
-	cudaVarUnusedCudaApi      = "unused_cuda_api"
-	cudaVarUnusedCudaCounts   = "unused_cuda_counts"
-	cudaVarUnusedCudaFailure  = "unused_cuda_failure"
-	cudaVarUnusedCudaNs       = "unused_cuda_ns"
-	cudaVarUnusedCudaShape    = "unused_cuda_shape"
-	cudaVarUnusedErrKind      = "unused_err_kind"
-	cudaVarUnusedPyErr        = "unused_py_err"
-	cudaVarUnusedPyProc       = "unused_py_proc"
-	cudaVarUnusedPyStack      = "unused_py_stack"
+	cudaMapCalls               = "calls"
+	cudaMapCudaCounters        = "cuda_counters"
+	cudaMapErrors              = "errors"
+	cudaMapFailures            = "failures"
+	cudaMapLiveAllocs          = "live_allocs"
+	cudaMapLiveBytes           = "live_bytes"
+	cudaMapPeakBytes           = "peak_bytes"
+	cudaMapPyErrors            = "py_errors"
+	cudaMapPyProcs             = "py_procs"
+	cudaMapPyScratch           = "py_scratch"
+	cudaMapPyStacks            = "py_stacks"
+	cudaMapPyThreads           = "py_threads"
+	cudaMapTrackedPids         = "tracked_pids"
+	cudaMapUnwindRequests      = "unwind_requests"
+	cudaMapUnwindRules         = "unwind_rules"
+	cudaMapUnwindScratch       = "unwind_scratch"
+	cudaMapUnwindSeq           = "unwind_seq"
+	cudaMapUnwoundStacks       = "unwound_stacks"
+	cudaProgCudaAllocEnter     = "cuda_alloc_enter"
+	cudaProgCudaCountEnter     = "cuda_count_enter"
+	cudaProgCudaFreeEnter      = "cuda_free_enter"
+	cudaProgCudaPitchEnter     = "cuda_pitch_enter"
+	cudaProgCudaReturn         = "cuda_return"
+	cudaVarUnusedCudaAlloc     = "unused_cuda_alloc"
+	cudaVarUnusedCudaAllocKey  = "unused_cuda_alloc_key"
+	cudaVarUnusedCudaApi       = "unused_cuda_api"
+	cudaVarUnusedCudaCounts    = "unused_cuda_counts"
+	cudaVarUnusedCudaFailure   = "unused_cuda_failure"
+	cudaVarUnusedCudaNs        = "unused_cuda_ns"
+	cudaVarUnusedCudaShape     = "unused_cuda_shape"
+	cudaVarUnusedErrKind       = "unused_err_kind"
+	cudaVarUnusedPyErr         = "unused_py_err"
+	cudaVarUnusedPyProc        = "unused_py_proc"
+	cudaVarUnusedPyStack       = "unused_py_stack"
+	cudaVarUnusedUnwindKey     = "unused_unwind_key"
+	cudaVarUnusedUnwindRequest = "unused_unwind_request"
+	cudaVarUnusedUnwindRule    = "unused_unwind_rule"
+	cudaVarUnusedUnwoundStack  = "unused_unwound_stack"
 )
 
 // loadCuda returns the embedded CollectionSpec for cuda.
@@ -248,37 +296,45 @@ type cudaProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type cudaMapSpecs struct {
-	Calls        *ebpf.MapSpec `ebpf:"calls"`
-	CudaCounters *ebpf.MapSpec `ebpf:"cuda_counters"`
-	CudaStacks   *ebpf.MapSpec `ebpf:"cuda_stacks"`
-	Errors       *ebpf.MapSpec `ebpf:"errors"`
-	Failures     *ebpf.MapSpec `ebpf:"failures"`
-	LiveAllocs   *ebpf.MapSpec `ebpf:"live_allocs"`
-	LiveBytes    *ebpf.MapSpec `ebpf:"live_bytes"`
-	PeakBytes    *ebpf.MapSpec `ebpf:"peak_bytes"`
-	PyErrors     *ebpf.MapSpec `ebpf:"py_errors"`
-	PyProcs      *ebpf.MapSpec `ebpf:"py_procs"`
-	PyScratch    *ebpf.MapSpec `ebpf:"py_scratch"`
-	PyStacks     *ebpf.MapSpec `ebpf:"py_stacks"`
-	PyThreads    *ebpf.MapSpec `ebpf:"py_threads"`
-	TrackedPids  *ebpf.MapSpec `ebpf:"tracked_pids"`
+	Calls          *ebpf.MapSpec `ebpf:"calls"`
+	CudaCounters   *ebpf.MapSpec `ebpf:"cuda_counters"`
+	Errors         *ebpf.MapSpec `ebpf:"errors"`
+	Failures       *ebpf.MapSpec `ebpf:"failures"`
+	LiveAllocs     *ebpf.MapSpec `ebpf:"live_allocs"`
+	LiveBytes      *ebpf.MapSpec `ebpf:"live_bytes"`
+	PeakBytes      *ebpf.MapSpec `ebpf:"peak_bytes"`
+	PyErrors       *ebpf.MapSpec `ebpf:"py_errors"`
+	PyProcs        *ebpf.MapSpec `ebpf:"py_procs"`
+	PyScratch      *ebpf.MapSpec `ebpf:"py_scratch"`
+	PyStacks       *ebpf.MapSpec `ebpf:"py_stacks"`
+	PyThreads      *ebpf.MapSpec `ebpf:"py_threads"`
+	TrackedPids    *ebpf.MapSpec `ebpf:"tracked_pids"`
+	UnwindRequests *ebpf.MapSpec `ebpf:"unwind_requests"`
+	UnwindRules    *ebpf.MapSpec `ebpf:"unwind_rules"`
+	UnwindScratch  *ebpf.MapSpec `ebpf:"unwind_scratch"`
+	UnwindSeq      *ebpf.MapSpec `ebpf:"unwind_seq"`
+	UnwoundStacks  *ebpf.MapSpec `ebpf:"unwound_stacks"`
 }
 
 // cudaVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type cudaVariableSpecs struct {
-	UnusedCudaAlloc    *ebpf.VariableSpec `ebpf:"unused_cuda_alloc"`
-	UnusedCudaAllocKey *ebpf.VariableSpec `ebpf:"unused_cuda_alloc_key"`
-	UnusedCudaApi      *ebpf.VariableSpec `ebpf:"unused_cuda_api"`
-	UnusedCudaCounts   *ebpf.VariableSpec `ebpf:"unused_cuda_counts"`
-	UnusedCudaFailure  *ebpf.VariableSpec `ebpf:"unused_cuda_failure"`
-	UnusedCudaNs       *ebpf.VariableSpec `ebpf:"unused_cuda_ns"`
-	UnusedCudaShape    *ebpf.VariableSpec `ebpf:"unused_cuda_shape"`
-	UnusedErrKind      *ebpf.VariableSpec `ebpf:"unused_err_kind"`
-	UnusedPyErr        *ebpf.VariableSpec `ebpf:"unused_py_err"`
-	UnusedPyProc       *ebpf.VariableSpec `ebpf:"unused_py_proc"`
-	UnusedPyStack      *ebpf.VariableSpec `ebpf:"unused_py_stack"`
+	UnusedCudaAlloc     *ebpf.VariableSpec `ebpf:"unused_cuda_alloc"`
+	UnusedCudaAllocKey  *ebpf.VariableSpec `ebpf:"unused_cuda_alloc_key"`
+	UnusedCudaApi       *ebpf.VariableSpec `ebpf:"unused_cuda_api"`
+	UnusedCudaCounts    *ebpf.VariableSpec `ebpf:"unused_cuda_counts"`
+	UnusedCudaFailure   *ebpf.VariableSpec `ebpf:"unused_cuda_failure"`
+	UnusedCudaNs        *ebpf.VariableSpec `ebpf:"unused_cuda_ns"`
+	UnusedCudaShape     *ebpf.VariableSpec `ebpf:"unused_cuda_shape"`
+	UnusedErrKind       *ebpf.VariableSpec `ebpf:"unused_err_kind"`
+	UnusedPyErr         *ebpf.VariableSpec `ebpf:"unused_py_err"`
+	UnusedPyProc        *ebpf.VariableSpec `ebpf:"unused_py_proc"`
+	UnusedPyStack       *ebpf.VariableSpec `ebpf:"unused_py_stack"`
+	UnusedUnwindKey     *ebpf.VariableSpec `ebpf:"unused_unwind_key"`
+	UnusedUnwindRequest *ebpf.VariableSpec `ebpf:"unused_unwind_request"`
+	UnusedUnwindRule    *ebpf.VariableSpec `ebpf:"unused_unwind_rule"`
+	UnusedUnwoundStack  *ebpf.VariableSpec `ebpf:"unused_unwound_stack"`
 }
 
 // cudaObjects contains all objects after they have been loaded into the kernel.
@@ -301,27 +357,30 @@ func (o *cudaObjects) Close() error {
 //
 // It can be passed to loadCudaObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cudaMaps struct {
-	Calls        *ebpf.Map `ebpf:"calls"`
-	CudaCounters *ebpf.Map `ebpf:"cuda_counters"`
-	CudaStacks   *ebpf.Map `ebpf:"cuda_stacks"`
-	Errors       *ebpf.Map `ebpf:"errors"`
-	Failures     *ebpf.Map `ebpf:"failures"`
-	LiveAllocs   *ebpf.Map `ebpf:"live_allocs"`
-	LiveBytes    *ebpf.Map `ebpf:"live_bytes"`
-	PeakBytes    *ebpf.Map `ebpf:"peak_bytes"`
-	PyErrors     *ebpf.Map `ebpf:"py_errors"`
-	PyProcs      *ebpf.Map `ebpf:"py_procs"`
-	PyScratch    *ebpf.Map `ebpf:"py_scratch"`
-	PyStacks     *ebpf.Map `ebpf:"py_stacks"`
-	PyThreads    *ebpf.Map `ebpf:"py_threads"`
-	TrackedPids  *ebpf.Map `ebpf:"tracked_pids"`
+	Calls          *ebpf.Map `ebpf:"calls"`
+	CudaCounters   *ebpf.Map `ebpf:"cuda_counters"`
+	Errors         *ebpf.Map `ebpf:"errors"`
+	Failures       *ebpf.Map `ebpf:"failures"`
+	LiveAllocs     *ebpf.Map `ebpf:"live_allocs"`
+	LiveBytes      *ebpf.Map `ebpf:"live_bytes"`
+	PeakBytes      *ebpf.Map `ebpf:"peak_bytes"`
+	PyErrors       *ebpf.Map `ebpf:"py_errors"`
+	PyProcs        *ebpf.Map `ebpf:"py_procs"`
+	PyScratch      *ebpf.Map `ebpf:"py_scratch"`
+	PyStacks       *ebpf.Map `ebpf:"py_stacks"`
+	PyThreads      *ebpf.Map `ebpf:"py_threads"`
+	TrackedPids    *ebpf.Map `ebpf:"tracked_pids"`
+	UnwindRequests *ebpf.Map `ebpf:"unwind_requests"`
+	UnwindRules    *ebpf.Map `ebpf:"unwind_rules"`
+	UnwindScratch  *ebpf.Map `ebpf:"unwind_scratch"`
+	UnwindSeq      *ebpf.Map `ebpf:"unwind_seq"`
+	UnwoundStacks  *ebpf.Map `ebpf:"unwound_stacks"`
 }
 
 func (m *cudaMaps) Close() error {
 	return _CudaClose(
 		m.Calls,
 		m.CudaCounters,
-		m.CudaStacks,
 		m.Errors,
 		m.Failures,
 		m.LiveAllocs,
@@ -333,6 +392,11 @@ func (m *cudaMaps) Close() error {
 		m.PyStacks,
 		m.PyThreads,
 		m.TrackedPids,
+		m.UnwindRequests,
+		m.UnwindRules,
+		m.UnwindScratch,
+		m.UnwindSeq,
+		m.UnwoundStacks,
 	)
 }
 
@@ -340,17 +404,21 @@ func (m *cudaMaps) Close() error {
 //
 // It can be passed to loadCudaObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cudaVariables struct {
-	UnusedCudaAlloc    *ebpf.Variable `ebpf:"unused_cuda_alloc"`
-	UnusedCudaAllocKey *ebpf.Variable `ebpf:"unused_cuda_alloc_key"`
-	UnusedCudaApi      *ebpf.Variable `ebpf:"unused_cuda_api"`
-	UnusedCudaCounts   *ebpf.Variable `ebpf:"unused_cuda_counts"`
-	UnusedCudaFailure  *ebpf.Variable `ebpf:"unused_cuda_failure"`
-	UnusedCudaNs       *ebpf.Variable `ebpf:"unused_cuda_ns"`
-	UnusedCudaShape    *ebpf.Variable `ebpf:"unused_cuda_shape"`
-	UnusedErrKind      *ebpf.Variable `ebpf:"unused_err_kind"`
-	UnusedPyErr        *ebpf.Variable `ebpf:"unused_py_err"`
-	UnusedPyProc       *ebpf.Variable `ebpf:"unused_py_proc"`
-	UnusedPyStack      *ebpf.Variable `ebpf:"unused_py_stack"`
+	UnusedCudaAlloc     *ebpf.Variable `ebpf:"unused_cuda_alloc"`
+	UnusedCudaAllocKey  *ebpf.Variable `ebpf:"unused_cuda_alloc_key"`
+	UnusedCudaApi       *ebpf.Variable `ebpf:"unused_cuda_api"`
+	UnusedCudaCounts    *ebpf.Variable `ebpf:"unused_cuda_counts"`
+	UnusedCudaFailure   *ebpf.Variable `ebpf:"unused_cuda_failure"`
+	UnusedCudaNs        *ebpf.Variable `ebpf:"unused_cuda_ns"`
+	UnusedCudaShape     *ebpf.Variable `ebpf:"unused_cuda_shape"`
+	UnusedErrKind       *ebpf.Variable `ebpf:"unused_err_kind"`
+	UnusedPyErr         *ebpf.Variable `ebpf:"unused_py_err"`
+	UnusedPyProc        *ebpf.Variable `ebpf:"unused_py_proc"`
+	UnusedPyStack       *ebpf.Variable `ebpf:"unused_py_stack"`
+	UnusedUnwindKey     *ebpf.Variable `ebpf:"unused_unwind_key"`
+	UnusedUnwindRequest *ebpf.Variable `ebpf:"unused_unwind_request"`
+	UnusedUnwindRule    *ebpf.Variable `ebpf:"unused_unwind_rule"`
+	UnusedUnwoundStack  *ebpf.Variable `ebpf:"unused_unwound_stack"`
 }
 
 // cudaPrograms contains all programs after they have been loaded into the kernel.

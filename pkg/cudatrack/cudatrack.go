@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
 )
 
 // Config sizes the kernel side.
@@ -37,6 +39,9 @@ type Config struct {
 	// Maps, when set, shares reads of /proc/PID/maps with the other
 	// concerns within a poll.
 	Maps *procinfo.MapsCache
+	// Symbolizer reads the call-frame information that stacks are unwound
+	// with; nil: one of the tracker's own.
+	Symbolizer *symbolize.Symbolizer
 }
 
 // Tracker owns the loaded CUDA BPF object and the uprobe links of each
@@ -64,6 +69,17 @@ type Tracker struct {
 
 	polls      int             // for the stack map's garbage collection
 	failStacks map[uint32]bool // stacks of failures drained, not yet symbolized
+
+	// Unwinding (unwind.go): requests are served on their own goroutine,
+	// so that the kernel learns a site's rules within microseconds, not at
+	// the next poll.
+	sym          *symbolize.Symbolizer
+	unwindReader *ringbuf.Reader
+	unwindDone   chan struct{}
+	rulesLost    atomic.Uint64
+	stacksLost   atomic.Uint64
+	canon        map[int32]int32  // stack id -> the first id with its frames
+	byFrames     map[string]int32 // frames -> that first id
 }
 
 // procState is what one tracked process has attached.
@@ -104,7 +120,12 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Tracker{procRoot: cfg.ProcRoot, proc: proc.WithMapsCache(cfg.Maps), coll: coll, multi: multi, procs: map[int]*procState{}, files: map[fileKey]*Library{}, failStacks: map[uint32]bool{}}
+	sym := cfg.Symbolizer
+	if sym == nil {
+		sym = symbolize.New(cfg.ProcRoot)
+	}
+	t := &Tracker{procRoot: cfg.ProcRoot, proc: proc.WithMapsCache(cfg.Maps), coll: coll, multi: multi, procs: map[int]*procState{}, files: map[fileKey]*Library{}, failStacks: map[uint32]bool{},
+		sym: sym, canon: map[int32]int32{}, byFrames: map[string]int32{}}
 	if err := coll.Assign(&t.maps); err != nil {
 		t.Close()
 		return nil, err
@@ -119,6 +140,13 @@ func NewTracker(cfg Config) (*Tracker, error) {
 		t.Close()
 		return nil, fmt.Errorf("opening the cuda failure ring buffer: %w", err)
 	}
+	t.unwindReader, err = ringbuf.NewReader(t.maps.UnwindRequests)
+	if err != nil {
+		t.Close()
+		return nil, fmt.Errorf("opening the cuda unwind ring buffer: %w", err)
+	}
+	t.unwindDone = make(chan struct{})
+	go t.serveUnwinds(t.unwindReader)
 	return t, nil
 }
 
@@ -381,7 +409,7 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		if s == nil {
 			continue
 		}
-		s.Allocs = append(s.Allocs, Alloc{Addr: key.Addr, Size: val.Size, API: int(val.Api), StackID: val.StackId, Time: toWall(val.TimeNs), PyStack: val.PyStack})
+		s.Allocs = append(s.Allocs, Alloc{Addr: key.Addr, Size: val.Size, API: int(val.Api), StackID: t.canonical(val.StackId), Time: toWall(val.TimeNs), PyStack: val.PyStack})
 	}
 	if t.polls++; t.polls%bpfobj.StackGCEvery == 0 {
 		t.dropStacks(live)
@@ -391,15 +419,19 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 
 // dropStacks deletes the stacks that no live allocation (of any process)
 // refers to, keeping those of failures drained since the last time: they
-// are symbolized after Poll.
+// are symbolized after Poll. The unwind rules of processes gone go too.
 func (t *Tracker) dropStacks(live map[cudaCudaAllocKey]cudaCudaAlloc) {
 	keep := t.failStacks
 	for _, val := range live {
 		keep[uint32(val.StackId)] = true
+		keep[uint32(t.canonical(val.StackId))] = true
 	}
-	if _, err := bpfobj.DropStacks(t.maps.CudaStacks, func(id uint32) bool { return keep[id] }); err != nil {
+	kept := func(id uint32) bool { return keep[id] }
+	if _, err := bpfobj.DropStacks(t.maps.UnwoundStacks, kept); err != nil {
 		slog.Warn("dropping unused cuda stacks", "err", err)
 	}
+	t.forgetStacks(kept)
+	t.dropRules()
 	t.failStacks = map[uint32]bool{}
 }
 
@@ -435,23 +467,11 @@ func (t *Tracker) Failures() ([]Failure, error) {
 		}
 		out = append(out, Failure{
 			PID: int(f.Tgid), TID: int(f.Tid), API: int(f.Api), Code: int(f.Code),
-			Size: f.Size, StackID: f.StackId, Time: toWall(f.TimeNs), PyStack: f.PyStack,
+			Size: f.Size, StackID: t.canonical(f.StackId), Time: toWall(f.TimeNs), PyStack: f.PyStack,
 		})
 		t.failStacks[uint32(f.StackId)] = true
+		t.failStacks[uint32(t.canonical(f.StackId))] = true
 	}
-}
-
-// Stack returns the user-space return addresses of a stack id, innermost first.
-func (t *Tracker) Stack(id int32) ([]uint64, error) {
-	var frames [127]uint64
-	if err := t.maps.CudaStacks.Lookup(uint32(id), &frames); err != nil {
-		return nil, err
-	}
-	n := 0
-	for n < len(frames) && frames[n] != 0 {
-		n++
-	}
-	return frames[:n], nil
 }
 
 // errorNames follows enum err_kind in bpf/common.h: the kinds this object
@@ -471,6 +491,7 @@ func (t *Tracker) Lost() (map[string]uint64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading error counters: %w", err)
 	}
+	t.unwindLost(out)
 	return out, nil
 }
 
@@ -486,6 +507,13 @@ func (t *Tracker) Close() error {
 	if t.reader != nil {
 		errs = append(errs, t.reader.Close())
 		t.reader = nil
+	}
+	if t.unwindReader != nil {
+		errs = append(errs, t.unwindReader.Close())
+		if t.unwindDone != nil {
+			<-t.unwindDone
+		}
+		t.unwindReader = nil
 	}
 	errs = append(errs, t.maps.Close())
 	if t.coll != nil {

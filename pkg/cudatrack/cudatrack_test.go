@@ -107,13 +107,8 @@ func noLoss(t *testing.T, c *Concern) {
 	}
 }
 
-func stackHas(stack []string, fn string) bool {
-	for _, f := range stack {
-		if f == fn || strings.HasPrefix(f, fn+"+") || strings.HasPrefix(f, fn+" ") {
-			return true
-		}
-	}
-	return false
+func stackHas(stack []model.Frame, fn string) bool {
+	return slices.ContainsFunc(stack, func(f model.Frame) bool { return f.Function == fn })
 }
 
 // Every runtime allocation API once: each is counted once under its own

@@ -50,9 +50,9 @@ func TestPythonFramesAtAllocations(t *testing.T) {
 	testutil.RequireRoot(t)
 	rt := testutil.CUDAStubs(t)
 	script := testutil.PythonScript("gpu.py")
-	leak := fmt.Sprintf("load_adapter (%s:%d)", script, testutil.LineOf(t, script, "# alloc: leak"))
+	leak := model.Frame{Kind: model.FramePython, Function: "load_adapter", File: script, Line: testutil.LineOf(t, script, "# alloc: leak")}
 	failLine := testutil.LineOf(t, script, "# alloc: fail")
-	fail := fmt.Sprintf("warmup_kv_cache (%s:%d)", script, failLine)
+	fail := model.Frame{Kind: model.FramePython, Function: "warmup_kv_cache", File: script, Line: failLine}
 	for _, py := range testutil.Pythons(t) {
 		t.Run(testutil.PythonVersion(t, py)+"/"+filepath.Base(py), func(t *testing.T) {
 			c, err := New(Config{ProcRoot: "/proc"}, gpualloc.New(gpualloc.DefaultConfig()), symbolize.New("/proc"))
@@ -80,7 +80,7 @@ func TestPythonFramesAtAllocations(t *testing.T) {
 			}
 			if bytes != 4*64*MiB {
 				for _, s := range pr.CUDA.Sites {
-					t.Logf("%d bytes at\n  %s", s.Bytes, strings.Join(s.Stack, "\n  "))
+					t.Logf("%d bytes at\n  %s", s.Bytes, strings.Join(testutil.Texts(s.Stack), "\n  "))
 				}
 				t.Fatalf("%d bytes allocated at %s, want %d", bytes, leak, 4*64*MiB)
 			}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
 
 func TestCompileGlob(t *testing.T) {
@@ -49,7 +50,7 @@ func TestFindingsLog(t *testing.T) {
 	t0 := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	proc := &model.Process{PID: 42, Comm: "serve", Pod: model.Pod{UID: "u", ContainerID: "c", Namespace: "ml", Name: "p-0", Container: "w"}}
 	f := model.Finding{Kind: model.KindFDLeak, PID: 42, Comm: "serve", Severity: model.SeverityWarning, FirstSeen: t0, Active: true,
-		Summary: "open fds grew by 10", Stack: []string{"__open64+0x51 (libc.so.6)", "cache_tokenizer+0x1a (serve)"}}
+		Summary: "open fds grew by 10", Stack: testutil.Frames("__open64+0x51 (libc.so.6)", "cache_tokenizer+0x1a (serve)")}
 	snap := func(sec int, fs ...model.Finding) *model.Snapshot {
 		return &model.Snapshot{Time: t0.Add(time.Duration(sec) * time.Second), Processes: []*model.Process{proc}, Findings: fs}
 	}

@@ -42,7 +42,7 @@ type findingLine struct {
 	Site      string         `json:"site,omitempty"`
 	Summary   string         `json:"summary"`
 	FirstSeen time.Time      `json:"first_seen"`
-	Stack     []string       `json:"stack,omitempty"`
+	Stack     []model.Frame  `json:"stack,omitempty"`
 	Evidence  map[string]any `json:"evidence,omitempty"`
 }
 
@@ -85,8 +85,8 @@ func (l *FindingsLog) Update(s *model.Snapshot) {
 			pod := p.Pod
 			line.Pod = &pod
 		}
-		if len(f.Stack) > 0 {
-			line.Site = stack.Function(stack.CallSite(f.Stack))
+		if fr, ok := stack.CallFrame(f.Stack); ok {
+			line.Site = stack.Function(fr)
 		}
 		_ = l.enc.Encode(line)
 	}

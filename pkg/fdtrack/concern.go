@@ -40,7 +40,7 @@ type siteKey struct {
 type site struct {
 	id     int64
 	key    siteKey
-	frames []string // symbolized on first use
+	frames []model.Frame // symbolized on first use
 }
 
 // NewConcern loads the fd BPF object. topSites bounds how many opening stacks
@@ -176,7 +176,7 @@ func (c *Concern) site(k siteKey) *site {
 
 // frames symbolizes a site once: the kernel's frame-pointer stack merged
 // with the scanned return addresses (glibc has no frame pointers).
-func (c *Concern) frames(pid int, st *site) []string {
+func (c *Concern) frames(pid int, st *site) []model.Frame {
 	if st.frames != nil {
 		return st.frames
 	}

@@ -55,7 +55,7 @@ func checkExhausted(t *testing.T, c *Concern, p *model.Process, f *model.Finding
 		t.Errorf("evidence %v", ev)
 	}
 	call, _ := ev["failing_call"].(map[string]any)
-	if call == nil || !strings.Contains(strings.Join(call["stack"].([]string), " "), "try_open") {
+	if call == nil || !strings.Contains(strings.Join(testutil.Texts(call["stack"].([]model.Frame)), " "), "try_open") {
 		t.Errorf("failing call %v, want try_open", call)
 	}
 	if !strings.Contains(f.Summary, "soft limit 256") || !strings.Contains(f.Summary, "EMFILE") || !strings.Contains(f.Summary, "at try_open+") {
@@ -87,7 +87,7 @@ func checkExhausted(t *testing.T, c *Concern, p *model.Process, f *model.Finding
 		return
 	}
 	top := last.Evidence["top_sites"].([]map[string]any)
-	if len(top) == 0 || !strings.Contains(strings.Join(top[0]["stack"].([]string), " "), "hold_open") {
+	if len(top) == 0 || !strings.Contains(strings.Join(testutil.Texts(top[0]["stack"].([]model.Frame)), " "), "hold_open") {
 		t.Errorf("top sites %v, want hold_open first", top)
 	}
 }

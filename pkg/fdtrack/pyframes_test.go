@@ -34,7 +34,7 @@ func TestPythonFramesAtOpen(t *testing.T) {
 	testutil.RequireRoot(t)
 	script := testutil.PythonScript("leak.py")
 	line := testutil.LineOf(t, script, "# leak: open")
-	want := fmt.Sprintf("cache_tokenizer (%s:%d)", script, line)
+	want := model.Frame{Kind: model.FramePython, Function: "cache_tokenizer", File: script, Line: line}
 	for _, py := range testutil.Pythons(t) {
 		version := testutil.PythonVersion(t, py)
 		for _, mode := range []string{"main", "thread"} {
@@ -67,11 +67,10 @@ func TestPythonFramesAtOpen(t *testing.T) {
 						continue
 					}
 					leaked += len(s.FDs)
-					caller := "serve (" + script
-					if i+1 >= len(s.Stack) || !strings.HasPrefix(s.Stack[i+1], caller) {
-						t.Errorf("%s is not called from %s...: %q", want, caller, s.Stack)
+					if i+1 >= len(s.Stack) || s.Stack[i+1].Function != "serve" || s.Stack[i+1].File != script {
+						t.Errorf("%s is not called from serve (%s:...): %q", want, script, s.Stack)
 					}
-					if i == 0 || !strings.Contains(s.Stack[0], "(libc.so.6)") {
+					if i == 0 || s.Stack[0].Module != "libc.so.6" {
 						t.Errorf("native frames are not innermost: %q", s.Stack)
 					}
 					if got, want := stack.CallSite(s.Stack), fmt.Sprintf("cache_tokenizer (leak.py:%d)", line); got != want {
@@ -80,7 +79,7 @@ func TestPythonFramesAtOpen(t *testing.T) {
 				}
 				if leaked < 20 {
 					for _, s := range pr.FD.Sites {
-						t.Logf("%d fds at\n  %s", len(s.FDs), strings.Join(s.Stack, "\n  "))
+						t.Logf("%d fds at\n  %s", len(s.FDs), strings.Join(testutil.Texts(s.Stack), "\n  "))
 					}
 					t.Fatalf("%d fds opened at %s, want >= 20", leaked, want)
 				}

@@ -7,7 +7,9 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/sockleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 )
 
 // targetsShown is how many groups of leaked fds a finding names.
@@ -15,14 +17,16 @@ const targetsShown = 3
 
 // Target is a group of leaked fds that point at the same kind of thing, as
 // lsof would show them: files of one directory and extension
-// ("/var/cache/tok/*.json"), one file, sockets, pipes, eventfds, ...
+// ("/var/cache/tok/*.json"), one file, sockets to one peer or on one port
+// ("TCP 10.0.0.2:*->10.0.0.9:5432 (CLOSE_WAIT)"), pipes, eventfds, ...
 type Target struct {
 	What string
 	FDs  int
 }
 
-// groupTargets groups fd link targets (the links of /proc/PID/fd), most fds
-// first; a directory with several files of one extension becomes dir/*.ext.
+// groupTargets groups what fds point at (describe), most fds first; a
+// directory with several files of one extension becomes dir/*.ext, a
+// socket that could not be named is "socket".
 func groupTargets(links []string) []Target {
 	type fileGroup struct{ dir, ext string }
 	files := map[fileGroup][]string{}
@@ -74,17 +78,17 @@ func (c *Concern) leakedTargets(p *model.Process, f *model.Finding) {
 	cached, ok := c.targets[key]
 	if i >= 0 && (!ok || len(p.FD.Sites[i].FDs) >= 2*max(cached.fds, 1)) {
 		if fds, err := c.proc.FDs(p.PID); err == nil {
-			leaked := map[int]bool{}
+			inSite := map[int]bool{}
 			for _, n := range p.FD.Sites[i].FDs {
-				leaked[int(n)] = true
+				inSite[int(n)] = true
 			}
-			var links []string
+			var leaked []procinfo.FD
 			for _, fd := range fds {
-				if leaked[fd.Num] {
-					links = append(links, fd.Target)
+				if inSite[fd.Num] {
+					leaked = append(leaked, fd)
 				}
 			}
-			cached = leakRead{groupTargets(links), len(links)}
+			cached = leakRead{groupTargets(describe(c.proc, p.PID, leaked)), len(leaked)}
 			c.targets[key] = cached
 		}
 	}
@@ -102,6 +106,89 @@ func (c *Concern) leakedTargets(p *model.Process, f *model.Finding) {
 	}
 	f.Evidence["leaked_targets"] = list
 	f.Summary += "; leaking " + strings.Join(parts, ", ")
+}
+
+// describe returns what each of fds points at: its link (/proc/PID/fd), or
+// for a socket what lsof would show (socketName). The socket tables of
+// pid's network namespace are read here, once, and only when fds has a
+// socket: they can be long on a busy host. A socket they do not list is
+// named by its protocol (unlisted); one closed since fds were listed keeps
+// its link, as do all when the tables cannot be read.
+func describe(fs procinfo.FS, pid int, fds []procinfo.FD) []string {
+	out := make([]string, len(fds))
+	socks := map[int]uint64{} // inode, by index in fds
+	for i, fd := range fds {
+		out[i] = fd.Target
+		if ino, ok := fd.SocketInode(); ok {
+			socks[i] = ino
+		}
+	}
+	if len(socks) == 0 {
+		return out
+	}
+	table, err := fs.Sockets(pid)
+	if err != nil {
+		return out
+	}
+	// Ports are masked over the sockets, not the fds: a dup'ed socket is
+	// one connection.
+	var addrs []string
+	counted := map[uint64]bool{}
+	for _, ino := range socks {
+		if s, ok := table[ino]; ok && s.Proto != "unix" && !counted[ino] {
+			counted[ino] = true
+			addrs = append(addrs, s.Local, s.Remote)
+		}
+	}
+	mask := sockleak.PortMask(addrs)
+	for i, ino := range socks {
+		if s, ok := table[ino]; ok {
+			out[i] = socketName(s, mask)
+		} else if proto, err := fs.SockProto(pid, fds[i].Num); err == nil {
+			out[i] = unlisted(proto)
+		}
+	}
+	return out
+}
+
+// socketName is what lsof shows for a listed socket, its ports masked as
+// the socket leak's top_pairs are (sockleak.PortMask), so that a leak's
+// connections make one group: "TCP 10.0.0.2:*->10.0.0.9:5432
+// (CLOSE_WAIT)" for a client's, "TCP 127.0.0.1:8080->127.0.0.1:*
+// (CLOSE_WAIT)" for a server's, "TCP 0.0.0.0:8080 (LISTEN)", "UDP
+// 10.0.0.2:*->10.0.0.53:53", "UDP 0.0.0.0:*", "unix /run/app.sock",
+// "unix (unnamed)".
+func socketName(s procinfo.Socket, mask func(string) string) string {
+	if s.Proto == "unix" {
+		if s.Local == "" {
+			return "unix (unnamed)"
+		}
+		return "unix " + s.Local
+	}
+	name := s.Proto + " " + mask(s.Local)
+	// Remote port 0: no peer (listening TCP, unconnected UDP).
+	if !strings.HasSuffix(s.Remote, ":0") {
+		name += "->" + mask(s.Remote)
+	}
+	if s.Proto == "TCP" {
+		name += " (" + s.StateName() + ")"
+	}
+	return name
+}
+
+// unlisted names a socket the tables do not list by the protocol sockfs
+// gives it: a TCP socket neither listening nor connected (a failed connect
+// leaves one so), a UDP socket never bound, or one of a protocol without a
+// table read here ("netlink", "packet", "raw").
+func unlisted(proto string) string {
+	switch {
+	case strings.HasPrefix(proto, "TCP"): // TCP, TCPv6
+		return "TCP (unconnected)"
+	case strings.HasPrefix(proto, "UDP"): // UDP, UDPv6, UDP-Lite
+		return "UDP (unbound)"
+	}
+	proto, _, _ = strings.Cut(proto, "-") // UNIX-STREAM and the like on newer kernels
+	return strings.ToLower(proto)
 }
 
 // leakRead is what an fd leak's fds pointed at when last read, and how many

@@ -357,8 +357,8 @@ func (m *Metrics) findingSeries(s *model.Snapshot, out []prometheus.Metric) []pr
 			proc = m.procLabels(p)
 		}
 		site := ""
-		if len(f.Stack) > 0 {
-			site = label(stack.Function(stack.CallSite(f.Stack)))
+		if fr, ok := stack.CallFrame(f.Stack); ok {
+			site = label(stack.Function(fr))
 		}
 		if f.CausedBy != nil {
 			// One cause, one finding: this one is the cause's evidence.

@@ -40,7 +40,7 @@ func finding(pid int, comm string, active bool) model.Finding {
 	return model.Finding{
 		Kind: model.KindFDLeak, PID: pid, Comm: comm, Severity: model.SeverityWarning,
 		FirstSeen: t0.Add(time.Second), LastSeen: t0.Add(2 * time.Second), Active: active,
-		Summary: "open fds grew", Stack: []string{"__open64+0x51 (libc.so.6)", "main.leak+0x1a (fdwork)"},
+		Summary: "open fds grew", Stack: []model.Frame{model.ParseFrame("__open64+0x51 (libc.so.6)"), model.ParseFrame("main.leak+0x1a (fdwork)")},
 	}
 }
 
@@ -443,7 +443,7 @@ func TestCausedBy(t *testing.T) {
 	m, reg := newMetrics(t)
 	s := finding(100, "sockwork", true)
 	s.Kind = model.KindSocketLeak
-	s.Stack = []string{"accept_conn+0x12 (sockwork)"}
+	s.Stack = []model.Frame{model.ParseFrame("accept_conn+0x12 (sockwork)")}
 	f := finding(100, "sockwork", true)
 	ref := s.Ref()
 	f.CausedBy = &ref

@@ -49,7 +49,7 @@ type SockConn struct {
 	Remote string // ip:port
 	State  string
 	Since  time.Time // when it entered State
-	Stack  []string  // opening stack, from the fd table where known
+	Stack  []Frame   // opening stack, from the fd table where known
 	FD     int       // the process's fd for the socket (its lowest, if several)
 }
 
@@ -98,13 +98,13 @@ type CUDAFailure struct {
 	Size  uint64
 	Code  int    // the return code
 	Error string // its name, e.g. cudaErrorMemoryAllocation
-	Stack []string
+	Stack []Frame
 }
 
 // CUDASite groups live allocations by the stack that made them.
 type CUDASite struct {
 	StackID int64
-	Stack   []string
+	Stack   []Frame
 	Bytes   uint64
 	Allocs  []time.Time // allocation time of each live allocation made here
 }

@@ -40,7 +40,7 @@ type Finding struct {
 	LastSeen  time.Time      `json:"last_seen"`
 	Active    bool           `json:"active"`
 	Summary   string         `json:"summary"`
-	Stack     []string       `json:"stack"`
+	Stack     []Frame        `json:"stack"`
 	Evidence  map[string]any `json:"evidence"`
 	// CausedBy names the finding that explains this one, which is then
 	// not a problem of its own (an fd leak made of CLOSE_WAIT sockets is
@@ -66,7 +66,7 @@ func (f *Finding) Ref() FindingRef {
 // FDSite groups the live fds of a process by the user stack that opened them.
 type FDSite struct {
 	StackID int64       // BPF stack id; negative when unknown (seeded from /proc, or stack map full)
-	Stack   []string    // symbolized frames, innermost first
+	Stack   []Frame     // symbolized frames, innermost first
 	Opened  []time.Time // open time of each live fd opened here
 	FDs     []int32     // the fd numbers, in the order of Opened
 }
@@ -97,9 +97,9 @@ var FDErrnos = []string{"EMFILE", "ENFILE"}
 // FDFailure is an fd-creating call that failed for want of fds.
 type FDFailure struct {
 	Time    time.Time
-	Kind    string   // the kind of fd it tried to create (FDKinds)
-	StackID int64    // its call site, numbered as FDSite.StackID
-	Stack   []string // symbolized frames, innermost first
+	Kind    string  // the kind of fd it tried to create (FDKinds)
+	StackID int64   // its call site, numbered as FDSite.StackID
+	Stack   []Frame // symbolized frames, innermost first
 }
 
 // Pod says where a process runs in Kubernetes; empty outside a pod.

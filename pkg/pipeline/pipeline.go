@@ -174,7 +174,7 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 			// free memory as NVML samples it.
 			gpuAlloc := cfg.GPUAlloc
 			gpuAlloc.Devices = p.gpu.GPUs
-			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites, Maps: p.maps},
+			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites, Maps: p.maps, Symbolizer: p.sym},
 				p.gpu.Joining(gpualloc.New(gpuAlloc)), p.sym)
 		}},
 	}

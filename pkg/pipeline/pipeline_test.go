@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -171,7 +172,7 @@ func runScenario(t *testing.T, bin string, sc scenario) {
 	if leak.Evidence["time_to_exhaustion_seconds"] == nil {
 		t.Errorf("no time to exhaustion: %v", leak.Evidence)
 	}
-	if !strings.Contains(strings.Join(leak.Stack, "\n"), "leak_tick") {
+	if !strings.Contains(strings.Join(testutil.Texts(leak.Stack), "\n"), "leak_tick") {
 		t.Errorf("leaking function not in stack: %q", leak.Stack)
 	}
 	if leak.CausedBy != nil {
@@ -226,7 +227,7 @@ func TestChildLeakFound(t *testing.T) {
 		t.Fatalf("no finding after %d intervals; processes: %d", polls, len(final.Processes))
 	}
 	f := final.Findings[0]
-	if f.Kind != model.KindFDLeak || f.PID == shell || f.Comm != "fdwork" || !strings.Contains(strings.Join(f.Stack, " "), "leak_tick") {
+	if f.Kind != model.KindFDLeak || f.PID == shell || f.Comm != "fdwork" || !strings.Contains(strings.Join(testutil.Texts(f.Stack), " "), "leak_tick") {
 		t.Fatalf("finding %+v: want an fd_leak in the fdwork child (shell %d) naming leak_tick", f, shell)
 	}
 	// Cleanup kills the shell only; its child would outlive it.
@@ -288,18 +289,25 @@ func TestSocketLeakNamesOpeningStack(t *testing.T) {
 		t.Fatalf("findings on their own after %d intervals: %+v", polls, standing)
 	}
 	f := standing[0]
-	if !strings.Contains(strings.Join(f.Stack, " "), "accept_conn") || !strings.Contains(f.Summary, "opened at accept_conn") {
+	if !strings.Contains(strings.Join(testutil.Texts(f.Stack), " "), "accept_conn") || !strings.Contains(f.Summary, "opened at accept_conn") {
 		t.Fatalf("socket leak without its opening stack: %q %q", f.Summary, f.Stack)
 	}
 	// 10 connections a second leaked: the fd leak was seen first.
 	if fdLeak == nil || *fdLeak.CausedBy != f.Ref() || len(f.Related) != 1 || f.Related[0] != fdLeak.Ref() {
 		t.Fatalf("fd leak %+v not linked to socket leak %+v", fdLeak, f)
 	}
+	// The fd leak names what it leaks as the socket leak names its peers:
+	// the server's port against any client port.
+	top, _ := f.Evidence["top_pairs"].([]map[string]any)
+	targets, _ := fdLeak.Evidence["leaked_targets"].([]map[string]any)
+	if len(top) == 0 || len(targets) == 0 || targets[0]["target"] != fmt.Sprintf("TCP %s->%s (CLOSE_WAIT)", top[0]["local"], top[0]["remote"]) {
+		t.Errorf("fd leak targets %v, socket leak pairs %v", targets, top)
+	}
 	growth, _ := f.Evidence["fd_growth"].(map[string]any)
 	if growth == nil || growth["growth_fds_per_second"].(float64) < 5 || growth["open_fds"].(int) < 50 {
 		t.Errorf("fd growth evidence %v", growth)
 	}
-	t.Logf("%s\n  related %v, fd growth %v", f.Summary, f.Related, growth)
+	t.Logf("%s\n  related %v, fd growth %v\n  fd leak: %s", f.Summary, f.Related, growth, fdLeak.Summary)
 }
 
 // Failed allocations made between the last poll and the process's exit are
@@ -340,7 +348,7 @@ func TestFailureJustBeforeExit(t *testing.T) {
 	}
 	for _, f := range final.Findings {
 		if f.Kind == model.KindGPUAllocFailure {
-			if !strings.Contains(strings.Join(f.Stack, " "), "allocate_weights") {
+			if !strings.Contains(strings.Join(testutil.Texts(f.Stack), " "), "allocate_weights") {
 				t.Fatalf("failure stack not symbolized after exit: %q", f.Stack)
 			}
 			return

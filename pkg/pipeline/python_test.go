@@ -60,9 +60,9 @@ func TestPythonLeakNamesFunction(t *testing.T) {
 		if f.Kind != model.KindFDLeak {
 			continue
 		}
-		want := fmt.Sprintf("cache_tokenizer (%s:%d)", script, line)
+		want := model.Frame{Kind: model.FramePython, Function: "cache_tokenizer", File: script, Line: line}
 		if !slices.Contains(f.Stack, want) {
-			t.Errorf("stack has no %q:\n  %s", want, strings.Join(f.Stack, "\n  "))
+			t.Errorf("stack has no %q:\n  %s", want, strings.Join(testutil.Texts(f.Stack), "\n  "))
 		}
 		if site := fmt.Sprintf("at cache_tokenizer (leak.py:%d)", line); !strings.Contains(f.Summary, site) {
 			t.Errorf("summary %q does not say %q", f.Summary, site)

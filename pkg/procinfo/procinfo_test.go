@@ -24,6 +24,7 @@ type fakeProc struct {
 	cmdline []string
 	nofile  string // soft "Max open files" in limits
 	fds     map[int]string
+	net     map[string]string // files of net/ (tcp, unix, ...), by name
 }
 
 // statFmt is a real /proc/PID/stat line (kernel 6.x, 52 fields) with pid,
@@ -74,6 +75,16 @@ func newFixture(t *testing.T, procs ...fakeProc) FS {
 		}
 		for name, content := range files {
 			if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if len(p.net) > 0 {
+			if err := os.Mkdir(filepath.Join(dir, "net"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for name, content := range p.net {
+			if err := os.WriteFile(filepath.Join(dir, "net", name), []byte(content), 0o644); err != nil {
 				t.Fatal(err)
 			}
 		}

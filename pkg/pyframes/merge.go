@@ -3,7 +3,7 @@ package pyframes
 import (
 	"strings"
 
-	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/stack"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
 // evalFrame is the native function that runs Python frames (3.10-3.13).
@@ -17,7 +17,7 @@ const evalFrame = "_PyEval_EvalFrameDefault"
 // stopped early: interpreters built without frame pointers, as Debian's,
 // cannot be walked through), the remaining groups follow the native
 // frames; so without any, every Python frame comes after the native ones.
-func Merge(native []string, py []Frame) []string {
+func Merge(native []model.Frame, py []Frame) []model.Frame {
 	if len(py) == 0 {
 		return native
 	}
@@ -29,12 +29,12 @@ func Merge(native []string, py []Frame) []string {
 			start = i + 1
 		}
 	}
-	out := make([]string, 0, len(native)+len(py))
+	out := make([]model.Frame, 0, len(native)+len(py))
 	g := 0
 	for _, f := range native {
-		if g < len(groups) && strings.HasPrefix(stack.Function(f), evalFrame) {
+		if g < len(groups) && strings.HasPrefix(f.Function, evalFrame) {
 			for _, p := range groups[g] {
-				out = append(out, p.String())
+				out = append(out, p.Frame)
 			}
 			g++
 			continue
@@ -43,7 +43,7 @@ func Merge(native []string, py []Frame) []string {
 	}
 	for ; g < len(groups); g++ {
 		for _, p := range groups[g] {
-			out = append(out, p.String())
+			out = append(out, p.Frame)
 		}
 	}
 	return out

@@ -22,6 +22,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 )
 
@@ -184,19 +185,13 @@ func readU64(pid int, addr uint64) (uint64, error) {
 	return binary.LittleEndian.Uint64(b[:]), nil
 }
 
-// Frame is one Python frame.
+// Frame is one Python frame: Function is co_qualname (3.11+) or co_name
+// (3.10), File co_filename, Line 0 when the line table has none.
 type Frame struct {
-	Function string // co_qualname (3.11+), co_name (3.10)
-	File     string // co_filename
-	Line     int    // -1 when the line table has none
+	model.Frame
 	// EvalEnd marks the outermost frame of one call of the evaluation
 	// loop: the frames up to it replace one _PyEval_EvalFrameDefault frame.
 	EvalEnd bool
-}
-
-// String is how a Python frame reads in a stack: "func (file:line)".
-func (f Frame) String() string {
-	return fmt.Sprintf("%s (%s:%d)", f.Function, f.File, max(f.Line, 0))
 }
 
 // Frames resolves Python stack id of pid (0: none), innermost first. Frames
@@ -256,7 +251,7 @@ func (t *Tracker) frame(pid int, p *proc, codeAddr, instr uint64) (Frame, bool) 
 	} else if start := codeAddr + l.CodeAdaptive; instr >= start && instr-start < 1<<30 {
 		line = lineAt311(c.table, c.first, int((instr-start)/2))
 	}
-	return Frame{Function: c.name, File: c.file, Line: line}, true
+	return Frame{Frame: model.Frame{Kind: model.FramePython, Function: c.name, File: c.file, Line: max(line, 0)}}, true
 }
 
 // code is what a code object says, cached with the fields that identify it.

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
@@ -129,10 +130,16 @@ func TestFindInterp(t *testing.T) {
 }
 
 func TestMerge(t *testing.T) {
-	py := []Frame{
-		{Function: "inner", File: "a.py", Line: 3},
-		{Function: "outer", File: "a.py", Line: 9, EvalEnd: true},
-		{Function: "<module>", File: "a.py", Line: 12, EvalEnd: true},
+	pyFrame := func(fn string, line int, end bool) Frame {
+		return Frame{Frame: model.Frame{Kind: model.FramePython, Function: fn, File: "a.py", Line: line}, EvalEnd: end}
+	}
+	py := []Frame{pyFrame("inner", 3, false), pyFrame("outer", 9, true), pyFrame("<module>", 12, true)}
+	frames := func(texts []string) []model.Frame {
+		out := make([]model.Frame, len(texts))
+		for i, s := range texts {
+			out[i] = model.ParseFrame(s)
+		}
+		return out
 	}
 	for _, tc := range []struct {
 		name   string
@@ -151,11 +158,12 @@ func TestMerge(t *testing.T) {
 			[]string{"__open64+0x51 (libc.so.6)", "_PyEval_EvalFrameDefault+0x10 (python3)"},
 			[]string{"__open64+0x51 (libc.so.6)", "inner (a.py:3)", "outer (a.py:9)", "<module> (a.py:12)"}},
 	} {
-		if got := Merge(tc.native, py); !slices.Equal(got, tc.want) {
+		if got := Merge(frames(tc.native), py); !slices.Equal(got, frames(tc.want)) {
 			t.Errorf("%s:\n got %q\nwant %q", tc.name, got, tc.want)
 		}
 	}
-	if got := Merge([]string{"a+0x1 (b)"}, nil); !slices.Equal(got, []string{"a+0x1 (b)"}) {
+	native := frames([]string{"a+0x1 (b)"})
+	if got := Merge(native, nil); !slices.Equal(got, native) {
 		t.Errorf("no Python frames: %q", got)
 	}
 }

@@ -185,12 +185,12 @@ func buildPage(r *Report, data []byte) *page {
 	for i, f := range r.Findings {
 		fv := findingView{
 			N: i + 1, Anchor: fmt.Sprintf("finding-%d", i+1), Kind: f.Kind, Severity: f.Severity, PID: f.PID, Comm: f.Comm,
-			Active: f.Active, First: clock(f.FirstSeen), Last: clock(f.LastSeen), Summary: f.Summary, Stack: f.Stack,
+			Active: f.Active, First: clock(f.FirstSeen), Last: clock(f.LastSeen), Summary: f.Summary, Stack: frameTexts(f.Stack),
 			Span:  "+" + elapsed(f.FirstSeen.Sub(r.Start)) + " → +" + elapsed(f.LastSeen.Sub(r.Start)),
 			first: f.FirstSeen, last: f.LastSeen,
 		}
 		for _, k := range slices.Sorted(maps.Keys(f.Evidence)) {
-			fv.Evidence = append(fv.Evidence, kv{k, evidence(f.Evidence[k])})
+			fv.Evidence = append(fv.Evidence, kv{k, evidence(stackTexts(f.Evidence[k]))})
 		}
 		pg.Findings = append(pg.Findings, fv)
 	}
@@ -378,6 +378,57 @@ func evidence(v any) string {
 		return string(r[:evidenceMax]) + "…"
 	}
 	return text
+}
+
+// stackTexts replaces the stacks within an evidence value as read from JSON
+// (the "stack" of each of top_sites, of failing_call) by the text of their
+// frames, so that they read as a finding's stack does.
+func stackTexts(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		out := make(map[string]any, len(x))
+		for k, e := range x {
+			out[k] = stackTexts(e)
+			if k != "stack" {
+				continue
+			}
+			if frames, ok := readStack(e); ok {
+				out[k] = frameTexts(frames)
+			}
+		}
+		return out
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = stackTexts(e)
+		}
+		return out
+	}
+	return v
+}
+
+// readStack reads a stack as read from JSON into frames, as a finding's
+// stack is read (frames written as strings, before schema 3, included);
+// false when v is not one.
+func readStack(v any) ([]model.Frame, bool) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return nil, false
+	}
+	var frames []model.Frame
+	if json.Unmarshal(data, &frames) != nil || frames == nil {
+		return nil, false
+	}
+	return frames, true
+}
+
+// frameTexts writes each frame as a stack on the page shows it.
+func frameTexts(frames []model.Frame) []string {
+	out := make([]string, len(frames))
+	for i, f := range frames {
+		out[i] = f.String()
+	}
+	return out
 }
 
 // bytesText writes a byte count with a binary unit, e.g. "1.5 GiB".

@@ -20,8 +20,9 @@ import (
 
 // SchemaVersion is the version of the report's format, bumped when its
 // meaning changes: 2 added history (schema 1 reports have no
-// schema_version field).
-const SchemaVersion = 2
+// schema_version field), 3 made stack frames objects (model.Frame; Read
+// still takes the strings of earlier reports).
+const SchemaVersion = 3
 
 // Report is the document written when the run ends.
 type Report struct {
@@ -226,7 +227,7 @@ func (w *Writer) report(now time.Time) *Report {
 		for _, f := range s.Findings {
 			// Consumers index into these; [] and {} spare them null checks.
 			if f.Stack == nil {
-				f.Stack = []string{}
+				f.Stack = []model.Frame{}
 			}
 			if f.Evidence == nil {
 				f.Evidence = map[string]any{}

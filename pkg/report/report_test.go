@@ -49,7 +49,7 @@ func TestRoundTrip(t *testing.T) {
 		Kind: model.KindFDLeak, PID: 100, Comm: "fdwork", Severity: model.SeverityWarning,
 		FirstSeen: t0.Add(10 * time.Second), LastSeen: t0.Add(20 * time.Second), Active: true,
 		Summary:  "open fds grew by 40 in 20s",
-		Stack:    []string{"main.leak", "main.main"},
+		Stack:    mixedStack,
 		Evidence: map[string]any{"growth": 40.0},
 	}
 	w, buf := toStdout()
@@ -108,6 +108,102 @@ func TestRoundTrip(t *testing.T) {
 	for _, key := range []string{`"first_seen"`, `"evidence"`, `"duration_seconds"`, `"fds_opened"`} {
 		if !bytes.Contains(buf.Bytes(), []byte(key)) {
 			t.Errorf("report lacks %s", key)
+		}
+	}
+}
+
+// mixedStack has a frame of each shape, as pkg/symbolize and pkg/pyframes
+// make them.
+var mixedStack = []model.Frame{
+	{Kind: model.FrameNative, Function: "__open64", Module: "libc.so.6", Offset: 0x51},
+	{Kind: model.FrameNative, Function: "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::alloc_block", Module: "libc10_cuda.so", Offset: 0x40,
+		Symbol: "_ZN3c104cuda20CUDACachingAllocator6Native22DeviceCachingAllocator11alloc_blockERNS2_10AllocParamsEb"},
+	{Kind: model.FramePython, Function: "cache_tokenizer", File: "/srv/app/leak.py", Line: 16},
+	{Kind: model.FrameNative, Module: "libfoo.so", Offset: 0x1234},
+	{Kind: model.FrameNative, Address: 0x7ffd0000},
+	{Kind: model.FrameNative, Function: "main", Module: "trainer"},
+}
+
+// Stacks are arrays of frame objects, in the finding and in its evidence.
+func TestStackFrames(t *testing.T) {
+	w, buf := toStdout()
+	f := model.Finding{Kind: model.KindFDLeak, PID: 100, FirstSeen: t0, LastSeen: t0, Stack: mixedStack,
+		Evidence: map[string]any{"top_sites": []map[string]any{{"stack": mixedStack[:1], "unclosed_fds": 3}}}}
+	if err := w.Close(&model.Snapshot{Time: t0, Start: t0, Processes: []*model.Process{proc(100, "fdwork", 40, false)}, Findings: []model.Finding{f}}); err != nil {
+		t.Fatal(err)
+	}
+	var raw struct {
+		Findings []struct {
+			Stack    json.RawMessage `json:"stack"`
+			Evidence struct {
+				TopSites []struct {
+					Stack json.RawMessage `json:"stack"`
+				} `json:"top_sites"`
+			} `json:"evidence"`
+		} `json:"findings"`
+	}
+	if err := json.Unmarshal(buf.Bytes(), &raw); err != nil {
+		t.Fatal(err)
+	}
+	want := `[{"function":"__open64","kind":"native","module":"libc.so.6","offset":81},` +
+		`{"function":"c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::alloc_block","kind":"native","module":"libc10_cuda.so","offset":64,` +
+		`"symbol":"_ZN3c104cuda20CUDACachingAllocator6Native22DeviceCachingAllocator11alloc_blockERNS2_10AllocParamsEb"},` +
+		`{"file":"/srv/app/leak.py","function":"cache_tokenizer","kind":"python","line":16},` +
+		`{"kind":"native","module":"libfoo.so","offset":4660},` +
+		`{"address":2147287040,"kind":"native"},` +
+		`{"function":"main","kind":"native","module":"trainer"}]`
+	var got bytes.Buffer
+	if err := json.Compact(&got, raw.Findings[0].Stack); err != nil || got.String() != want {
+		t.Errorf("stack\n %s\nwant\n %s", got.String(), want)
+	}
+	got.Reset()
+	if err := json.Compact(&got, raw.Findings[0].Evidence.TopSites[0].Stack); err != nil || got.String() != `[{"function":"__open64","kind":"native","module":"libc.so.6","offset":81}]` {
+		t.Errorf("top site's stack %s", got.String())
+	}
+
+	// The page shows frames as text, in the evidence too (as the template
+	// escapes them).
+	r := decode(t, buf.Bytes())
+	var page bytes.Buffer
+	if err := WriteHTML(&page, &r); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"<li>c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::alloc_block&#43;0x40 (libc10_cuda.so)</li>",
+		"<li>0x7ffd0000</li>", "<li>main (trainer)</li>", `[{&#34;stack&#34;:[&#34;__open64&#43;0x51 (libc.so.6)&#34;],&#34;unclosed_fds&#34;:3}]`} {
+		if !strings.Contains(page.String(), s) {
+			t.Errorf("page lacks %s", s)
+		}
+	}
+}
+
+// A schema 2 report, whose frames are strings, reads and renders.
+func TestReadSchema2(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "v2.json")
+	old := `{"schema_version": 2, "version": "v0.3.0", "start": "2025-01-02T03:04:05Z", "end": "2025-01-02T03:05:05Z",
+		"processes": [{"pid": 7, "comm": "w", "open_fds": 3, "fd_limit": 1024}],
+		"findings": [{"kind": "fd_leak", "pid": 7, "comm": "w", "severity": "warning", "first_seen": "2025-01-02T03:04:35Z",
+			"last_seen": "2025-01-02T03:05:05Z", "active": true, "summary": "fd leak",
+			"stack": ["__open64+0x51 (libc.so.6)", "cache_tokenizer (/srv/app/leak.py:16)", "libfoo.so+0x1234"],
+			"evidence": {"top_sites": [{"stack": ["__open64+0x51 (libc.so.6)"], "unclosed_fds": 3}]}}]}`
+	if err := os.WriteFile(path, []byte(old), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := Read(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []model.Frame{mixedStack[0], mixedStack[2], mixedStack[3]}
+	if got := r.Findings[0].Stack; !reflect.DeepEqual(got, want) {
+		t.Errorf("stack %+v\nwant %+v", got, want)
+	}
+	var page bytes.Buffer
+	if err := WriteHTML(&page, r); err != nil {
+		t.Fatal(err)
+	}
+	// As the template escapes them.
+	for _, s := range []string{"<li>cache_tokenizer (/srv/app/leak.py:16)</li>", "<li>libfoo.so&#43;0x1234</li>", `[{&#34;stack&#34;:[&#34;__open64&#43;0x51 (libc.so.6)&#34;]`} {
+		if !strings.Contains(page.String(), s) {
+			t.Errorf("page lacks %s", s)
 		}
 	}
 }

@@ -58,8 +58,8 @@ func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Findin
 
 // openingStacks maps fd numbers to the symbolized stack that opened them,
 // from the fd concern (which runs first in each interval).
-func openingStacks(sites []model.FDSite) map[int][]string {
-	out := map[int][]string{}
+func openingStacks(sites []model.FDSite) map[int][]model.Frame {
+	out := map[int][]model.Frame{}
 	for _, site := range sites {
 		if site.Stack == nil {
 			continue
@@ -73,7 +73,7 @@ func openingStacks(sites []model.FDSite) map[int][]string {
 
 // stats turns a sample into the model view; CLOSE_WAIT sockets get the
 // stack that opened their fd where the fd table knows it.
-func stats(s *Sample, stacks map[int][]string) model.SockStats {
+func stats(s *Sample, stacks map[int][]model.Frame) model.SockStats {
 	st := model.SockStats{TCPByState: map[string]int{}, ByKind: map[string]int{}}
 	for _, k := range model.SockKinds {
 		st.ByKind[k] = s.ByKind[k]

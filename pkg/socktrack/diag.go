@@ -11,6 +11,8 @@ import (
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 )
 
 // sock_diag (INET_DIAG) answers what /proc/PID/net/tcp{,6} does, but the
@@ -57,14 +59,14 @@ func newDiag(procRoot string) (*diag, error) {
 }
 
 // tcp returns the TCP sockets of pid's network namespace ns that a process
-// can hold, by inode, as readTCP does.
-func (d *diag) tcp(pid int, ns string) (map[uint64]tcpRow, error) {
+// can hold, by inode, as procinfo.FS.TCPSockets reads them from /proc.
+func (d *diag) tcp(pid int, ns string) (map[uint64]procinfo.Socket, error) {
 	c, err := d.conn(pid, ns)
 	if err != nil {
 		return nil, err
 	}
 	d.used[ns] = true
-	out := map[uint64]tcpRow{}
+	out := map[uint64]procinfo.Socket{}
 	for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
 		if err := dump(c, family, out); err != nil {
 			// A kernel without IPv6 has no AF_INET6 handler.
@@ -101,7 +103,7 @@ func (d *diag) conn(pid int, ns string) (*netlink.Conn, error) {
 }
 
 // dump adds the TCP sockets of one address family to out.
-func dump(c *netlink.Conn, family uint8, out map[uint64]tcpRow) error {
+func dump(c *netlink.Conn, family uint8, out map[uint64]procinfo.Socket) error {
 	req := make([]byte, reqLen)
 	req[0] = family
 	req[1] = unix.IPPROTO_TCP
@@ -121,17 +123,18 @@ func dump(c *netlink.Conn, family uint8, out map[uint64]tcpRow) error {
 		if ino == 0 {
 			continue // orphaned: no process holds it
 		}
-		out[ino] = tcpRow{
-			local:  diagAddr(m.Data[0], m.Data[8:24], m.Data[4:6]),
-			remote: diagAddr(m.Data[0], m.Data[24:40], m.Data[6:8]),
-			state:  m.Data[1],
+		out[ino] = procinfo.Socket{
+			Proto:  "TCP",
+			Local:  diagAddr(m.Data[0], m.Data[8:24], m.Data[4:6]),
+			Remote: diagAddr(m.Data[0], m.Data[24:40], m.Data[6:8]),
+			State:  m.Data[1],
 		}
 	}
 	return nil
 }
 
 // diagAddr formats an inet_diag_sockid address (4 or 16 bytes used of 16)
-// and its big-endian port as ip:port, like the /proc reader.
+// and its big-endian port as ip:port, as procinfo does.
 func diagAddr(family uint8, ip, port []byte) string {
 	a := net.IP(ip[:16])
 	if family == unix.AF_INET {

@@ -15,6 +15,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/sockleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/launch"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
 
@@ -333,7 +334,11 @@ func TestDiagMatchesProc(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fromProc, err := readTCP("/proc", pid)
+	proc, err := procinfo.New("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromProc, err := proc.TCPSockets(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,8 +364,8 @@ func TestDiagMatchesProc(t *testing.T) {
 		t.Errorf("%d of the %d TCP sockets the server holds differ between /proc and sock_diag", differ, held)
 	}
 	for ino, r := range fromDiag {
-		if r.state == tcpTimeWait || r.state == tcpNewSynRecv {
-			t.Errorf("sock_diag returned inode %d in state %d", ino, r.state)
+		if r.State == tcpTimeWait || r.State == tcpNewSynRecv {
+			t.Errorf("sock_diag returned inode %d in state %d", ino, r.State)
 		}
 	}
 	if n := procServed(t, pid); n == 0 {

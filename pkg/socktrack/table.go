@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 )
 
 // Conn is one TCP socket a process holds.
@@ -53,7 +54,7 @@ func (t *Tracker) Track(pid int) error {
 	t.pids[pid] = st
 	kernel, err := t.kernelTable()
 	if err == nil {
-		_, err = t.sample(pid, st, kernel, map[string]map[uint64]tcpRow{})
+		_, err = t.sample(pid, st, kernel, map[string]map[uint64]procinfo.Socket{})
 	}
 	if err != nil {
 		t.Untrack(pid)
@@ -95,7 +96,7 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 	if err != nil {
 		return nil, err
 	}
-	tables := map[string]map[uint64]tcpRow{} // by network namespace, read once per poll
+	tables := map[string]map[uint64]procinfo.Socket{} // by network namespace, read once per poll
 	out := make(map[int]*Sample, len(pids))
 	for _, pid := range pids {
 		st := t.pids[pid]
@@ -114,7 +115,7 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 
 // sample reads the sockets of pid, dates its TCP sockets from the
 // kernel table where it has them, and updates what user space remembers.
-func (t *Tracker) sample(pid int, st *procState, kernel map[uint64]sockSockInfo, tables map[string]map[uint64]tcpRow) (*Sample, error) {
+func (t *Tracker) sample(pid int, st *procState, kernel map[uint64]sockSockInfo, tables map[string]map[uint64]procinfo.Socket) (*Sample, error) {
 	fds, err := t.proc.FDs(pid)
 	if err != nil {
 		return nil, err
@@ -128,7 +129,7 @@ func (t *Tracker) sample(pid int, st *procState, kernel map[uint64]sockSockInfo,
 		if t.diag != nil {
 			tcp, err = t.diag.tcp(pid, ns)
 		} else {
-			tcp, err = readTCP(t.procRoot, pid)
+			tcp, err = t.proc.TCPSockets(pid)
 		}
 		if err != nil {
 			return nil, err
@@ -142,8 +143,8 @@ func (t *Tracker) sample(pid int, st *procState, kernel map[uint64]sockSockInfo,
 		ino := sfd.inode
 		row, ok := tcp[ino]
 		if !ok {
-			if kind, ok := sockKind(t.procRoot, pid, sfd.num); ok {
-				s.ByKind[kind]++
+			if proto, err := t.proc.SockProto(pid, sfd.num); err == nil {
+				s.ByKind[sockKind(proto)]++
 			}
 			continue
 		}
@@ -152,12 +153,12 @@ func (t *Tracker) sample(pid int, st *procState, kernel map[uint64]sockSockInfo,
 			continue
 		}
 		held[ino] = true
-		c := Conn{Inode: ino, FD: sfd.num, Local: row.local, Remote: row.remote, State: stateName(uint64(row.state))}
+		c := Conn{Inode: ino, FD: sfd.num, Local: row.Local, Remote: row.Remote, State: row.StateName()}
 		prev, ok := st.seen[ino]
-		if !ok || prev.state != row.state {
-			prev = seen{state: row.state, since: nowWall}
+		if !ok || prev.state != row.State {
+			prev = seen{state: row.State, since: nowWall}
 		}
-		if k, ok := kernel[ino]; ok && k.State == row.state {
+		if k, ok := kernel[ino]; ok && k.State == row.State {
 			prev.since = nowWall.Add(-time.Duration(nowMono - k.SinceNs))
 			c.Dated = true
 		}

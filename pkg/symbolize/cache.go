@@ -23,6 +23,9 @@ type cacheEntry struct {
 	keys []fileKey
 	used uint64 // s.tick when last used
 	cost int    // bytes charged to s.bytes
+	// rules caches unwind rules by virtual address: each is a binary search
+	// and a few reads of the file.
+	rules map[uint64]Rule
 }
 
 // elfFor returns the cache entry of m's file, or nil if it cannot be read or

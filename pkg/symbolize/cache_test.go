@@ -100,7 +100,7 @@ func TestCacheSharedBuildID(t *testing.T) {
 		{304, e.addr(0, 0x1034), "y3+0x4 (liby.so)"},
 	}
 	for _, c := range cases {
-		if got := s.Frames(c.pid, []uint64{c.addr})[0]; got != c.want {
+		if got := frameTexts(s, c.pid, []uint64{c.addr})[0]; got != c.want {
 			t.Errorf("pid %d: frame of %#x = %q, want %q", c.pid, c.addr, got, c.want)
 		}
 	}
@@ -129,7 +129,7 @@ func TestCacheSharedBuildID(t *testing.T) {
 		}
 		for round := range 2 {
 			for i, l := range libs {
-				if got := s.Frames(305, []uint64{l.addr(0, 0x1034)})[0]; got != "x3+0x4 (libx.so)" {
+				if got := frameTexts(s, 305, []uint64{l.addr(0, 0x1034)})[0]; got != "x3+0x4 (libx.so)" {
 					t.Fatalf("round %d, copy %d: frame = %q", round, i, got)
 				}
 			}
@@ -165,7 +165,7 @@ func TestCacheEviction(t *testing.T) {
 					fn := (round*nlibs + i) * 97 % nfuncs
 					addrs := []uint64{l.addr(0, 0x1000+uint64(fn)*16+5), l.addr(0, 0x1000+uint64(nfuncs)*16)}
 					want := []string{fmt.Sprintf("l%d_%d+0x5 (lib%d.so)", i, fn, i), fmt.Sprintf("lib%d.so+%#x", i, 0x1000+nfuncs*16)}
-					if got := s.Frames(pid, addrs); !slices.Equal(got, want) {
+					if got := frameTexts(s, pid, addrs); !slices.Equal(got, want) {
 						t.Fatalf("round %d: frames = %q, want %q", round, got, want)
 					}
 					if e := entryOf(t, s, pid, l.start); !slices.Contains(seen, e) {

@@ -28,6 +28,7 @@ type elfInfo struct {
 	// tables are .symtab, then .dynsym (exported functions only, but it
 	// survives strip); nil where a table is missing or unusable.
 	tables [2]*symTable
+	eh     ehFrame // zero without call-frame information
 }
 
 // load is a PT_LOAD program header: file bytes [off, off+filesz) are mapped
@@ -78,8 +79,13 @@ func parseELF(f *os.File) (*elfInfo, error) {
 	}
 	info := &elfInfo{f: f, order: ef.ByteOrder, class: ef.Class}
 	for _, p := range ef.Progs {
-		if p.Type == elf.PT_LOAD {
+		switch p.Type {
+		case elf.PT_LOAD:
 			info.loads = append(info.loads, load{off: p.Off, filesz: p.Filesz, vaddr: p.Vaddr, exec: p.Flags&elf.PF_X != 0})
+		case elf.PT_GNU_EH_FRAME:
+			if ef.Machine == elf.EM_X86_64 {
+				info.eh = ehFrame{hdrAddr: p.Vaddr, hdrSize: p.Filesz}
+			}
 		}
 	}
 	if id := buildID(ef); id != "" {

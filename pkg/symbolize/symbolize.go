@@ -1,5 +1,5 @@
 // Package symbolize turns user-space instruction addresses of a live process
-// into readable frames such as "malloc+0x1a (libc.so.6)". It reads
+// into frames (model.Frame) such as malloc+0x1a in libc.so.6. It reads
 // /proc/PID/maps and the mapped ELF files themselves, through /proc/PID/root,
 // so that processes in other mount namespaces (containers) work too.
 package symbolize
@@ -16,6 +16,8 @@ import (
 	"syscall"
 
 	"github.com/prometheus/procfs"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
 // deletedSuffix is what the kernel appends to a mapped file's path once the
@@ -72,15 +74,16 @@ func New(procRoot string) *Symbolizer {
 	}
 }
 
-// Frames symbolizes addrs (innermost first) of process pid. Never fails: an address it cannot
-// resolve becomes "module+0xoffset" (module = base name of the mapped file, offset = ELF-relative address)
-// or "0x<addr>" when not in any mapping. Resolved frames read "func+0xoff (module)"; "+0x0" is omitted.
-func (s *Symbolizer) Frames(pid int, addrs []uint64) []string {
+// Frames symbolizes addrs (innermost first) of process pid. Never fails: an
+// address without a symbol keeps its module (base name of the mapped file)
+// and its ELF-relative address as Offset, or only its Address when not in
+// any file mapping (model.Frame).
+func (s *Symbolizer) Frames(pid int, addrs []uint64) []model.Frame {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 
 	pm := s.procMaps(pid)
-	out := make([]string, len(addrs))
+	out := make([]model.Frame, len(addrs))
 	for i, addr := range addrs {
 		out[i] = s.frame(pid, pm.find(addr), addr)
 	}
@@ -191,29 +194,30 @@ func findMapping(maps []mapping, addr uint64) *mapping {
 	return &maps[i]
 }
 
-func (s *Symbolizer) frame(pid int, m *mapping, addr uint64) string {
+func (s *Symbolizer) frame(pid int, m *mapping, addr uint64) model.Frame {
 	if m == nil || m.path == "" {
-		return fmt.Sprintf("%#x", addr)
+		return model.Frame{Kind: model.FrameNative, Address: addr}
 	}
-	module := filepath.Base(m.path)
-	off := addr - m.start + m.offset
+	// Without the ELF headers the file offset is the best stable offset.
+	f := model.Frame{Kind: model.FrameNative, Module: filepath.Base(m.path), Offset: addr - m.start + m.offset}
 	e := s.elfFor(pid, m)
 	if e == nil {
-		// Without the ELF headers the file offset is the best stable offset.
-		return fmt.Sprintf("%s+%#x", module, off)
+		return f
 	}
-	vaddr, ok := e.info.vaddr(off)
+	vaddr, ok := e.info.vaddr(f.Offset)
 	if !ok {
-		return fmt.Sprintf("%s+%#x", module, off)
+		return f
 	}
+	f.Offset = vaddr
 	sym, ok := s.lookup(e, vaddr)
 	if !ok {
-		return fmt.Sprintf("%s+%#x", module, vaddr)
+		return f
 	}
-	if d := vaddr - sym.start; d != 0 {
-		return fmt.Sprintf("%s+%#x (%s)", readable(sym.name), d, module)
+	f.Function, f.Offset = readable(sym.name), vaddr-sym.start
+	if f.Function != sym.name {
+		f.Symbol = sym.name
 	}
-	return fmt.Sprintf("%s (%s)", readable(sym.name), module)
+	return f
 }
 
 // open opens the file behind m, preferring the path inside the process's

@@ -116,7 +116,7 @@ func TestFramesLiveProcess(t *testing.T) {
 	pid, addr := startTarget(t, bin)
 	s := New("/proc")
 
-	got := s.Frames(pid, []uint64{addr + 4, 0x10})
+	got := frameTexts(s, pid, []uint64{addr + 4, 0x10})
 	if got[0] != "leakyfn+0x4 (target)" {
 		t.Errorf("frame of leakyfn+4 = %q, want %q", got[0], "leakyfn+0x4 (target)")
 	}
@@ -134,7 +134,7 @@ func TestFramesLiveStrippedProcess(t *testing.T) {
 	stripTo(t, bin, stripped)
 	pid, addr := startTarget(t, stripped)
 
-	got := New("/proc").Frames(pid, []uint64{addr + 4})[0]
+	got := frameTexts(New("/proc"), pid, []uint64{addr + 4})[0]
 	if want := fmt.Sprintf("target-stripped+%#x", vaddr+4); got != want {
 		t.Errorf("frame in stripped binary = %q, want %q", got, want)
 	}
@@ -270,7 +270,7 @@ func TestFramesFakeProcRoot(t *testing.T) {
 		for i, c := range cases {
 			addrs[i] = c.addr
 		}
-		got := s.Frames(100, addrs)
+		got := frameTexts(s, 100, addrs)
 		for i, c := range cases {
 			if got[i] != c.want {
 				t.Errorf("%s: frame of %#x = %q, want %q", c.name, c.addr, got[i], c.want)
@@ -284,7 +284,7 @@ func TestFramesFakeProcRoot(t *testing.T) {
 		for range 8 {
 			wg.Go(func() {
 				for range 20 {
-					got := s.Frames(100, []uint64{cases[0].addr, cases[5].addr})
+					got := frameTexts(s, 100, []uint64{cases[0].addr, cases[5].addr})
 					if got[0] != cases[0].want || got[1] != cases[5].want {
 						t.Errorf("concurrent frames = %q", got)
 						return
@@ -299,7 +299,7 @@ func TestFramesFakeProcRoot(t *testing.T) {
 	t.Run("map_files fallback", func(t *testing.T) {
 		put(t, proc(101, "maps"), []byte(pieMap.line("08:01 2000", "/opt/app/target")), "")
 		put(t, proc(101, "map_files/"+pieMap.mapFile()), nil, pie)
-		if got := New(root).Frames(101, []uint64{pieMap.addr(leaky + 4)})[0]; got != "leakyfn+0x4 (target)" {
+		if got := frameTexts(New(root), 101, []uint64{pieMap.addr(leaky + 4)})[0]; got != "leakyfn+0x4 (target)" {
 			t.Errorf("frame = %q, want leakyfn+0x4 (target)", got)
 		}
 	})
@@ -309,7 +309,7 @@ func TestFramesFakeProcRoot(t *testing.T) {
 		put(t, proc(102, "maps"), []byte(pieMap.line("08:01 2001", "/opt/app/target (deleted)")), "")
 		put(t, proc(102, "root/opt/app/target"), nil, nopie)
 		put(t, proc(102, "map_files/"+pieMap.mapFile()), nil, pie)
-		if got := New(root).Frames(102, []uint64{pieMap.addr(leaky + 4)})[0]; got != "leakyfn+0x4 (target)" {
+		if got := frameTexts(New(root), 102, []uint64{pieMap.addr(leaky + 4)})[0]; got != "leakyfn+0x4 (target)" {
 			t.Errorf("frame = %q, want leakyfn+0x4 (target)", got)
 		}
 	})
@@ -322,23 +322,23 @@ func TestFramesFakeProcRoot(t *testing.T) {
 		put(t, proc(103, "root/data/blob.bin"), []byte("not an ELF file"), "")
 
 		put(t, proc(103, "maps"), []byte("7f0000000000-7f0000001000 rw-p 00000000 00:00 0\n"), "")
-		if got := s.Frames(103, []uint64{addr})[0]; got != raw {
+		if got := frameTexts(s, 103, []uint64{addr})[0]; got != raw {
 			t.Fatalf("before load: frame = %q, want %q", got, raw)
 		}
 		// Like dlopen: the cached maps miss the address, so they are re-read.
 		put(t, proc(103, "maps"), []byte(pieMap.line("00:00 0", "/opt/app/target")), "")
-		if got := s.Frames(103, []uint64{addr})[0]; got != "leakyfn+0x4 (target)" {
+		if got := frameTexts(s, 103, []uint64{addr})[0]; got != "leakyfn+0x4 (target)" {
 			t.Fatalf("after load: frame = %q, want leakyfn+0x4 (target)", got)
 		}
 		// The pid is reused by a process mapping something else there; the
 		// cache still answers for the old process until Forget.
 		blob := fmt.Sprintf("%x-%x r--p 00000000 00:00 0 /data/blob.bin\n", pieMap.start, pieMap.end)
 		put(t, proc(103, "maps"), []byte(blob), "")
-		if got := s.Frames(103, []uint64{addr})[0]; got != "leakyfn+0x4 (target)" {
+		if got := frameTexts(s, 103, []uint64{addr})[0]; got != "leakyfn+0x4 (target)" {
 			t.Fatalf("cached: frame = %q, want leakyfn+0x4 (target)", got)
 		}
 		s.Forget(103)
-		if got, want := s.Frames(103, []uint64{addr})[0], fmt.Sprintf("blob.bin+%#x", addr-pieMap.start); got != want {
+		if got, want := frameTexts(s, 103, []uint64{addr})[0], fmt.Sprintf("blob.bin+%#x", addr-pieMap.start); got != want {
 			t.Fatalf("after Forget: frame = %q, want %q", got, want)
 		}
 		// Once the process is gone its maps cannot be re-read, but stacks
@@ -346,13 +346,13 @@ func TestFramesFakeProcRoot(t *testing.T) {
 		if err := os.RemoveAll(filepath.Join(root, "103")); err != nil {
 			t.Fatal(err)
 		}
-		if got := s.Frames(103, []uint64{0x10, addr}); got[0] != "0x10" || got[1] != fmt.Sprintf("blob.bin+%#x", addr-pieMap.start) {
+		if got := frameTexts(s, 103, []uint64{0x10, addr}); got[0] != "0x10" || got[1] != fmt.Sprintf("blob.bin+%#x", addr-pieMap.start) {
 			t.Fatalf("after exit: frames = %q", got)
 		}
 	})
 
 	t.Run("no such process", func(t *testing.T) {
-		if got := New(root).Frames(999, []uint64{0x1234}); len(got) != 1 || got[0] != "0x1234" {
+		if got := frameTexts(New(root), 999, []uint64{0x1234}); len(got) != 1 || got[0] != "0x1234" {
 			t.Errorf("frames = %q, want [0x1234]", got)
 		}
 	})

@@ -173,7 +173,7 @@ func TestFramesLargeSymbolTable(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	s := New(root)
-	got := s.Frames(100, addrs)
+	got := frameTexts(s, 100, addrs)
 	runtime.GC()
 	runtime.ReadMemStats(&after)
 	runtime.KeepAlive(s)

@@ -152,12 +152,12 @@ func TestUnwindLiveProcess(t *testing.T) {
 	s := New("/proc")
 
 	// The premise: the frame-pointer stack alone loses leaky.
-	if got := s.Frames(pid, fp); !strings.HasPrefix(got[0], "clobber+") || got[1] != fmt.Sprintf("%#x", fp[1]) {
+	if got := frameTexts(s, pid, fp); !strings.HasPrefix(got[0], "clobber+") || got[1] != fmt.Sprintf("%#x", fp[1]) {
 		t.Fatalf("frame-pointer stack = %q, want clobber then garbage", got)
 	}
 
 	addrs := s.Unwind(pid, fp, scan)
-	frames := s.Frames(pid, addrs)
+	frames := frameTexts(s, pid, addrs)
 	t.Logf("unwound: %q", frames)
 	if len(frames) < 3 || !strings.HasPrefix(frames[0], "clobber+") ||
 		!strings.HasPrefix(frames[1], "leaky+") || !strings.HasPrefix(frames[2], "main+") {

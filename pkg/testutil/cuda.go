@@ -39,9 +39,34 @@ func CUDAStubs(t testing.TB) string {
 
 func build(t testing.TB, args []string) {
 	t.Helper()
-	if out, err := exec.Command("gcc", args...).CombinedOutput(); err != nil {
-		t.Fatalf("gcc %s: %v\n%s", strings.Join(args, " "), err, out)
+	buildWith(t, "gcc", args)
+}
+
+func buildWith(t testing.TB, compiler string, args []string) {
+	t.Helper()
+	if out, err := exec.Command(compiler, args...).CombinedOutput(); err != nil {
+		t.Fatalf("%s %s: %v\n%s", compiler, strings.Join(args, " "), err, out)
 	}
+}
+
+// CUDAChain builds testdata/unwindchain.c (lang "c") or unwindchain.cc
+// ("c++") as distributions build code, -O2 -fomit-frame-pointer, linked
+// against the runtime stand-in, and returns the executable's path.
+func CUDAChain(t testing.TB, lang string) string {
+	t.Helper()
+	runtime := CUDAStubs(t)
+	dir := filepath.Dir(runtime)
+	name, compiler := "unwindchain.c", "gcc"
+	if lang == "c++" {
+		name, compiler = "unwindchain.cc", "g++"
+	}
+	src := filepath.Join(RepoRoot(), "testdata", name)
+	bin := filepath.Join(dir, strings.ReplaceAll(name, ".", "_"))
+	if fresh(bin, src) && fresh(bin, runtime) {
+		return bin
+	}
+	buildWith(t, compiler, []string{"-O2", "-g", "-fomit-frame-pointer", "-Wall", "-o", bin, src, runtime, "-Wl,-rpath," + dir})
+	return bin
 }
 
 // Proc is a running fixture whose stdout lines a test waits on.

@@ -1,5 +1,6 @@
-// Package testutil holds helpers shared by the BPF integration tests: the root
-// gate and the C fixtures under testdata/.
+// Package testutil holds helpers shared by tests: for the BPF integration
+// tests the root gate and the C fixtures under testdata/, and stacks written
+// as text.
 package testutil
 
 import (

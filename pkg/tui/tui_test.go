@@ -31,7 +31,15 @@ var leak = model.Finding{
 	Kind: model.KindFDLeak, PID: 100, Comm: "fdwork", Severity: model.SeverityWarning,
 	FirstSeen: t0.Add(2 * time.Second), LastSeen: t0.Add(2 * time.Second), Active: true,
 	Summary: "open fds grew by 20 in 2s",
-	Stack:   []string{"f1", "f2", "f3", "f4", "f5", "f6", "f7"},
+	Stack: []model.Frame{
+		{Kind: model.FrameNative, Function: "__open64", Module: "libc.so.6", Offset: 0x51},
+		{Kind: model.FramePython, Function: "cache_tokenizer", File: "/srv/app/leak.py", Line: 16},
+		{Kind: model.FrameNative, Function: "main", Module: "fdwork"},
+		{Kind: model.FrameNative, Module: "libfoo.so", Offset: 0x1234},
+		{Kind: model.FrameNative, Address: 0x7ffd0000},
+		{Kind: model.FrameNative, Function: "f6", Module: "fdwork", Offset: 1},
+		{Kind: model.FrameNative, Function: "f7", Module: "fdwork", Offset: 2},
+	},
 }
 
 func TestLog(t *testing.T) {
@@ -45,9 +53,9 @@ func TestLog(t *testing.T) {
 	want := `03:04:06 pid=100 (fdwork) open=10 findings=0 rate=-
 03:04:06 pid=200 (quiet) open=4 findings=0 rate=-
 FINDING fd_leak pid=100 (fdwork) warning: open fds grew by 20 in 2s
-    f1
-    f2
-    f3
+    __open64+0x51 (libc.so.6)
+    cache_tokenizer (/srv/app/leak.py:16)
+    main (fdwork)
     ... 4 more frames
 03:04:08 pid=100 (fdwork) open=30 findings=1 rate=+10.0/s
 03:04:09 pid=200 (quiet) open=4 findings=0 exited rate=+0.0/s
@@ -147,11 +155,11 @@ func TestSummary(t *testing.T) {
 
 findings (2):
 FINDING fd_leak pid=100 (fdwork) warning: open fds grew by 20 in 2s
-    f1
-    f2
-    f3
-    f4
-    f5
+    __open64+0x51 (libc.so.6)
+    cache_tokenizer (/srv/app/leak.py:16)
+    main (fdwork)
+    libfoo.so+0x1234
+    0x7ffd0000
     ... 2 more frames
 FINDING socket_leak pid=200 (sockwork) critical: open fds grew by 20 in 2s (no longer active)
 

@@ -7,18 +7,19 @@ import (
 	"time"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
 
 var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 
 var (
-	acceptStack = []string{"accept_conn+0x12 (sockwork)", "main+0x40 (sockwork)"}
-	openStack   = []string{"leak_tick+0x1a (fdwork)", "main+0x40 (fdwork)"}
+	acceptStack = testutil.Frames("accept_conn+0x12 (sockwork)", "main+0x40 (sockwork)")
+	openStack   = testutil.Frames("leak_tick+0x1a (fdwork)", "main+0x40 (fdwork)")
 )
 
 // server is a process whose site holds fds 10..10+n-1, of which the first
 // cw are sockets in CLOSE_WAIT.
-func server(stack []string, n, cw int) *model.Process {
+func server(stack []model.Frame, n, cw int) *model.Process {
 	p := &model.Process{PID: 7, Comm: "sockwork"}
 	site := model.FDSite{StackID: 1, Stack: stack}
 	for i := range n {
@@ -33,7 +34,7 @@ func server(stack []string, n, cw int) *model.Process {
 	return p
 }
 
-func fdLeak(stack []string, first time.Time) model.Finding {
+func fdLeak(stack []model.Frame, first time.Time) model.Finding {
 	return model.Finding{Kind: model.KindFDLeak, PID: 7, Severity: model.SeverityCritical, FirstSeen: first, Active: true, Stack: stack,
 		Summary:  "fd leak: 103 open fds growing 10.0/s",
 		Evidence: map[string]any{"open_fds": 103, "growth_fds_per_second": 10.0, "limit": uint64(1024), "time_to_exhaustion_seconds": 92.1}}
@@ -182,8 +183,8 @@ func TestJSON(t *testing.T) {
 // A GPU leak and the bursts of the same call site name each other; a burst
 // from another site stays unrelated.
 func TestGPULeakAndBurstOfOneSite(t *testing.T) {
-	site := []string{"cudaMalloc+0x10 (libcudart.so.12)", "cache_activations+0x2a (trainer)", "main+0x40 (trainer)"}
-	other := []string{"cudaMalloc+0x10 (libcudart.so.12)", "warmup+0x11 (trainer)"}
+	site := testutil.Frames("cudaMalloc+0x10 (libcudart.so.12)", "cache_activations+0x2a (trainer)", "main+0x40 (trainer)")
+	other := testutil.Frames("cudaMalloc+0x10 (libcudart.so.12)", "warmup+0x11 (trainer)")
 	leak := model.Finding{Kind: model.KindGPUMemoryLeak, PID: 7, FirstSeen: t0, Active: true, Stack: site, Summary: "GPU memory leak"}
 	burst := model.Finding{Kind: model.KindGPUAllocBurst, PID: 7, FirstSeen: t0.Add(time.Second), Active: true, Stack: site, Summary: "GPU allocation burst"}
 	elsewhere := model.Finding{Kind: model.KindGPUAllocBurst, PID: 7, FirstSeen: t0.Add(2 * time.Second), Active: true, Stack: other, Summary: "GPU allocation burst"}

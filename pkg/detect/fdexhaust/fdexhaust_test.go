@@ -7,13 +7,14 @@ import (
 	"time"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
 
 var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 
 var (
-	holdStack = []string{"hold_open+0x12 (fdwork)", "main+0x40 (fdwork)"}
-	tryStack  = []string{"try_open+0x12 (fdwork)", "main+0x58 (fdwork)"}
+	holdStack = testutil.Frames("hold_open+0x12 (fdwork)", "main+0x40 (fdwork)")
+	tryStack  = testutil.Frames("try_open+0x12 (fdwork)", "main+0x58 (fdwork)")
 )
 
 // proc is a process watched since t0 with open fds of limit, 1000 of them
@@ -72,7 +73,7 @@ func TestFailuresFlaggedAtOnce(t *testing.T) {
 		if ev["errno"] != "EMFILE" || ev["limit"] != uint64(1024) || ev["open_fds"] != 1024 || ev["at_limit"] != true || ev["at_limit_at_attach"] != false {
 			t.Errorf("evidence %v", ev)
 		}
-		if call := ev["failing_call"].(map[string]any); call["kind"] != "file" || call["stack"].([]string)[0] != tryStack[0] {
+		if call := ev["failing_call"].(map[string]any); call["kind"] != "file" || call["stack"].([]model.Frame)[0] != tryStack[0] {
 			t.Errorf("failing call %v", call)
 		}
 		if top := ev["top_sites"].([]map[string]any); len(top) != 1 || top[0]["fds"] != 1000 || ev["unattributed_fds"] != 24 {

@@ -125,7 +125,7 @@ type sample struct {
 // siteView is one known-stack site as of the latest sample.
 type siteView struct {
 	id     int64
-	stack  []string
+	stack  []model.Frame
 	old    int           // fds older than MinAge
 	oldest time.Duration // age of its oldest live fd
 	growth int           // rise of old over the window when spread over it, else 0; slow scales: fds opened in the window and still open

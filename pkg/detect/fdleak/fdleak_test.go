@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
 
 var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -26,12 +27,12 @@ const (
 	burstSite   int64 = 9
 )
 
-var stacks = map[int64][]string{
-	poolSite:  {"pool_grow+0x22 (fdwork)", "main+0x40 (fdwork)"},
-	initSite:  {"load_config+0x31 (fdwork)", "main+0x12 (fdwork)"},
-	reqSite:   {"serve_req+0x48 (fdwork)", "main+0x40 (fdwork)"},
-	leakSite:  {"leak_tick+0x1a (fdwork)", "main+0x40 (fdwork)"},
-	burstSite: {"fanout+0x77 (fdwork)", "main+0x40 (fdwork)"},
+var stacks = map[int64][]model.Frame{
+	poolSite:  testutil.Frames("pool_grow+0x22 (fdwork)", "main+0x40 (fdwork)"),
+	initSite:  testutil.Frames("load_config+0x31 (fdwork)", "main+0x12 (fdwork)"),
+	reqSite:   testutil.Frames("serve_req+0x48 (fdwork)", "main+0x40 (fdwork)"),
+	leakSite:  testutil.Frames("leak_tick+0x1a (fdwork)", "main+0x40 (fdwork)"),
+	burstSite: testutil.Frames("fanout+0x77 (fdwork)", "main+0x40 (fdwork)"),
 }
 
 // sim is a process whose live fds a scenario opens and closes; it is sampled
@@ -207,7 +208,7 @@ func TestFlags(t *testing.T) {
 				t.Errorf("growth %.2f fds/s, want %.2f ±20%%", got, tc.rate)
 			}
 			if tc.leakStack {
-				if len(f.Stack) == 0 || !strings.Contains(f.Stack[0], "leak_tick") {
+				if len(f.Stack) == 0 || f.Stack[0].Function != "leak_tick" {
 					t.Errorf("stack %q, want leak_tick first", f.Stack)
 				}
 				if !strings.Contains(f.Summary, "opened at leak_tick+0x1a (fdwork)") {
@@ -267,7 +268,7 @@ func TestEvidence(t *testing.T) {
 	if len(top) != 2 {
 		t.Fatalf("top_sites %v, want the leak and pool sites", top)
 	}
-	if got := top[0]["stack"].([]string)[0]; got != "leak_tick+0x1a (fdwork)" {
+	if got := top[0]["stack"].([]model.Frame)[0].String(); got != "leak_tick+0x1a (fdwork)" {
 		t.Errorf("top site %q", got)
 	}
 	// Leaked fds opened up to 9.0s minus MinAge: seconds 1..8 in full and

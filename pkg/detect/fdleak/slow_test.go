@@ -106,7 +106,7 @@ func TestSlowLeakFound(t *testing.T) {
 				if ev["time_scale_seconds"] != tc.scale {
 					t.Errorf("time scale %v s, want %v", ev["time_scale_seconds"], tc.scale)
 				}
-				if f.Severity != model.SeverityWarning || len(f.Stack) == 0 || !strings.Contains(f.Stack[0], "leak_tick") {
+				if f.Severity != model.SeverityWarning || len(f.Stack) == 0 || f.Stack[0].Function != "leak_tick" {
 					t.Errorf("severity %q stack %q, want a warning at leak_tick", f.Severity, f.Stack)
 				}
 				if !strings.Contains(f.Summary, "reached in ~") || !strings.Contains(f.Summary, "opened at leak_tick+0x1a (fdwork) in that time still open") {

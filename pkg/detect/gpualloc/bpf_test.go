@@ -105,8 +105,8 @@ func (w *watched) none(t *testing.T, kinds ...string) {
 	}
 }
 
-func stackHas(stack []string, fn string) bool {
-	return slices.ContainsFunc(stack, func(f string) bool { return strings.HasPrefix(f, fn+"+") || strings.HasPrefix(f, fn+" ") })
+func stackHas(stack []model.Frame, fn string) bool {
+	return slices.ContainsFunc(stack, func(f model.Frame) bool { return f.Function == fn })
 }
 
 // leak_weights leaks 1 MiB every 50 ms (20 MiB/s) while scratch churns

@@ -275,7 +275,7 @@ func (d *Detector) fillBurst(g *burstGroup, now time.Time, p *model.Process) mod
 
 type recentSite struct {
 	key    string // its call site (callSite), or its stack id when not symbolized
-	stack  []string
+	stack  []model.Frame
 	bytes  uint64
 	allocs int // its live allocations made in the interval
 }

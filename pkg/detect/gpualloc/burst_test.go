@@ -59,7 +59,7 @@ func TestBurstFound(t *testing.T) {
 	if len(top) != 1 || top[0]["bytes"] != uint64(3*gib) {
 		t.Errorf("top_sites %v, want load_weights with 3 GiB", top)
 	}
-	if !slices.ContainsFunc(f.Stack, func(fr string) bool { return strings.Contains(fr, "load_weights") }) {
+	if !slices.ContainsFunc(f.Stack, func(fr model.Frame) bool { return fr.Function == "load_weights" }) {
 		t.Errorf("stack %q does not name load_weights", f.Stack)
 	}
 	if want := "GPU allocation burst: 3.0 GiB taken and held at once (live peak 3.0 GiB), baseline "; !strings.HasPrefix(f.Summary, want) ||

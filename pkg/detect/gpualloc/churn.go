@@ -35,7 +35,7 @@ type churnState struct {
 }
 
 type churnSite struct {
-	stack  []string
+	stack  []model.Frame
 	caught int // allocations made in churning intervals and live at their poll
 }
 

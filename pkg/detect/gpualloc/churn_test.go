@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
 
 // 16 000 cudaMalloc+cudaFree pairs of 1 MiB a second, never more than 1 MiB
@@ -62,7 +63,7 @@ func TestChurn(t *testing.T) {
 	}
 	// The buffer caught live names the loop from then on.
 	at30 := churn[slices.IndexFunc(churn, func(r report) bool { return r.sec == 30 })].f
-	if !slices.Contains(at30.Stack, "scratch_loop+0x21 (trainer)") || !strings.HasSuffix(at30.Summary, "; caught at scratch_loop+0x21 (trainer)") {
+	if !slices.Contains(testutil.Texts(at30.Stack), "scratch_loop+0x21 (trainer)") || !strings.HasSuffix(at30.Summary, "; caught at scratch_loop+0x21 (trainer)") {
 		t.Errorf("at 30s: %s %q", at30.Summary, at30.Stack)
 	}
 	if top := at30.Evidence["top_sites"].([]map[string]any); len(top) != 1 || top[0]["caught_live"] != 1 {

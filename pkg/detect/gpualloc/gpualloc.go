@@ -336,7 +336,7 @@ func (d *Detector) observeFailures(now time.Time, p *model.Process, st *procStat
 		if at.IsZero() {
 			at = now
 		}
-		k := failKey{fl.API, fl.Error, fl.Code, strings.Join(fl.Stack, "\n")}
+		k := failKey{fl.API, fl.Error, fl.Code, stackpkg.Key(fl.Stack)}
 		g := st.failures[k]
 		if g == nil {
 			g = &failGroup{first: at, f: model.Finding{
@@ -507,19 +507,19 @@ func sum(m map[string]uint64) uint64 {
 // callSite names the frame a reader wants: the innermost one outside the
 // CUDA libraries, i.e. the code that asked for the memory. Whether a stack
 // starts inside the library or at its caller depends on where it was taken.
-func callSite(stack []string) string {
+func callSite(stack []model.Frame) string {
 	// The user's Python frame where there are Python frames (pkg/pyframes).
 	if site, ok := stackpkg.PythonSite(stack); ok {
-		return site
+		return site.String()
 	}
 	for _, f := range stack {
-		// "sym+0x1 (libcudart.so.12)", or "libcuda.so.1+0x2" unsymbolized.
-		if !strings.Contains(f, "(libcuda") && !strings.HasPrefix(f, "libcuda") {
-			return f
+		// libcudart.so.12, libcuda.so.1, symbolized or not.
+		if !strings.HasPrefix(f.Module, "libcuda") {
+			return f.String()
 		}
 	}
 	if len(stack) > 0 {
-		return stack[0]
+		return stack[0].String()
 	}
 	return "an unknown stack"
 }

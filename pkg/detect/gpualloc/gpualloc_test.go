@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
 
 var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -30,13 +31,13 @@ const (
 	loopSite  int64 = 11 // a loop allocating and freeing a buffer thousands of times a second
 )
 
-var stacks = map[int64][]string{
-	stepSite:  {"cudaMalloc+0x10 (libcudart.so.12)", "train_step+0x31 (trainer)", "main+0x40 (trainer)"},
-	poolSite:  {"cuMemAlloc_v2+0x8 (libcuda.so.1)", "pool_reserve+0x12 (trainer)", "main+0x22 (trainer)"},
-	cacheSite: {"cudaMalloc+0x10 (libcudart.so.12)", "cache_tensor+0x2a (trainer)", "train_step+0x55 (trainer)", "main+0x40 (trainer)"},
-	loadSite:  {"cudaMalloc+0x10 (libcudart.so.12)", "load_weights+0x19 (trainer)", "main+0x60 (trainer)"},
-	ringSite:  {"cudaMalloc+0x10 (libcudart.so.12)", "ring_push+0x44 (trainer)", "main+0x40 (trainer)"},
-	loopSite:  {"cudaMalloc+0x10 (libcudart.so.12)", "scratch_loop+0x21 (trainer)", "main+0x40 (trainer)"},
+var stacks = map[int64][]model.Frame{
+	stepSite:  testutil.Frames("cudaMalloc+0x10 (libcudart.so.12)", "train_step+0x31 (trainer)", "main+0x40 (trainer)"),
+	poolSite:  testutil.Frames("cuMemAlloc_v2+0x8 (libcuda.so.1)", "pool_reserve+0x12 (trainer)", "main+0x22 (trainer)"),
+	cacheSite: testutil.Frames("cudaMalloc+0x10 (libcudart.so.12)", "cache_tensor+0x2a (trainer)", "train_step+0x55 (trainer)", "main+0x40 (trainer)"),
+	loadSite:  testutil.Frames("cudaMalloc+0x10 (libcudart.so.12)", "load_weights+0x19 (trainer)", "main+0x60 (trainer)"),
+	ringSite:  testutil.Frames("cudaMalloc+0x10 (libcudart.so.12)", "ring_push+0x44 (trainer)", "main+0x40 (trainer)"),
+	loopSite:  testutil.Frames("cudaMalloc+0x10 (libcudart.so.12)", "scratch_loop+0x21 (trainer)", "main+0x40 (trainer)"),
 }
 
 type alloc struct {
@@ -378,8 +379,8 @@ func TestBurstUnevenIntervals(t *testing.T) {
 func TestFailures(t *testing.T) {
 	d := New(DefaultConfig())
 	s := newSim(1)
-	oomStack := []string{"cudaMalloc+0x10 (libcudart.so.12)", "alloc_batch+0x3c (trainer)", "main+0x40 (trainer)"}
-	devStack := []string{"cudaMalloc+0x10 (libcudart.so.12)", "init_device+0x11 (trainer)", "main+0x12 (trainer)"}
+	oomStack := testutil.Frames("cudaMalloc+0x10 (libcudart.so.12)", "alloc_batch+0x3c (trainer)", "main+0x40 (trainer)")
+	devStack := testutil.Frames("cudaMalloc+0x10 (libcudart.so.12)", "init_device+0x11 (trainer)", "main+0x12 (trainer)")
 	at := func(sec int) time.Time { return t0.Add(time.Duration(sec) * time.Second) }
 	oom := func(sec int, size uint64) model.CUDAFailure {
 		return model.CUDAFailure{Time: at(sec).Add(-time.Second / 2), API: "cudaMalloc", Size: size, Code: 2, Error: "cudaErrorMemoryAllocation", Stack: oomStack}
@@ -552,7 +553,7 @@ func TestCallSite(t *testing.T) {
 		{[]string{"cuMemAlloc_v2 (libcuda.so.1)"}, "cuMemAlloc_v2 (libcuda.so.1)"},
 		{nil, "an unknown stack"},
 	} {
-		if got := callSite(c.stack); got != c.want {
+		if got := callSite(testutil.Frames(c.stack...)); got != c.want {
 			t.Errorf("callSite(%q) = %q, want %q", c.stack, got, c.want)
 		}
 	}

@@ -55,7 +55,7 @@ type sample struct {
 // siteView is one known-stack site as of the latest sample.
 type siteView struct {
 	id       int64
-	stack    []string
+	stack    []model.Frame
 	bytes    uint64
 	allocs   int
 	times    []time.Time   // allocation time of each live allocation (the source's)

@@ -51,7 +51,7 @@ func TestLeakFound(t *testing.T) {
 			if !f.Active || f.Severity != model.SeverityWarning || !f.FirstSeen.Equal(at(first.sec)) {
 				t.Errorf("first finding: active %v severity %q first_seen %v", f.Active, f.Severity, f.FirstSeen)
 			}
-			if !slices.ContainsFunc(f.Stack, func(fr string) bool { return strings.Contains(fr, "cache_tensor") }) {
+			if !slices.ContainsFunc(f.Stack, func(fr model.Frame) bool { return fr.Function == "cache_tensor" }) {
 				t.Errorf("stack %q does not name cache_tensor", f.Stack)
 			}
 			if !strings.Contains(f.Summary, "made at cache_tensor+0x2a (trainer)") {
@@ -65,7 +65,7 @@ func TestLeakFound(t *testing.T) {
 				t.Errorf("time_scale_seconds %v, want the fast window", ev["time_scale_seconds"])
 			}
 			top := ev["top_sites"].([]map[string]any)
-			if len(top) == 0 || top[0]["stack"].([]string)[1] != "cache_tensor+0x2a (trainer)" || top[0]["kept_allocations"].(int) < 18 {
+			if len(top) == 0 || top[0]["stack"].([]model.Frame)[1].String() != "cache_tensor+0x2a (trainer)" || top[0]["kept_allocations"].(int) < 18 {
 				t.Fatalf("top_sites %v, want cache_tensor first with its 20 allocations of the window", top)
 			}
 			for _, k := range []string{"untracked_bytes", "nvml_used_bytes"} {

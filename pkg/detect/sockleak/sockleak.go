@@ -253,15 +253,15 @@ func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, a asse
 
 // openingStack returns the stack that opened the most CLOSE_WAIT sockets
 // (as the fd table knows it) and how many it opened; nil when none is known.
-func openingStack(conns []model.SockConn) ([]string, int) {
+func openingStack(conns []model.SockConn) ([]model.Frame, int) {
 	counts := map[string]int{}
-	stacks := map[string][]string{}
+	stacks := map[string][]model.Frame{}
 	best := ""
 	for _, c := range conns {
 		if len(c.Stack) == 0 {
 			continue
 		}
-		k := strings.Join(c.Stack, "\n")
+		k := stack.Key(c.Stack)
 		counts[k]++
 		stacks[k] = c.Stack
 		if counts[k] > counts[best] || (counts[k] == counts[best] && k < best) {
@@ -277,25 +277,13 @@ type pair struct {
 	count         int
 }
 
-// topPairs groups CLOSE_WAIT sockets by address pair, most first. A port that
-// only one socket uses is shown as "*": grouping by the full 4-tuple would give
-// every connection its own group, since one end's port is ephemeral (the
-// client's on a server, ours on a client).
+// topPairs groups CLOSE_WAIT sockets by address pair (PortMask), most first.
 func topPairs(conns []model.SockConn) []pair {
-	uses := map[string]int{}
+	addrs := make([]string, 0, 2*len(conns))
 	for _, c := range conns {
-		uses[c.Local]++
-		uses[c.Remote]++
+		addrs = append(addrs, c.Local, c.Remote)
 	}
-	mask := func(addr string) string {
-		if uses[addr] > 1 {
-			return addr
-		}
-		if host, _, err := net.SplitHostPort(addr); err == nil {
-			return net.JoinHostPort(host, "*")
-		}
-		return addr
-	}
+	mask := PortMask(addrs)
 	byPair := map[[2]string]int{}
 	for _, c := range conns {
 		byPair[[2]string{mask(c.Local), mask(c.Remote)}]++
@@ -308,6 +296,29 @@ func topPairs(conns []model.SockConn) []pair {
 		return cmp.Or(cmp.Compare(y.count, x.count), cmp.Compare(x.local, y.local), cmp.Compare(x.remote, y.remote))
 	})
 	return out[:min(len(out), topPairsShown)]
+}
+
+// PortMask returns how the addresses (ip:port) of a group of sockets are
+// shown to group them, as top_pairs and the fd leak's targets do: an
+// address that occurs once in addrs has its port shown as "*". Grouping by
+// the full 4-tuple would give every connection its own group, since one
+// end's port is ephemeral (the client's on a server, ours on a client);
+// what is left names the peer a client leaks connections to, or the port
+// a server leaks accepted ones on.
+func PortMask(addrs []string) func(addr string) string {
+	uses := map[string]int{}
+	for _, a := range addrs {
+		uses[a]++
+	}
+	return func(addr string) string {
+		if uses[addr] > 1 {
+			return addr
+		}
+		if host, _, err := net.SplitHostPort(addr); err == nil {
+			return net.JoinHostPort(host, "*")
+		}
+		return addr
+	}
 }
 
 // grows reports whether vals rose from first to last in steps none of which

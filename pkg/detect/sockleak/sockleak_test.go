@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
 
 var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -417,8 +418,8 @@ func TestTopPairs(t *testing.T) {
 }
 
 func TestOpeningStack(t *testing.T) {
-	a := []string{"accept4+0x10 (libc.so.6)", "accept_conn+0x9 (server)"}
-	b := []string{"accept4+0x10 (libc.so.6)", "admin_accept+0x9 (server)"}
+	a := testutil.Frames("accept4+0x10 (libc.so.6)", "accept_conn+0x9 (server)")
+	b := testutil.Frames("accept4+0x10 (libc.so.6)", "admin_accept+0x9 (server)")
 	conns := []model.SockConn{{Stack: b}, {Stack: a}, {Stack: a}, {}}
 	got, n := openingStack(conns)
 	if n != 2 || len(got) != 2 || got[1] != a[1] {

@@ -5,74 +5,73 @@ import (
 	"path"
 	"strconv"
 	"strings"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
-// CallSite names the frame a reader wants. With Python frames in the stack
-// (pkg/pyframes: "func (file:LINE)"), it is the innermost frame of the
-// user's code (see UserCode), else the innermost Python frame, shortened
-// to "func (file.py:LINE)" (see ShortFile). Without any, it is the first
-// native frame outside the innermost frame's module, i.e. the caller of the
-// libc syscall wrapper. Native frames read "func+0xoff (module)".
-func CallSite(frames []string) string {
-	if len(frames) == 0 {
+// CallSite names the frame a reader wants, as a summary writes it
+// (CallFrame); "" for an empty stack.
+func CallSite(frames []model.Frame) string {
+	f, ok := CallFrame(frames)
+	if !ok {
 		return ""
+	}
+	return f.String()
+}
+
+// CallFrame is the frame a reader wants; false for an empty stack. With
+// Python frames in the stack (pkg/pyframes), it is the innermost frame of
+// the user's code (see UserCode), else the innermost Python frame, its
+// file shortened (ShortFile), so that it reads "func (file.py:LINE)".
+// Without any, it is the first native frame with a symbol outside the
+// innermost frame's module when that module is a shared library, i.e. the
+// caller of the libc syscall wrapper, else the innermost frame: a stack
+// that starts in the executable (a CUDA call's caller) names that caller,
+// not the C library's start-up code further out.
+func CallFrame(frames []model.Frame) (model.Frame, bool) {
+	if len(frames) == 0 {
+		return model.Frame{}, false
 	}
 	if site, ok := PythonSite(frames); ok {
-		return site
+		return site, true
 	}
-	module := func(f string) string {
-		if i := strings.LastIndex(f, " ("); i >= 0 {
-			return f[i:]
+	// A frame without a symbol names no function to blame: it is passed
+	// over, whatever its module.
+	module := func(f model.Frame) string {
+		if f.Function == "" {
+			return ""
 		}
-		return ""
+		return f.Module
 	}
 	inner := module(frames[0])
+	if !strings.Contains(inner, ".so") {
+		return frames[0], true
+	}
 	for _, f := range frames[1:] {
 		if m := module(f); m != "" && m != inner {
-			return f
+			return f, true
 		}
 	}
-	return frames[0]
+	return frames[0], true
 }
 
-// PythonSite is the Python frame CallSite names, shortened; ok is false
-// when frames has no Python frame.
-func PythonSite(frames []string) (site string, ok bool) {
-	var lib string
+// PythonSite is the Python frame CallFrame names, its file shortened; ok
+// is false when frames has no Python frame.
+func PythonSite(frames []model.Frame) (site model.Frame, ok bool) {
 	for _, f := range frames {
-		fn, file, line, ok := Python(f)
-		if !ok {
+		if f.Kind != model.FramePython {
 			continue
 		}
-		short := fn + " (" + ShortFile(file) + ":" + strconv.Itoa(line) + ")"
-		if UserCode(file) {
+		short := f
+		short.File = ShortFile(f.File)
+		if UserCode(f.File) {
 			return short, true
 		}
-		if lib == "" {
-			lib = short
+		if !ok {
+			site, ok = short, true
 		}
 	}
-	return lib, lib != ""
-}
-
-// Python splits a Python frame "func (file:LINE)" into its parts; ok is
-// false for a native frame ("func+0xoff (module)", "module+0xoff
-// (module)", "0xaddr").
-func Python(frame string) (fn, file string, line int, ok bool) {
-	i := strings.LastIndex(frame, " (")
-	if i <= 0 || !strings.HasSuffix(frame, ")") {
-		return "", "", 0, false
-	}
-	fn, loc := frame[:i], frame[i+2:len(frame)-1]
-	j := strings.LastIndexByte(loc, ':')
-	if j <= 0 || strings.Contains(fn, "+0x") {
-		return "", "", 0, false
-	}
-	line, err := strconv.Atoi(loc[j+1:])
-	if err != nil || line < 0 {
-		return "", "", 0, false
-	}
-	return fn, loc[:j], line, true
+	return site, ok
 }
 
 // UserCode tells whether a Python file is the user's own code: not in an
@@ -124,18 +123,27 @@ func ShortFile(file string) string {
 	return path.Base(file)
 }
 
-// Function is the function name of a frame "func+0xoff (module)" or a
-// Python frame "func (file:LINE)": what an alert can name as the site. A
-// frame without a symbol ("module+0xoff", "0xaddr") is returned as is.
-func Function(frame string) string {
-	name := frame
-	// The module is the last parenthesis: a demangled C++ name may hold
-	// others, e.g. "(anonymous namespace)::load (libfoo.so)".
-	if i := strings.LastIndex(frame, " ("); i >= 0 && strings.HasSuffix(frame, ")") {
-		name = frame[:i]
+// Function is what an alert can name as the site of frame f: its function,
+// else its module, else its address.
+func Function(f model.Frame) string {
+	switch {
+	case f.Function != "":
+		return f.Function
+	case f.Module != "":
+		return f.Module
 	}
-	if fn, off, ok := strings.Cut(name, "+0x"); ok && fn != "" && off != "" {
-		return fn
+	return f.String()
+}
+
+// Key identifies a stack as a reader tells stacks apart, by the text of its
+// frames, for grouping by stack.
+func Key(frames []model.Frame) string {
+	var b strings.Builder
+	for i, f := range frames {
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(f.String())
 	}
-	return name
+	return b.String()
 }

@@ -1,0 +1,249 @@
+/* User stacks of code built without frame pointers (distribution libraries,
+ * -O2 builds: the common case), unwound in the kernel with rules that user
+ * space learns from the binaries' call-frame information (.eh_frame).
+ *
+ * The kernel's own user-stack walker (bpf_get_stackid) follows the frame
+ * pointer chain: in code that uses rbp as a general register it returns
+ * garbage or stops after one frame. Unwinding needs, at each frame, where the
+ * caller's frame starts (the canonical frame address, CFA) and where the
+ * caller's rbp was saved. That is a property of the instruction address alone,
+ * so user space computes it once per return address and stores it in
+ * unwind_rules; the kernel walks with those rules and, at the first address
+ * without one, sends user space the registers and a bounded copy of the stack
+ * from there (unwind_requests). User space unwinds that copy with .eh_frame,
+ * completes the stack under the id the kernel chose, and adds the rules it
+ * used, so the next call from the same site unwinds entirely in the kernel.
+ * A site costs one copy per process; a steady workload then copies nothing.
+ *
+ * Rules are keyed by address space (the mm, which exec replaces) and
+ * instruction, and carry the tgid so user space can drop a process's rules
+ * when it is gone. A frame's rule is looked up at its return address minus
+ * one, inside the call instruction, so that a call ending a function
+ * (noreturn) still finds that function's row.
+ *
+ * x86-64 only: the return address sits at CFA - 8, and rsp and rbp are the
+ * only registers a CFA is computed from in compiled code (anything else, such
+ * as the stack realignment of main, ends the stack). */
+#pragma once
+
+#include "common.h"
+
+#define UNWIND_MAX_FRAMES 64
+#define UNWIND_COPY_CHUNK 512
+#define UNWIND_COPY_CHUNKS 16 /* 8 KiB of stack per request */
+
+enum unwind_cfa {
+	CFA_END = 0, /* no caller: the outermost frame, or not unwindable */
+	CFA_RSP = 1, /* CFA = rsp + cfa_off */
+	CFA_RBP = 2, /* CFA = rbp + cfa_off */
+};
+
+enum unwind_rbp {
+	RBP_SAME = 0,      /* the caller's rbp is the current one */
+	RBP_AT_CFA = 1,    /* saved at CFA + rbp_off */
+	RBP_UNDEFINED = 2, /* not recoverable */
+};
+
+struct unwind_key {
+	u64 mm;
+	u64 pc; /* a return address - 1 */
+	u32 tgid;
+	u32 pad;
+};
+
+struct unwind_rule {
+	u8 cfa; /* enum unwind_cfa */
+	u8 rbp; /* enum unwind_rbp */
+	u16 pad;
+	s32 cfa_off;
+	s32 rbp_off;
+	u32 pad2;
+};
+
+/* Stack ids below this are hashes of the frames (the kernel unwound the whole
+ * stack); ids from it up were handed to a request and user space fills them. */
+#define UNWIND_REQUEST_IDS 0x40000000
+
+struct unwound_stack {
+	u64 hash;
+	u32 n;
+	u32 truncated; /* 1: the walk stopped early (request lost, max frames) */
+	u64 pcs[UNWIND_MAX_FRAMES];
+};
+
+/* What user space needs to finish a stack the kernel could not: the frames
+ * so far (the last, pc, is the one without a rule), the registers at pc and
+ * the stack from sp up. */
+struct unwind_request {
+	u64 mm;
+	u32 tgid;
+	s32 stack_id;
+	u64 sp;
+	u64 bp;
+	u32 n;
+	u32 copied; /* bytes of stack from sp */
+	u64 pcs[UNWIND_MAX_FRAMES];
+	u8 stack[UNWIND_COPY_CHUNK * UNWIND_COPY_CHUNKS];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 65536);
+	__type(key, struct unwind_key);
+	__type(value, struct unwind_rule);
+} unwind_rules SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 16384);
+	__type(key, u32);
+	__type(value, struct unwound_stack);
+} unwound_stacks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4 * 1024 * 1024);
+} unwind_requests SEC(".maps");
+
+/* The next request id, shared by all CPUs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, u32);
+} unwind_seq SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct unwound_stack);
+} unwind_scratch SEC(".maps");
+
+const struct unwind_key *unused_unwind_key __attribute__((unused));
+const struct unwind_rule *unused_unwind_rule __attribute__((unused));
+const struct unwound_stack *unused_unwound_stack __attribute__((unused));
+const struct unwind_request *unused_unwind_request __attribute__((unused));
+
+/* FNV-1a over the frames, a word at a time; user space does not recompute
+ * it, it only has to tell stacks apart within one map. */
+static __always_inline u64 unwind_hash(u64 h, u64 pc)
+{
+	return (h ^ pc) * 0x100000001b3ULL;
+}
+
+/* Stores the stack in s under an id derived from its hash, probing a few
+ * neighbours when another stack holds that id. Returns the id, or -1 (lost,
+ * counted). */
+static __always_inline s32 store_stack(struct unwound_stack *s)
+{
+	u32 id = s->hash & (UNWIND_REQUEST_IDS - 1);
+	for (int i = 0; i < 4; i++, id = (id + 1) & (UNWIND_REQUEST_IDS - 1)) {
+		struct unwound_stack *old = bpf_map_lookup_elem(&unwound_stacks, &id);
+		if (old) {
+			if (old->hash == s->hash && old->n == s->n)
+				return id;
+			continue;
+		}
+		if (!bpf_map_update_elem(&unwound_stacks, &id, s, BPF_NOEXIST))
+			return id;
+		/* Another CPU stored a stack under id just now: same or not? */
+		old = bpf_map_lookup_elem(&unwound_stacks, &id);
+		if (old && old->hash == s->hash && old->n == s->n)
+			return id;
+	}
+	count_err(ERR_STACK);
+	return -1;
+}
+
+/* Hands the rest of the walk to user space. Returns the request's stack id;
+ * when the request cannot be sent (counted), the frames so far are stored as
+ * a truncated stack. */
+static __always_inline s32 request_unwind(struct unwound_stack *s, u64 mm, u32 tgid, u64 sp, u64 bp)
+{
+	struct unwind_request *r = bpf_ringbuf_reserve(&unwind_requests, sizeof(*r), 0);
+	if (!r) {
+		count_err(ERR_RINGBUF);
+		s->truncated = 1;
+		return store_stack(s);
+	}
+	u32 zero = 0;
+	u32 *seq = bpf_map_lookup_elem(&unwind_seq, &zero);
+	u32 n = seq ? __sync_fetch_and_add(seq, 1) : 0;
+	s32 id = UNWIND_REQUEST_IDS | (n & (UNWIND_REQUEST_IDS - 1));
+	r->mm = mm;
+	r->tgid = tgid;
+	r->stack_id = id;
+	r->sp = sp;
+	r->bp = bp;
+	r->n = s->n;
+	__builtin_memcpy(r->pcs, s->pcs, sizeof(r->pcs));
+	u32 copied = 0;
+	for (int i = 0; i < UNWIND_COPY_CHUNKS; i++) {
+		/* The stack ends at the top of its mapping: a chunk reaching past it
+		 * fails, and what was read before is all there is. */
+		if (bpf_probe_read_user(&r->stack[i * UNWIND_COPY_CHUNK], UNWIND_COPY_CHUNK,
+					(void *)(sp + i * UNWIND_COPY_CHUNK)))
+			break;
+		copied += UNWIND_COPY_CHUNK;
+	}
+	r->copied = copied;
+	bpf_ringbuf_submit(r, 0);
+	return id;
+}
+
+/* Unwinds the user stack of the current thread from the registers of a
+ * uprobe at a function's first instruction, where the return address is at
+ * the stack pointer. The stack starts at the caller (that return address),
+ * as the kernel's walk from a uretprobe did. Returns a stack id in
+ * unwound_stacks, or -1 when lost (counted). */
+static __always_inline s32 unwind_at_entry(struct pt_regs *ctx, u32 tgid)
+{
+	u32 zero = 0;
+	struct unwound_stack *s = bpf_map_lookup_elem(&unwind_scratch, &zero);
+	if (!s) {
+		count_err(ERR_STACK);
+		return -1;
+	}
+	struct task_struct *task = bpf_get_current_task_btf();
+	u64 mm = (u64)task->mm;
+	u64 sp = PT_REGS_SP(ctx), bp = PT_REGS_FP(ctx), pc = 0;
+	if (bpf_probe_read_user(&pc, sizeof(pc), (void *)sp)) {
+		count_err(ERR_READ_USER);
+		return -1;
+	}
+	sp += 8;
+	s->hash = 0xcbf29ce484222325ULL;
+	s->n = 0;
+	s->truncated = 0;
+	struct unwind_key key = { .mm = mm, .tgid = tgid };
+	for (int i = 0; i < UNWIND_MAX_FRAMES; i++) {
+		if (!pc)
+			break;
+		s->pcs[i] = pc;
+		s->n = i + 1;
+		s->hash = unwind_hash(s->hash, pc);
+		key.pc = pc - 1;
+		struct unwind_rule *rule = bpf_map_lookup_elem(&unwind_rules, &key);
+		if (!rule)
+			return request_unwind(s, mm, tgid, sp, bp);
+		if (rule->cfa == CFA_END)
+			break;
+		u64 cfa = (rule->cfa == CFA_RBP ? bp : sp) + (s64)rule->cfa_off;
+		if (bpf_probe_read_user(&pc, sizeof(pc), (void *)(cfa - 8)))
+			break;
+		if (rule->rbp == RBP_AT_CFA) {
+			if (bpf_probe_read_user(&bp, sizeof(bp), (void *)(cfa + (s64)rule->rbp_off)))
+				bp = 0;
+		} else if (rule->rbp == RBP_UNDEFINED) {
+			bp = 0;
+		}
+		sp = cfa;
+		if (i == UNWIND_MAX_FRAMES - 1)
+			s->truncated = 1;
+	}
+	/* Frames past n are left over from a longer stack: readers stop at n. */
+	return store_stack(s);
+}

@@ -1,0 +1,159 @@
+package cudatrack
+
+import (
+	"bufio"
+	"bytes"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
+)
+
+// euFrame is one frame of eu-stack's output.
+type euFrame struct {
+	pc   uint64
+	name string
+}
+
+// euStack runs eu-stack (elfutils) on pid and returns its main thread's
+// frames, innermost first. elfutils unwinds with .eh_frame and .debug_frame:
+// it is the oracle the tracer's stacks are held to.
+func euStack(t *testing.T, pid int) []euFrame {
+	t.Helper()
+	out, err := exec.Command("eu-stack", "-p", strconv.Itoa(pid)).Output()
+	if err != nil {
+		t.Fatalf("eu-stack -p %d: %v\n%s", pid, err, out)
+	}
+	var frames []euFrame
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 3 || !strings.HasPrefix(f[0], "#") {
+			continue
+		}
+		pc, err := strconv.ParseUint(strings.TrimPrefix(f[1], "0x"), 16, 64)
+		if err != nil {
+			t.Fatalf("eu-stack line %q: %v", sc.Text(), err)
+		}
+		frames = append(frames, euFrame{pc, strings.Join(f[2:], " ")})
+	}
+	return frames
+}
+
+// waitStopped waits until pid is stopped by a signal.
+func waitStopped(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The state follows the command name's closing parenthesis.
+		if i := bytes.LastIndexByte(b, ')'); i > 0 && len(b) > i+2 && b[i+2] == 'T' {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("pid %d did not stop", pid)
+}
+
+// A six-deep chain of calls to cudaMalloc in code built -O2
+// -fomit-frame-pointer, in C and in C++: the stack recorded for the
+// allocation is eu-stack's, frame for frame, from cudaMalloc's caller to
+// _start, with the process stopped inside cudaMalloc. The first allocation of the site is unwound in user space from
+// the kernel's stack copy, the next ones in the kernel with the rules
+// learnt from it: all are one site, with nothing lost.
+func TestUnwindWithoutFramePointers(t *testing.T) {
+	for _, tc := range []struct {
+		lang string
+		want []string // frames named, from cudaMalloc's caller
+	}{
+		{"c", []string{"alloc_weights", "build_layer", "build_block", "build_model", "load_checkpoint", "serve", "main"}},
+		{"c++", []string{"engine::alloc_weights", "engine::Layer<long>::build", "engine::Block::build",
+			"engine::build_model(engine::Block&, long)::{lambda(long)#1}::operator()", "engine::build_model",
+			"engine::load_checkpoint", "main"}},
+	} {
+		t.Run(tc.lang, func(t *testing.T) {
+			c := newConcern(t)
+			bin := testutil.CUDAChain(t, tc.lang)
+			p := testutil.StartProc(t, []string{"CUDA_STUB_STOP=1"}, bin)
+			pid := p.Cmd.Process.Pid
+			// eu-stack first, untracked: a uretprobe replaces the return
+			// address on the stack with its trampoline, which eu-stack
+			// cannot unwind through. The tracked call comes from the same
+			// site of the same process, at the same addresses.
+			p.Signal(t)
+			waitStopped(t, pid)
+			eu := euStack(t, pid)
+			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+				t.Fatal(err)
+			}
+			p.Wait(t, "done", 10*time.Second)
+			pr := &model.Process{PID: pid}
+			if err := c.Track(pid); err != nil {
+				t.Fatal(err)
+			}
+			observe(t, c, pr)
+			p.Signal(t)
+			p.Wait(t, "done", 10*time.Second)
+
+			i := 0
+			for i < len(eu) && eu[i].name != "cudaMalloc" {
+				i++
+			}
+			if i == len(eu) {
+				t.Fatalf("eu-stack shows no cudaMalloc frame: %v", eu)
+			}
+			want := eu[i+1:]
+			samples, err := c.Poll([]int{pid})
+			if err != nil {
+				t.Fatal(err)
+			}
+			allocs := samples[pid].Allocs
+			if len(allocs) != 1 {
+				t.Fatalf("live allocations = %d, want 1", len(allocs))
+			}
+			pcs, err := c.Stack(allocs[0].StackID)
+			if err != nil {
+				t.Fatalf("stack %d: %v", allocs[0].StackID, err)
+			}
+			if len(pcs) != len(want) {
+				t.Fatalf("stack has %d frames %#x, eu-stack %d after cudaMalloc: %v", len(pcs), pcs, len(want), want)
+			}
+			for j, f := range want {
+				if pcs[j] != f.pc {
+					t.Errorf("frame %d = %#x, eu-stack %#x (%s)", j, pcs[j], f.pc, f.name)
+				}
+			}
+			frames := c.sym.Frames(pid, pcs)
+			t.Logf("stack: %v", frames)
+			for j, fn := range tc.want {
+				if j >= len(frames) || !frameIs(frames[j], fn) {
+					t.Errorf("frame %d = %v, want %s", j, frames[j], fn)
+				}
+			}
+
+			// Three more from the same site: unwound in the kernel now.
+			for range 3 {
+				p.Signal(t)
+				p.Wait(t, "done", 10*time.Second)
+			}
+			observe(t, c, pr)
+			if len(pr.CUDA.Sites) != 1 || len(pr.CUDA.Sites[0].Allocs) != 4 {
+				t.Fatalf("sites = %+v, want one with 4 allocations", pr.CUDA.Sites)
+			}
+			noLoss(t, c)
+		})
+	}
+}
+
+func frameIs(f model.Frame, fn string) bool {
+	return f.Function == fn
+}

@@ -1,0 +1,102 @@
+package symbolize
+
+import "encoding/binary"
+
+// maxRulesPerFile bounds the rules cached for one file; a workload's call
+// sites into one library are far fewer.
+const maxRulesPerFile = 1 << 14
+
+// ruleAt returns the unwind rule of the frame whose lookup address is addr
+// (a return address minus one). An address outside any mapping ends the
+// stack; code without call-frame information (anonymous executable memory:
+// JIT compilers) is assumed to keep frame pointers, as perf assumes.
+func (s *Symbolizer) ruleAt(pm *procMaps, addr uint64) Rule {
+	m := pm.find(addr)
+	if m == nil {
+		return endRule
+	}
+	if m.path == "" {
+		return fpRule
+	}
+	e := s.elfFor(pm.pid, m)
+	if e == nil {
+		return fpRule
+	}
+	vaddr, ok := e.info.vaddr(addr - m.start + m.offset)
+	if !ok {
+		return endRule
+	}
+	if r, ok := e.rules[vaddr]; ok {
+		return r
+	}
+	r, found, err := e.info.rule(vaddr)
+	switch {
+	case err != nil:
+		r = endRule
+	case !found:
+		r = fpRule
+	}
+	if e.rules == nil || len(e.rules) >= maxRulesPerFile {
+		e.rules = map[uint64]Rule{}
+	}
+	e.rules[vaddr] = r
+	return r
+}
+
+// StackCopy is a thread's stack from a frame on: the frame's return address
+// PC, the stack pointer and rbp at it, and the stack's bytes from SP up.
+type StackCopy struct {
+	PC, SP, BP uint64
+	Stack      []byte
+}
+
+// UnwindCopy continues a stack that the kernel could not: it walks the
+// copy's frames with the call-frame information of the mapped files and
+// returns the return addresses of the callers of c.PC (at most max), and the
+// rule of every frame it used, by lookup address (return address - 1), for
+// the kernel to walk those frames itself next time. The rule of the last
+// frame reached is included even when the copy ends before its caller: rules
+// depend on the code alone, and the kernel reads the live stack.
+func (s *Symbolizer) UnwindCopy(pid int, c StackCopy, max int) (pcs []uint64, rules map[uint64]Rule) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pm := s.procMaps(pid)
+	rules = map[uint64]Rule{}
+	read := func(addr uint64) (uint64, bool) {
+		if addr < c.SP || addr-c.SP+8 > uint64(len(c.Stack)) {
+			return 0, false
+		}
+		return binary.LittleEndian.Uint64(c.Stack[addr-c.SP:]), true
+	}
+	pc, sp, bp := c.PC, c.SP, c.BP
+	for len(pcs) < max && pc != 0 {
+		r := s.ruleAt(pm, pc-1)
+		rules[pc-1] = r
+		if r.CFA == CFAEnd {
+			break
+		}
+		cfa := sp
+		if r.CFA == CFARBP {
+			cfa = bp
+		}
+		cfa += uint64(int64(r.CFAOffset))
+		ra, ok := read(cfa - 8)
+		if !ok {
+			break
+		}
+		switch r.RBP {
+		case RBPAtCFA:
+			if bp, ok = read(cfa + uint64(int64(r.RBPOffset))); !ok {
+				bp = 0
+			}
+		case RBPUndefined:
+			bp = 0
+		}
+		if ra == 0 {
+			break
+		}
+		pcs = append(pcs, ra)
+		pc, sp = ra, cfa
+	}
+	return pcs, rules
+}
