@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"syscall"
@@ -210,7 +211,18 @@ const killAfter = 10 * time.Second
 
 // watch runs the pipeline shared by attach and run: sinks, signals,
 // --duration, and the BPF objects unloaded on every path.
+// watchMemoryLimit is the Go runtime's soft memory limit for attach and run
+// when GOMEMLIMIT does not set one. The tool runs beside the workload it
+// diagnoses, and by default the heap may double its live size before a
+// collection: symbolizing a large library's stacks briefly leaves tens of
+// MiB of garbage. The live heap stays well under it (symbol indexes are
+// capped at 16 MiB); past it the runtime collects more often, never fails.
+const watchMemoryLimit = 32 << 20
+
 func watch(cmd *cobra.Command, f *watchFlags, start func(*pipeline.Pipeline) (func(), error)) error {
+	if os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(watchMemoryLimit)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 

@@ -101,6 +101,27 @@ func Counters[K ~uint32](m *ebpf.Map, names map[K]string) (map[string]uint64, er
 	return out, nil
 }
 
+// DeleteWhere deletes the entries of a hash map for which drop is true,
+// such as the entries of a process gone. Keys are collected first: deleting
+// the walk's current key would restart it.
+func DeleteWhere[K, V any](m *ebpf.Map, drop func(K, V) bool) error {
+	var (
+		k    K
+		v    V
+		dead []K
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if drop(k, v) {
+			dead = append(dead, k)
+		}
+	}
+	for _, k := range dead {
+		_ = m.Delete(k)
+	}
+	return it.Err()
+}
+
 // ReadAll reads every entry of a hash map that BPF programs update while we
 // read it. A walk whose current key is deleted restarts from the first
 // bucket, so keys can come twice (kept once here) and the walk can abort

@@ -336,20 +336,7 @@ func (t *Tracker) Untrack(pid int) {
 	_ = t.maps.CudaCounters.Delete(tgid)
 	_ = t.maps.LiveBytes.Delete(tgid)
 	_ = t.maps.PeakBytes.Delete(tgid)
-	var (
-		key  cudaCudaAllocKey
-		val  cudaCudaAlloc
-		dead []cudaCudaAllocKey
-	)
-	it := t.maps.LiveAllocs.Iterate()
-	for it.Next(&key, &val) {
-		if key.Tgid == tgid {
-			dead = append(dead, key)
-		}
-	}
-	for _, k := range dead {
-		_ = t.maps.LiveAllocs.Delete(k)
-	}
+	_ = bpfobj.DeleteWhere(t.maps.LiveAllocs, func(key cudaCudaAllocKey, _ cudaCudaAlloc) bool { return key.Tgid == tgid })
 }
 
 // Alloc is one live allocation.

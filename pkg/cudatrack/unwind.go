@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
 )
 
@@ -134,22 +135,12 @@ func (t *Tracker) forgetStacks(kept func(id uint32) bool) {
 
 // dropRules deletes the unwind rules of processes no longer tracked.
 func (t *Tracker) dropRules() {
-	var (
-		key  cudaUnwindKey
-		val  cudaUnwindRule
-		dead []cudaUnwindKey
-	)
-	it := t.maps.UnwindRules.Iterate()
-	for it.Next(&key, &val) {
-		if _, ok := t.procs[int(key.Tgid)]; !ok {
-			dead = append(dead, key)
-		}
-	}
-	if err := it.Err(); err != nil {
+	err := bpfobj.DeleteWhere(t.maps.UnwindRules, func(key cudaUnwindKey, _ cudaUnwindRule) bool {
+		_, ok := t.procs[int(key.Tgid)]
+		return !ok
+	})
+	if err != nil {
 		slog.Warn("listing cuda unwind rules", "err", err)
-	}
-	for _, k := range dead {
-		_ = t.maps.UnwindRules.Delete(k)
 	}
 }
 

@@ -95,20 +95,7 @@ func (t *Tracker) Untrack(pid int) {
 	_ = t.maps.FdCounters.Delete(tgid)
 	_ = t.maps.TextMap.Delete(tgid)
 	_ = t.maps.FailSites.Delete(tgid)
-	var (
-		key  fdFdKey
-		info fdFdInfo
-		dead []fdFdKey
-	)
-	it := t.maps.FdTable.Iterate()
-	for it.Next(&key, &info) {
-		if key.Tgid == tgid {
-			dead = append(dead, key)
-		}
-	}
-	for _, k := range dead {
-		_ = t.maps.FdTable.Delete(k)
-	}
+	_ = bpfobj.DeleteWhere(t.maps.FdTable, func(key fdFdKey, _ fdFdInfo) bool { return key.Tgid == tgid })
 	delete(t.started, tgid)
 	delete(t.atStart, tgid)
 	delete(t.drift, tgid)

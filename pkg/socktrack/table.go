@@ -72,20 +72,7 @@ func (t *Tracker) Untrack(pid int) {
 		}
 	}
 	delete(t.pids, pid)
-	var (
-		key  uint64
-		info sockSockInfo
-		dead []uint64
-	)
-	it := t.maps.SockTable.Iterate()
-	for it.Next(&key, &info) {
-		if info.Tgid == uint32(pid) {
-			dead = append(dead, key)
-		}
-	}
-	for _, k := range dead {
-		_ = t.maps.SockTable.Delete(k)
-	}
+	_ = bpfobj.DeleteWhere(t.maps.SockTable, func(_ uint64, info sockSockInfo) bool { return info.Tgid == uint32(pid) })
 }
 
 // Poll returns a sample for each pid in pids that is tracked and could be
