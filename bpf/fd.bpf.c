@@ -22,6 +22,7 @@
  * or ENFILE is counted per process, with the site of the latest failure. */
 #include "common.h"
 #include "pyframes.h"
+#include "unwind.h"
 
 enum fd_kind {
 	FD_OTHER = 0,
@@ -43,35 +44,17 @@ struct fd_key {
 	s32 fd;
 };
 
-#define SCAN_WORDS 32
-/* Largest distance from the stack pointer to the innermost frame pointer we
- * believe: a syscall wrapper's own frame is small. */
-#define FP_MAX_FRAME (64 * 1024)
-#define MAX_CALLERS 4
-#define MAX_TEXT_RANGES 16
-
-/* fd_info.stack_id when the frame-pointer walk was skipped: see add_fd. */
-#define STACK_NO_FP -2
+/* Frames walked per opening site: enough to reach the caller of the C
+ * library and, in Python, the interpreter's evaluation loop. */
+#define FD_MAX_FRAMES 16
 
 struct fd_info {
 	u64 open_ns;  /* bpf_ktime_get_ns at open; 0 when seeded from /proc */
-	u64 ip;       /* user instruction pointer at the syscall */
-	s32 stack_id; /* user stack of the opening syscall; -1 unknown, STACK_NO_FP */
+	s32 stack_id; /* user stack of the opening syscall, an id in unwound_stacks (bpf/unwind.h); -1 unknown */
 	u8 kind;      /* enum fd_kind */
 	u8 pad[3];
-	/* Words near the user stack pointer that point into executable code:
-	 * candidate return addresses. glibc has no frame pointers, so the
-	 * frame-pointer stack alone loses the caller of open(). */
-	u64 callers[MAX_CALLERS];
 	u32 py_stack; /* Python frames, an id in py_stacks (bpf/pyframes.h); 0: none */
-};
-
-/* Executable mappings of a tracked process, kept current by user space. */
-struct text_ranges {
-	u64 start[MAX_TEXT_RANGES];
-	u64 end[MAX_TEXT_RANGES];
-	u32 n;
-	u32 pad;
+	u32 pad2;
 };
 
 /* Per-process totals since tracking began; per-CPU so no atomics are needed.
@@ -119,13 +102,6 @@ struct {
 	__type(value, struct fd_entry);
 } fd_entries SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, u32);
-	__type(value, struct text_ranges);
-} text_map SEC(".maps");
-
 /* Where the latest EMFILE/ENFILE failure of each tracked process came from
  * (open_ns is its time, kind what it tried to create). */
 struct {
@@ -135,29 +111,10 @@ struct {
 	__type(value, struct fd_info);
 } fail_sites SEC(".maps");
 
-struct scan {
-	u64 w[SCAN_WORDS];
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, u32);
-	__type(value, struct scan);
-} scan_scratch SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
-	__uint(max_entries, 4096); /* few: glibc wrappers skip the frame walk; collected every 10 polls */
-	__uint(key_size, sizeof(u32));
-	__uint(value_size, 127 * sizeof(u64));
-} fd_stacks SEC(".maps");
-
 /* Force the shared structs into BTF so bpf2go can generate them. */
 const struct fd_info *unused_fd_info __attribute__((unused));
 const struct fd_counts *unused_fd_counts __attribute__((unused));
 const struct fd_key *unused_fd_key __attribute__((unused));
-const struct text_ranges *unused_text_ranges __attribute__((unused));
 const enum fd_kind *unused_fd_kind __attribute__((unused));
 const enum err_kind *unused_err_kind __attribute__((unused));
 const enum fd_fail *unused_fd_fail __attribute__((unused));
@@ -180,70 +137,23 @@ static __always_inline void count_fd(u32 tgid, u8 kind, bool opened)
 		c->closed[k]++;
 }
 
-/* A global function is verified once, not once per call site and loop
- * iteration: this keeps loading fast. */
-__noinline int in_text(const struct text_ranges *r, u64 w)
-{
-	if (!r)
-		return 0;
-	for (u32 i = 0; i < MAX_TEXT_RANGES; i++) {
-		if (i >= r->n)
-			break;
-		if (w >= r->start[i] && w < r->end[i])
-			return true;
-	}
-	return false;
-}
-
-/* Fills info->callers with the first words above the user stack pointer that
- * point into the process's code. User space keeps those that follow a call
- * instruction. Global, like in_text, so the verifier walks the loop once
- * rather than once per path of the syscall dispatch that reaches it. */
-__noinline int scan_callers(u32 tgid, u64 sp, struct fd_info *info)
-{
-	const struct text_ranges *r = bpf_map_lookup_elem(&text_map, &tgid);
-	u32 zero = 0;
-	struct scan *sc = bpf_map_lookup_elem(&scan_scratch, &zero);
-	if (!info || !r || !sc)
-		return 0;
-	if (bpf_probe_read_user(sc->w, sizeof(sc->w), (void *)sp)) {
-		count_err(ERR_READ_USER);
-		return 0;
-	}
-	u32 n = 0;
-	u64 lo = r->start[0], hi = r->end[(r->n - 1) & (MAX_TEXT_RANGES - 1)];
-	for (u32 i = 0; i < SCAN_WORDS; i++) {
-		u64 w = sc->w[i];
-		/* Most words (small integers, stack and heap pointers) fall
-		 * outside all code: reject them without walking the ranges. */
-		if (w < lo || w >= hi || !in_text(r, w))
-			continue;
-		info->callers[n & (MAX_CALLERS - 1)] = w;
-		if (++n >= MAX_CALLERS)
-			break;
-	}
-	return n;
-}
-
-/* Fills the opening site of info: the user instruction pointer, the
- * frame-pointer stack where there is one, and the scanned callers. */
-static __always_inline void capture_site(void *ctx, u32 tgid, struct fd_info *info)
+/* Unwinds the user stack at the syscall. A global function is verified
+ * once, not once per path of the syscall dispatch that reaches it: this
+ * keeps loading fast. */
+__noinline int fd_unwind(u32 tgid)
 {
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-	u64 sp = BPF_CORE_READ(regs, sp), bp = BPF_CORE_READ(regs, bp);
-	info->ip = BPF_CORE_READ(regs, ip);
-	/* A frame pointer that does not point a little above the stack pointer
-	 * means the code at the syscall uses rbp for data (glibc's wrappers do):
-	 * the walk would give the instruction pointer and noise, so skip it and
-	 * keep the instruction pointer alone. */
-	if (bp > sp && bp - sp < FP_MAX_FRAME) {
-		info->stack_id = bpf_get_stackid(ctx, &fd_stacks, BPF_F_USER_STACK);
-		if (info->stack_id < 0)
-			count_err(ERR_STACK);
-	} else {
-		info->stack_id = STACK_NO_FP;
-	}
-	scan_callers(tgid, sp, info);
+	u64 ip = BPF_CORE_READ(regs, ip), sp = BPF_CORE_READ(regs, sp), bp = BPF_CORE_READ(regs, bp);
+	return unwind_user(tgid, ip, sp, bp, true, FD_MAX_FRAMES);
+}
+
+/* Fills the opening site of info: the user stack, unwound from the
+ * instruction pointer at the syscall with the binaries' call-frame
+ * information (glibc's syscall wrappers use rbp for data, so frame
+ * pointers would lose the caller of open()), and the Python frames. */
+static __always_inline void capture_site(void *ctx, u32 tgid, struct fd_info *info)
+{
+	info->stack_id = fd_unwind(tgid);
 	info->py_stack = capture_py(tgid);
 }
 

@@ -17,9 +17,11 @@
  *
  * Rules are keyed by address space (the mm, which exec replaces) and
  * instruction, and carry the tgid so user space can drop a process's rules
- * when it is gone. A frame's rule is looked up at its return address minus
+ * when it is gone. A caller's rule is looked up at its return address minus
  * one, inside the call instruction, so that a call ending a function
- * (noreturn) still finds that function's row.
+ * (noreturn) still finds that function's row; the innermost frame's at its
+ * exact address when the walk starts at an instruction pointer (a syscall)
+ * rather than at a return address (a function's entry).
  *
  * x86-64 only: the return address sits at CFA - 8, and rsp and rbp are the
  * only registers a CFA is computed from in compiled code (anything else, such
@@ -46,7 +48,7 @@ enum unwind_rbp {
 
 struct unwind_key {
 	u64 mm;
-	u64 pc; /* a return address - 1 */
+	u64 pc; /* a return address - 1, or frame 0's exact instruction pointer */
 	u32 tgid;
 	u32 pad;
 };
@@ -76,12 +78,15 @@ struct unwound_stack {
  * the stack from sp up. */
 struct unwind_request {
 	u64 mm;
+	u64 hash; /* of pcs[0..n): with mm, the key of the request in unwind_pending */
 	u32 tgid;
 	s32 stack_id;
 	u64 sp;
 	u64 bp;
 	u32 n;
 	u32 copied; /* bytes of stack from sp */
+	u32 exact;  /* pcs[n - 1] is an instruction pointer, not a return address */
+	u32 max;    /* frames wanted in all */
 	u64 pcs[UNWIND_MAX_FRAMES];
 	u8 stack[UNWIND_COPY_CHUNK * UNWIND_COPY_CHUNKS];
 };
@@ -102,10 +107,33 @@ struct {
 	__type(value, struct unwound_stack);
 } unwound_stacks SEC(".maps");
 
+/* About 118 requests. User space maps the whole ring (twice, for records
+ * that wrap) and it all counts in its resident memory. */
+#define UNWIND_RING_BYTES (1024 * 1024)
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 4 * 1024 * 1024);
+	__uint(max_entries, UNWIND_RING_BYTES);
 } unwind_requests SEC(".maps");
+
+/* Requests in flight, by address space and hash of the frames so far. When
+ * the ring is half full (a burst of allocations from a new site, faster than
+ * user space answers), an event that stops where a request in flight did
+ * takes that request's stack id instead of sending another copy. Its frames
+ * further out are assumed to be the request's: exact for a burst from one
+ * site, and only under pressure. User space deletes the entry once it has
+ * answered; LRU drops any it missed. */
+struct unwind_pending_key {
+	u64 mm;
+	u64 hash;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct unwind_pending_key);
+	__type(value, s32);
+} unwind_pending SEC(".maps");
 
 /* The next request id, shared by all CPUs. */
 struct {
@@ -126,6 +154,7 @@ const struct unwind_key *unused_unwind_key __attribute__((unused));
 const struct unwind_rule *unused_unwind_rule __attribute__((unused));
 const struct unwound_stack *unused_unwound_stack __attribute__((unused));
 const struct unwind_request *unused_unwind_request __attribute__((unused));
+const struct unwind_pending_key *unused_unwind_pending_key __attribute__((unused));
 
 /* FNV-1a over the frames, a word at a time; user space does not recompute
  * it, it only has to tell stacks apart within one map. */
@@ -158,11 +187,19 @@ static __always_inline s32 store_stack(struct unwound_stack *s)
 	return -1;
 }
 
-/* Hands the rest of the walk to user space. Returns the request's stack id;
- * when the request cannot be sent (counted), the frames so far are stored as
- * a truncated stack. */
-static __always_inline s32 request_unwind(struct unwound_stack *s, u64 mm, u32 tgid, u64 sp, u64 bp)
+/* Hands the rest of the walk to user space, or under pressure joins the
+ * request in flight that stopped at the same frames. Returns the request's stack id; when the
+ * request cannot be sent (counted), the frames so far are stored as a
+ * truncated stack. */
+static __always_inline s32 request_unwind(struct unwound_stack *s, u64 mm, u32 tgid, u64 sp, u64 bp, bool exact,
+					  u32 max)
 {
+	struct unwind_pending_key pk = { .mm = mm, .hash = s->hash };
+	if (bpf_ringbuf_query(&unwind_requests, BPF_RB_AVAIL_DATA) > UNWIND_RING_BYTES / 2) {
+		s32 *pending = bpf_map_lookup_elem(&unwind_pending, &pk);
+		if (pending)
+			return *pending;
+	}
 	struct unwind_request *r = bpf_ringbuf_reserve(&unwind_requests, sizeof(*r), 0);
 	if (!r) {
 		count_err(ERR_RINGBUF);
@@ -173,12 +210,17 @@ static __always_inline s32 request_unwind(struct unwound_stack *s, u64 mm, u32 t
 	u32 *seq = bpf_map_lookup_elem(&unwind_seq, &zero);
 	u32 n = seq ? __sync_fetch_and_add(seq, 1) : 0;
 	s32 id = UNWIND_REQUEST_IDS | (n & (UNWIND_REQUEST_IDS - 1));
+	/* Before the submit, so that user space's delete comes after it. */
+	bpf_map_update_elem(&unwind_pending, &pk, &id, BPF_ANY);
 	r->mm = mm;
+	r->hash = s->hash;
 	r->tgid = tgid;
 	r->stack_id = id;
 	r->sp = sp;
 	r->bp = bp;
 	r->n = s->n;
+	r->exact = exact;
+	r->max = max;
 	__builtin_memcpy(r->pcs, s->pcs, sizeof(r->pcs));
 	u32 copied = 0;
 	for (int i = 0; i < UNWIND_COPY_CHUNKS; i++) {
@@ -194,12 +236,11 @@ static __always_inline s32 request_unwind(struct unwound_stack *s, u64 mm, u32 t
 	return id;
 }
 
-/* Unwinds the user stack of the current thread from the registers of a
- * uprobe at a function's first instruction, where the return address is at
- * the stack pointer. The stack starts at the caller (that return address),
- * as the kernel's walk from a uretprobe did. Returns a stack id in
- * unwound_stacks, or -1 when lost (counted). */
-static __always_inline s32 unwind_at_entry(struct pt_regs *ctx, u32 tgid)
+/* Unwinds the user stack of the current thread from pc, sp and bp, at most
+ * max frames (<= UNWIND_MAX_FRAMES). exact: pc is an instruction pointer (a
+ * syscall's), not a return address. Returns a stack id in unwound_stacks, or
+ * -1 when lost (counted). */
+static __always_inline s32 unwind_user(u32 tgid, u64 pc, u64 sp, u64 bp, bool exact, u32 max)
 {
 	u32 zero = 0;
 	struct unwound_stack *s = bpf_map_lookup_elem(&unwind_scratch, &zero);
@@ -209,41 +250,65 @@ static __always_inline s32 unwind_at_entry(struct pt_regs *ctx, u32 tgid)
 	}
 	struct task_struct *task = bpf_get_current_task_btf();
 	u64 mm = (u64)task->mm;
-	u64 sp = PT_REGS_SP(ctx), bp = PT_REGS_FP(ctx), pc = 0;
-	if (bpf_probe_read_user(&pc, sizeof(pc), (void *)sp)) {
-		count_err(ERR_READ_USER);
-		return -1;
-	}
-	sp += 8;
 	s->hash = 0xcbf29ce484222325ULL;
 	s->n = 0;
 	s->truncated = 0;
 	struct unwind_key key = { .mm = mm, .tgid = tgid };
-	for (int i = 0; i < UNWIND_MAX_FRAMES; i++) {
+	u64 bp_at = 0; /* where the current rbp is saved, not read yet; 0: bp holds it */
+	for (u32 i = 0; i < UNWIND_MAX_FRAMES; i++) {
 		if (!pc)
 			break;
 		s->pcs[i] = pc;
 		s->n = i + 1;
 		s->hash = unwind_hash(s->hash, pc);
-		key.pc = pc - 1;
+		/* The last frame kept needs no rule: its caller is not kept. */
+		if (i + 1 >= max) {
+			s->truncated = 1;
+			break;
+		}
+		bool at_ip = exact && i == 0;
+		key.pc = at_ip ? pc : pc - 1;
 		struct unwind_rule *rule = bpf_map_lookup_elem(&unwind_rules, &key);
-		if (!rule)
-			return request_unwind(s, mm, tgid, sp, bp);
+		if (!rule) {
+			if (bp_at && bpf_probe_read_user(&bp, sizeof(bp), (void *)bp_at))
+				bp = 0;
+			return request_unwind(s, mm, tgid, sp, bp, at_ip, max);
+		}
 		if (rule->cfa == CFA_END)
 			break;
+		if (rule->cfa == CFA_RBP && bp_at) {
+			if (bpf_probe_read_user(&bp, sizeof(bp), (void *)bp_at))
+				bp = 0;
+			bp_at = 0;
+		}
 		u64 cfa = (rule->cfa == CFA_RBP ? bp : sp) + (s64)rule->cfa_off;
 		if (bpf_probe_read_user(&pc, sizeof(pc), (void *)(cfa - 8)))
 			break;
+		/* A saved rbp is read only when a frame further out computes its
+		 * CFA from it: code without frame pointers saves rbp as any
+		 * callee-saved register and never needs it, and each read costs
+		 * as much as the rule lookup. */
 		if (rule->rbp == RBP_AT_CFA) {
-			if (bpf_probe_read_user(&bp, sizeof(bp), (void *)(cfa + (s64)rule->rbp_off)))
-				bp = 0;
+			bp_at = cfa + (s64)rule->rbp_off;
 		} else if (rule->rbp == RBP_UNDEFINED) {
 			bp = 0;
+			bp_at = 0;
 		}
 		sp = cfa;
-		if (i == UNWIND_MAX_FRAMES - 1)
-			s->truncated = 1;
 	}
 	/* Frames past n are left over from a longer stack: readers stop at n. */
 	return store_stack(s);
+}
+
+/* Unwinds from the registers of a uprobe at a function's first instruction,
+ * where the return address is at the stack pointer. The stack starts at the
+ * caller (that return address). */
+static __always_inline s32 unwind_at_entry(struct pt_regs *ctx, u32 tgid)
+{
+	u64 sp = PT_REGS_SP(ctx), pc = 0;
+	if (bpf_probe_read_user(&pc, sizeof(pc), (void *)sp)) {
+		count_err(ERR_READ_USER);
+		return -1;
+	}
+	return unwind_user(tgid, pc, sp + 8, PT_REGS_FP(ctx), false, UNWIND_MAX_FRAMES);
 }

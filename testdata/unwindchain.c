@@ -1,11 +1,13 @@
 /* Six calls deep down to cudaMalloc, built -O2 -fomit-frame-pointer as
  * distributions build their code: rbp is a general register here, so the
  * frame-pointer chain is garbage and only the call-frame information
- * (.eh_frame) leads from cudaMalloc back to main. The unwinding test
- * compares the stack the tracer recorded for the allocation with eu-stack's
- * view of the same process, stopped inside the call (CUDA_STUB_STOP).
+ * (.eh_frame) leads from cudaMalloc back to main. The unwinding tests
+ * compare the stack the tracer recorded with eu-stack's view of the same
+ * process, stopped inside the call (CUDA_STUB_STOP), or blocked opening a
+ * FIFO (argument: its path) instead of allocating.
  *
- * Prints "ready"; at each SIGUSR1 allocates and prints "done". */
+ * Prints "ready"; at each SIGUSR1 allocates (or opens) and prints "done". */
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -29,8 +31,12 @@ static void on_usr1(int sig) { (void)sig; go = 1; }
 		return r + buf[n % words];                                     \
 	}
 
+static const char *fifo;
+
 __attribute__((noinline)) long alloc_weights(long n)
 {
+	if (fifo)
+		return open(fifo, O_RDONLY) < 0 ? -1 : n;
 	void *p = 0;
 	if (cudaMalloc(&p, (size_t)n << 20))
 		return -1;
@@ -43,8 +49,9 @@ LEVEL(build_model, build_block, 5)
 LEVEL(load_checkpoint, build_model, 29)
 LEVEL(serve, load_checkpoint, 11)
 
-int main(void)
+int main(int argc, char **argv)
 {
+	fifo = argc > 1 ? argv[1] : NULL;
 	struct sigaction sa;
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_usr1;

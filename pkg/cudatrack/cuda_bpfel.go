@@ -168,15 +168,24 @@ type cudaUnwindKey struct {
 	Pad  uint32
 }
 
+type cudaUnwindPendingKey struct {
+	_    structs.HostLayout
+	Mm   uint64
+	Hash uint64
+}
+
 type cudaUnwindRequest struct {
 	_       structs.HostLayout
 	Mm      uint64
+	Hash    uint64
 	Tgid    uint32
 	StackId int32
 	Sp      uint64
 	Bp      uint64
 	N       uint32
 	Copied  uint32
+	Exact   uint32
+	Max     uint32
 	Pcs     [64]uint64
 	Stack   [8192]uint8
 }
@@ -203,44 +212,46 @@ type cudaUnwoundStack struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	cudaMapCalls               = "calls"
-	cudaMapCudaCounters        = "cuda_counters"
-	cudaMapErrors              = "errors"
-	cudaMapFailures            = "failures"
-	cudaMapLiveAllocs          = "live_allocs"
-	cudaMapLiveBytes           = "live_bytes"
-	cudaMapPeakBytes           = "peak_bytes"
-	cudaMapPyErrors            = "py_errors"
-	cudaMapPyProcs             = "py_procs"
-	cudaMapPyScratch           = "py_scratch"
-	cudaMapPyStacks            = "py_stacks"
-	cudaMapPyThreads           = "py_threads"
-	cudaMapTrackedPids         = "tracked_pids"
-	cudaMapUnwindRequests      = "unwind_requests"
-	cudaMapUnwindRules         = "unwind_rules"
-	cudaMapUnwindScratch       = "unwind_scratch"
-	cudaMapUnwindSeq           = "unwind_seq"
-	cudaMapUnwoundStacks       = "unwound_stacks"
-	cudaProgCudaAllocEnter     = "cuda_alloc_enter"
-	cudaProgCudaCountEnter     = "cuda_count_enter"
-	cudaProgCudaFreeEnter      = "cuda_free_enter"
-	cudaProgCudaPitchEnter     = "cuda_pitch_enter"
-	cudaProgCudaReturn         = "cuda_return"
-	cudaVarUnusedCudaAlloc     = "unused_cuda_alloc"
-	cudaVarUnusedCudaAllocKey  = "unused_cuda_alloc_key"
-	cudaVarUnusedCudaApi       = "unused_cuda_api"
-	cudaVarUnusedCudaCounts    = "unused_cuda_counts"
-	cudaVarUnusedCudaFailure   = "unused_cuda_failure"
-	cudaVarUnusedCudaNs        = "unused_cuda_ns"
-	cudaVarUnusedCudaShape     = "unused_cuda_shape"
-	cudaVarUnusedErrKind       = "unused_err_kind"
-	cudaVarUnusedPyErr         = "unused_py_err"
-	cudaVarUnusedPyProc        = "unused_py_proc"
-	cudaVarUnusedPyStack       = "unused_py_stack"
-	cudaVarUnusedUnwindKey     = "unused_unwind_key"
-	cudaVarUnusedUnwindRequest = "unused_unwind_request"
-	cudaVarUnusedUnwindRule    = "unused_unwind_rule"
-	cudaVarUnusedUnwoundStack  = "unused_unwound_stack"
+	cudaMapCalls                  = "calls"
+	cudaMapCudaCounters           = "cuda_counters"
+	cudaMapErrors                 = "errors"
+	cudaMapFailures               = "failures"
+	cudaMapLiveAllocs             = "live_allocs"
+	cudaMapLiveBytes              = "live_bytes"
+	cudaMapPeakBytes              = "peak_bytes"
+	cudaMapPyErrors               = "py_errors"
+	cudaMapPyProcs                = "py_procs"
+	cudaMapPyScratch              = "py_scratch"
+	cudaMapPyStacks               = "py_stacks"
+	cudaMapPyThreads              = "py_threads"
+	cudaMapTrackedPids            = "tracked_pids"
+	cudaMapUnwindPending          = "unwind_pending"
+	cudaMapUnwindRequests         = "unwind_requests"
+	cudaMapUnwindRules            = "unwind_rules"
+	cudaMapUnwindScratch          = "unwind_scratch"
+	cudaMapUnwindSeq              = "unwind_seq"
+	cudaMapUnwoundStacks          = "unwound_stacks"
+	cudaProgCudaAllocEnter        = "cuda_alloc_enter"
+	cudaProgCudaCountEnter        = "cuda_count_enter"
+	cudaProgCudaFreeEnter         = "cuda_free_enter"
+	cudaProgCudaPitchEnter        = "cuda_pitch_enter"
+	cudaProgCudaReturn            = "cuda_return"
+	cudaVarUnusedCudaAlloc        = "unused_cuda_alloc"
+	cudaVarUnusedCudaAllocKey     = "unused_cuda_alloc_key"
+	cudaVarUnusedCudaApi          = "unused_cuda_api"
+	cudaVarUnusedCudaCounts       = "unused_cuda_counts"
+	cudaVarUnusedCudaFailure      = "unused_cuda_failure"
+	cudaVarUnusedCudaNs           = "unused_cuda_ns"
+	cudaVarUnusedCudaShape        = "unused_cuda_shape"
+	cudaVarUnusedErrKind          = "unused_err_kind"
+	cudaVarUnusedPyErr            = "unused_py_err"
+	cudaVarUnusedPyProc           = "unused_py_proc"
+	cudaVarUnusedPyStack          = "unused_py_stack"
+	cudaVarUnusedUnwindKey        = "unused_unwind_key"
+	cudaVarUnusedUnwindPendingKey = "unused_unwind_pending_key"
+	cudaVarUnusedUnwindRequest    = "unused_unwind_request"
+	cudaVarUnusedUnwindRule       = "unused_unwind_rule"
+	cudaVarUnusedUnwoundStack     = "unused_unwound_stack"
 )
 
 // loadCuda returns the embedded CollectionSpec for cuda.
@@ -309,6 +320,7 @@ type cudaMapSpecs struct {
 	PyStacks       *ebpf.MapSpec `ebpf:"py_stacks"`
 	PyThreads      *ebpf.MapSpec `ebpf:"py_threads"`
 	TrackedPids    *ebpf.MapSpec `ebpf:"tracked_pids"`
+	UnwindPending  *ebpf.MapSpec `ebpf:"unwind_pending"`
 	UnwindRequests *ebpf.MapSpec `ebpf:"unwind_requests"`
 	UnwindRules    *ebpf.MapSpec `ebpf:"unwind_rules"`
 	UnwindScratch  *ebpf.MapSpec `ebpf:"unwind_scratch"`
@@ -320,21 +332,22 @@ type cudaMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type cudaVariableSpecs struct {
-	UnusedCudaAlloc     *ebpf.VariableSpec `ebpf:"unused_cuda_alloc"`
-	UnusedCudaAllocKey  *ebpf.VariableSpec `ebpf:"unused_cuda_alloc_key"`
-	UnusedCudaApi       *ebpf.VariableSpec `ebpf:"unused_cuda_api"`
-	UnusedCudaCounts    *ebpf.VariableSpec `ebpf:"unused_cuda_counts"`
-	UnusedCudaFailure   *ebpf.VariableSpec `ebpf:"unused_cuda_failure"`
-	UnusedCudaNs        *ebpf.VariableSpec `ebpf:"unused_cuda_ns"`
-	UnusedCudaShape     *ebpf.VariableSpec `ebpf:"unused_cuda_shape"`
-	UnusedErrKind       *ebpf.VariableSpec `ebpf:"unused_err_kind"`
-	UnusedPyErr         *ebpf.VariableSpec `ebpf:"unused_py_err"`
-	UnusedPyProc        *ebpf.VariableSpec `ebpf:"unused_py_proc"`
-	UnusedPyStack       *ebpf.VariableSpec `ebpf:"unused_py_stack"`
-	UnusedUnwindKey     *ebpf.VariableSpec `ebpf:"unused_unwind_key"`
-	UnusedUnwindRequest *ebpf.VariableSpec `ebpf:"unused_unwind_request"`
-	UnusedUnwindRule    *ebpf.VariableSpec `ebpf:"unused_unwind_rule"`
-	UnusedUnwoundStack  *ebpf.VariableSpec `ebpf:"unused_unwound_stack"`
+	UnusedCudaAlloc        *ebpf.VariableSpec `ebpf:"unused_cuda_alloc"`
+	UnusedCudaAllocKey     *ebpf.VariableSpec `ebpf:"unused_cuda_alloc_key"`
+	UnusedCudaApi          *ebpf.VariableSpec `ebpf:"unused_cuda_api"`
+	UnusedCudaCounts       *ebpf.VariableSpec `ebpf:"unused_cuda_counts"`
+	UnusedCudaFailure      *ebpf.VariableSpec `ebpf:"unused_cuda_failure"`
+	UnusedCudaNs           *ebpf.VariableSpec `ebpf:"unused_cuda_ns"`
+	UnusedCudaShape        *ebpf.VariableSpec `ebpf:"unused_cuda_shape"`
+	UnusedErrKind          *ebpf.VariableSpec `ebpf:"unused_err_kind"`
+	UnusedPyErr            *ebpf.VariableSpec `ebpf:"unused_py_err"`
+	UnusedPyProc           *ebpf.VariableSpec `ebpf:"unused_py_proc"`
+	UnusedPyStack          *ebpf.VariableSpec `ebpf:"unused_py_stack"`
+	UnusedUnwindKey        *ebpf.VariableSpec `ebpf:"unused_unwind_key"`
+	UnusedUnwindPendingKey *ebpf.VariableSpec `ebpf:"unused_unwind_pending_key"`
+	UnusedUnwindRequest    *ebpf.VariableSpec `ebpf:"unused_unwind_request"`
+	UnusedUnwindRule       *ebpf.VariableSpec `ebpf:"unused_unwind_rule"`
+	UnusedUnwoundStack     *ebpf.VariableSpec `ebpf:"unused_unwound_stack"`
 }
 
 // cudaObjects contains all objects after they have been loaded into the kernel.
@@ -370,6 +383,7 @@ type cudaMaps struct {
 	PyStacks       *ebpf.Map `ebpf:"py_stacks"`
 	PyThreads      *ebpf.Map `ebpf:"py_threads"`
 	TrackedPids    *ebpf.Map `ebpf:"tracked_pids"`
+	UnwindPending  *ebpf.Map `ebpf:"unwind_pending"`
 	UnwindRequests *ebpf.Map `ebpf:"unwind_requests"`
 	UnwindRules    *ebpf.Map `ebpf:"unwind_rules"`
 	UnwindScratch  *ebpf.Map `ebpf:"unwind_scratch"`
@@ -392,6 +406,7 @@ func (m *cudaMaps) Close() error {
 		m.PyStacks,
 		m.PyThreads,
 		m.TrackedPids,
+		m.UnwindPending,
 		m.UnwindRequests,
 		m.UnwindRules,
 		m.UnwindScratch,
@@ -404,21 +419,22 @@ func (m *cudaMaps) Close() error {
 //
 // It can be passed to loadCudaObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cudaVariables struct {
-	UnusedCudaAlloc     *ebpf.Variable `ebpf:"unused_cuda_alloc"`
-	UnusedCudaAllocKey  *ebpf.Variable `ebpf:"unused_cuda_alloc_key"`
-	UnusedCudaApi       *ebpf.Variable `ebpf:"unused_cuda_api"`
-	UnusedCudaCounts    *ebpf.Variable `ebpf:"unused_cuda_counts"`
-	UnusedCudaFailure   *ebpf.Variable `ebpf:"unused_cuda_failure"`
-	UnusedCudaNs        *ebpf.Variable `ebpf:"unused_cuda_ns"`
-	UnusedCudaShape     *ebpf.Variable `ebpf:"unused_cuda_shape"`
-	UnusedErrKind       *ebpf.Variable `ebpf:"unused_err_kind"`
-	UnusedPyErr         *ebpf.Variable `ebpf:"unused_py_err"`
-	UnusedPyProc        *ebpf.Variable `ebpf:"unused_py_proc"`
-	UnusedPyStack       *ebpf.Variable `ebpf:"unused_py_stack"`
-	UnusedUnwindKey     *ebpf.Variable `ebpf:"unused_unwind_key"`
-	UnusedUnwindRequest *ebpf.Variable `ebpf:"unused_unwind_request"`
-	UnusedUnwindRule    *ebpf.Variable `ebpf:"unused_unwind_rule"`
-	UnusedUnwoundStack  *ebpf.Variable `ebpf:"unused_unwound_stack"`
+	UnusedCudaAlloc        *ebpf.Variable `ebpf:"unused_cuda_alloc"`
+	UnusedCudaAllocKey     *ebpf.Variable `ebpf:"unused_cuda_alloc_key"`
+	UnusedCudaApi          *ebpf.Variable `ebpf:"unused_cuda_api"`
+	UnusedCudaCounts       *ebpf.Variable `ebpf:"unused_cuda_counts"`
+	UnusedCudaFailure      *ebpf.Variable `ebpf:"unused_cuda_failure"`
+	UnusedCudaNs           *ebpf.Variable `ebpf:"unused_cuda_ns"`
+	UnusedCudaShape        *ebpf.Variable `ebpf:"unused_cuda_shape"`
+	UnusedErrKind          *ebpf.Variable `ebpf:"unused_err_kind"`
+	UnusedPyErr            *ebpf.Variable `ebpf:"unused_py_err"`
+	UnusedPyProc           *ebpf.Variable `ebpf:"unused_py_proc"`
+	UnusedPyStack          *ebpf.Variable `ebpf:"unused_py_stack"`
+	UnusedUnwindKey        *ebpf.Variable `ebpf:"unused_unwind_key"`
+	UnusedUnwindPendingKey *ebpf.Variable `ebpf:"unused_unwind_pending_key"`
+	UnusedUnwindRequest    *ebpf.Variable `ebpf:"unused_unwind_request"`
+	UnusedUnwindRule       *ebpf.Variable `ebpf:"unused_unwind_rule"`
+	UnusedUnwoundStack     *ebpf.Variable `ebpf:"unused_unwound_stack"`
 }
 
 // cudaPrograms contains all programs after they have been loaded into the kernel.

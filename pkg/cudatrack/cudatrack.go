@@ -17,7 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -29,6 +28,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/unwind"
 )
 
 // Config sizes the kernel side.
@@ -70,16 +70,10 @@ type Tracker struct {
 	polls      int             // for the stack map's garbage collection
 	failStacks map[uint32]bool // stacks of failures drained, not yet symbolized
 
-	// Unwinding (unwind.go): requests are served on their own goroutine,
-	// so that the kernel learns a site's rules within microseconds, not at
-	// the next poll.
+	// Unwinding (unwind.go).
 	sym          *symbolize.Symbolizer
 	unwindReader *ringbuf.Reader
-	unwindDone   chan struct{}
-	rulesLost    atomic.Uint64
-	stacksLost   atomic.Uint64
-	canon        map[int32]int32  // stack id -> the first id with its frames
-	byFrames     map[string]int32 // frames -> that first id
+	unwinder     *unwind.Server
 }
 
 // procState is what one tracked process has attached.
@@ -125,7 +119,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 		sym = symbolize.New(cfg.ProcRoot)
 	}
 	t := &Tracker{procRoot: cfg.ProcRoot, proc: proc.WithMapsCache(cfg.Maps), coll: coll, multi: multi, procs: map[int]*procState{}, files: map[fileKey]*Library{}, failStacks: map[uint32]bool{},
-		sym: sym, canon: map[int32]int32{}, byFrames: map[string]int32{}}
+		sym: sym}
 	if err := coll.Assign(&t.maps); err != nil {
 		t.Close()
 		return nil, err
@@ -145,8 +139,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 		t.Close()
 		return nil, fmt.Errorf("opening the cuda unwind ring buffer: %w", err)
 	}
-	t.unwindDone = make(chan struct{})
-	go t.serveUnwinds(t.unwindReader)
+	t.unwinder = unwind.Serve(t.unwindReader, unwindTables{&t.maps}, sym)
 	return t, nil
 }
 
@@ -396,7 +389,7 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		if s == nil {
 			continue
 		}
-		s.Allocs = append(s.Allocs, Alloc{Addr: key.Addr, Size: val.Size, API: int(val.Api), StackID: t.canonical(val.StackId), Time: toWall(val.TimeNs), PyStack: val.PyStack})
+		s.Allocs = append(s.Allocs, Alloc{Addr: key.Addr, Size: val.Size, API: int(val.Api), StackID: t.unwinder.Canonical(val.StackId), Time: toWall(val.TimeNs), PyStack: val.PyStack})
 	}
 	if t.polls++; t.polls%bpfobj.StackGCEvery == 0 {
 		t.dropStacks(live)
@@ -411,13 +404,13 @@ func (t *Tracker) dropStacks(live map[cudaCudaAllocKey]cudaCudaAlloc) {
 	keep := t.failStacks
 	for _, val := range live {
 		keep[uint32(val.StackId)] = true
-		keep[uint32(t.canonical(val.StackId))] = true
+		keep[uint32(t.unwinder.Canonical(val.StackId))] = true
 	}
 	kept := func(id uint32) bool { return keep[id] }
 	if _, err := bpfobj.DropStacks(t.maps.UnwoundStacks, kept); err != nil {
 		slog.Warn("dropping unused cuda stacks", "err", err)
 	}
-	t.forgetStacks(kept)
+	t.unwinder.Forget(kept)
 	t.dropRules()
 	t.failStacks = map[uint32]bool{}
 }
@@ -454,10 +447,10 @@ func (t *Tracker) Failures() ([]Failure, error) {
 		}
 		out = append(out, Failure{
 			PID: int(f.Tgid), TID: int(f.Tid), API: int(f.Api), Code: int(f.Code),
-			Size: f.Size, StackID: t.canonical(f.StackId), Time: toWall(f.TimeNs), PyStack: f.PyStack,
+			Size: f.Size, StackID: t.unwinder.Canonical(f.StackId), Time: toWall(f.TimeNs), PyStack: f.PyStack,
 		})
 		t.failStacks[uint32(f.StackId)] = true
-		t.failStacks[uint32(t.canonical(f.StackId))] = true
+		t.failStacks[uint32(t.unwinder.Canonical(f.StackId))] = true
 	}
 }
 
@@ -478,7 +471,7 @@ func (t *Tracker) Lost() (map[string]uint64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading error counters: %w", err)
 	}
-	t.unwindLost(out)
+	t.unwinder.Lost("cuda", out)
 	return out, nil
 }
 
@@ -497,8 +490,8 @@ func (t *Tracker) Close() error {
 	}
 	if t.unwindReader != nil {
 		errs = append(errs, t.unwindReader.Close())
-		if t.unwindDone != nil {
-			<-t.unwindDone
+		if t.unwinder != nil {
+			t.unwinder.Wait()
 		}
 		t.unwindReader = nil
 	}

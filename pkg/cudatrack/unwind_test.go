@@ -1,12 +1,9 @@
 package cudatrack
 
 import (
-	"bufio"
 	"bytes"
 	"os"
-	"os/exec"
 	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -14,37 +11,6 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
-
-// euFrame is one frame of eu-stack's output.
-type euFrame struct {
-	pc   uint64
-	name string
-}
-
-// euStack runs eu-stack (elfutils) on pid and returns its main thread's
-// frames, innermost first. elfutils unwinds with .eh_frame and .debug_frame:
-// it is the oracle the tracer's stacks are held to.
-func euStack(t *testing.T, pid int) []euFrame {
-	t.Helper()
-	out, err := exec.Command("eu-stack", "-p", strconv.Itoa(pid)).Output()
-	if err != nil {
-		t.Fatalf("eu-stack -p %d: %v\n%s", pid, err, out)
-	}
-	var frames []euFrame
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 3 || !strings.HasPrefix(f[0], "#") {
-			continue
-		}
-		pc, err := strconv.ParseUint(strings.TrimPrefix(f[1], "0x"), 16, 64)
-		if err != nil {
-			t.Fatalf("eu-stack line %q: %v", sc.Text(), err)
-		}
-		frames = append(frames, euFrame{pc, strings.Join(f[2:], " ")})
-	}
-	return frames
-}
 
 // waitStopped waits until pid is stopped by a signal.
 func waitStopped(t *testing.T, pid int) {
@@ -91,7 +57,7 @@ func TestUnwindWithoutFramePointers(t *testing.T) {
 			// site of the same process, at the same addresses.
 			p.Signal(t)
 			waitStopped(t, pid)
-			eu := euStack(t, pid)
+			eu := testutil.EUStack(t, pid)
 			if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
 				t.Fatal(err)
 			}
@@ -105,7 +71,7 @@ func TestUnwindWithoutFramePointers(t *testing.T) {
 			p.Wait(t, "done", 10*time.Second)
 
 			i := 0
-			for i < len(eu) && eu[i].name != "cudaMalloc" {
+			for i < len(eu) && eu[i].Name != "cudaMalloc" {
 				i++
 			}
 			if i == len(eu) {
@@ -128,8 +94,8 @@ func TestUnwindWithoutFramePointers(t *testing.T) {
 				t.Fatalf("stack has %d frames %#x, eu-stack %d after cudaMalloc: %v", len(pcs), pcs, len(want), want)
 			}
 			for j, f := range want {
-				if pcs[j] != f.pc {
-					t.Errorf("frame %d = %#x, eu-stack %#x (%s)", j, pcs[j], f.pc, f.name)
+				if pcs[j] != f.PC {
+					t.Errorf("frame %d = %#x, eu-stack %#x (%s)", j, pcs[j], f.PC, f.Name)
 				}
 			}
 			frames := c.sym.Frames(pid, pcs)

@@ -26,15 +26,12 @@ type Concern struct {
 	targets  map[findingKey]leakRead // what each fd leak's fds point at
 }
 
-// siteKey identifies an opening call site of one process: the kernel's
-// frame-pointer stack (or, where it was skipped, the instruction pointer)
-// plus the return addresses scanned from the stack.
+// siteKey identifies an opening call site of one process: its native stack
+// and its Python frames.
 type siteKey struct {
-	pid     int
-	stack   int32
-	ip      uint64
-	callers Callers
-	py      uint32 // Python frames
+	pid   int
+	stack int32
+	py    uint32
 }
 
 type site struct {
@@ -47,6 +44,9 @@ type site struct {
 // per process are symbolized (largest first, each once), so that the site a
 // finding names has its frames.
 func NewConcern(cfg Config, det fdleak.Config, sym *symbolize.Symbolizer, topSites int) (*Concern, error) {
+	if cfg.Symbolizer == nil {
+		cfg.Symbolizer = sym
+	}
 	t, err := New(cfg)
 	if err != nil {
 		return nil, err
@@ -156,11 +156,7 @@ func (c *Concern) fill(pr *model.Process, s *Sample) {
 
 // keyOf is the call site of fd in pid.
 func (c *Concern) keyOf(pid int, fd FD) siteKey {
-	key := siteKey{pid, fd.StackID, 0, fd.Callers, fd.PyStack}
-	if fd.StackID == StackNoFP {
-		key.ip = fd.IP
-	}
-	return key
+	return siteKey{pid, fd.StackID, fd.PyStack}
 }
 
 // site returns the call site of k, numbering new ones.
@@ -174,26 +170,16 @@ func (c *Concern) site(k siteKey) *site {
 	return st
 }
 
-// frames symbolizes a site once: the kernel's frame-pointer stack merged
-// with the scanned return addresses (glibc has no frame pointers).
+// frames symbolizes a site once, its Python frames merged in.
 func (c *Concern) frames(pid int, st *site) []model.Frame {
 	if st.frames != nil {
 		return st.frames
 	}
-	fp := []uint64{st.key.ip}
-	if st.key.stack >= 0 {
-		var err error
-		if fp, err = c.Stack(st.key.stack); err != nil {
-			return nil
-		}
+	pcs, err := c.Stack(st.key.stack)
+	if err != nil {
+		return nil
 	}
-	var scan []uint64
-	for _, a := range st.key.callers {
-		if a != 0 {
-			scan = append(scan, a)
-		}
-	}
-	st.frames = pyframes.Merge(c.sym.Frames(pid, c.sym.Unwind(pid, fp, scan)), c.py.Frames(pid, st.key.py))
+	st.frames = pyframes.Merge(c.sym.Frames(pid, pcs), c.py.Frames(pid, st.key.py))
 	return st.frames
 }
 

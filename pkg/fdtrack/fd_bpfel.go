@@ -52,13 +52,11 @@ const (
 type fdFdInfo struct {
 	_       structs.HostLayout
 	OpenNs  uint64
-	Ip      uint64
 	StackId int32
 	Kind    uint8
 	Pad     [3]uint8
-	Callers [4]uint64
 	PyStack uint32
-	_       [4]byte
+	Pad2    uint32
 }
 
 type fdFdKey struct {
@@ -124,53 +122,95 @@ type fdPyThread struct {
 	CheckedNs uint64
 }
 
-type fdScan struct {
-	_ structs.HostLayout
-	W [32]uint64
+type fdUnwindKey struct {
+	_    structs.HostLayout
+	Mm   uint64
+	Pc   uint64
+	Tgid uint32
+	Pad  uint32
 }
 
-type fdTextRanges struct {
-	_     structs.HostLayout
-	Start [16]uint64
-	End   [16]uint64
-	N     uint32
-	Pad   uint32
+type fdUnwindPendingKey struct {
+	_    structs.HostLayout
+	Mm   uint64
+	Hash uint64
+}
+
+type fdUnwindRequest struct {
+	_       structs.HostLayout
+	Mm      uint64
+	Hash    uint64
+	Tgid    uint32
+	StackId int32
+	Sp      uint64
+	Bp      uint64
+	N       uint32
+	Copied  uint32
+	Exact   uint32
+	Max     uint32
+	Pcs     [64]uint64
+	Stack   [8192]uint8
+}
+
+type fdUnwindRule struct {
+	_      structs.HostLayout
+	Cfa    uint8
+	Rbp    uint8
+	Pad    uint16
+	CfaOff int32
+	RbpOff int32
+	Pad2   uint32
+}
+
+type fdUnwoundStack struct {
+	_         structs.HostLayout
+	Hash      uint64
+	N         uint32
+	Truncated uint32
+	Pcs       [64]uint64
 }
 
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	fdMapErrors           = "errors"
-	fdMapFailSites        = "fail_sites"
-	fdMapFdCounters       = "fd_counters"
-	fdMapFdEntries        = "fd_entries"
-	fdMapFdStacks         = "fd_stacks"
-	fdMapFdTable          = "fd_table"
-	fdMapPyErrors         = "py_errors"
-	fdMapPyProcs          = "py_procs"
-	fdMapPyScratch        = "py_scratch"
-	fdMapPyStacks         = "py_stacks"
-	fdMapPyThreads        = "py_threads"
-	fdMapScanScratch      = "scan_scratch"
-	fdMapTextMap          = "text_map"
-	fdMapTrackedPids      = "tracked_pids"
-	fdProgExecBtf         = "exec_btf"
-	fdProgExecTp          = "exec_tp"
-	fdProgSysEnterBtf     = "sys_enter_btf"
-	fdProgSysEnterTp      = "sys_enter_tp"
-	fdProgSysExitBtf      = "sys_exit_btf"
-	fdProgSysExitTp       = "sys_exit_tp"
-	fdVarUnusedErrKind    = "unused_err_kind"
-	fdVarUnusedFdCounts   = "unused_fd_counts"
-	fdVarUnusedFdFail     = "unused_fd_fail"
-	fdVarUnusedFdInfo     = "unused_fd_info"
-	fdVarUnusedFdKey      = "unused_fd_key"
-	fdVarUnusedFdKind     = "unused_fd_kind"
-	fdVarUnusedPyErr      = "unused_py_err"
-	fdVarUnusedPyProc     = "unused_py_proc"
-	fdVarUnusedPyStack    = "unused_py_stack"
-	fdVarUnusedTextRanges = "unused_text_ranges"
+	fdMapErrors                 = "errors"
+	fdMapFailSites              = "fail_sites"
+	fdMapFdCounters             = "fd_counters"
+	fdMapFdEntries              = "fd_entries"
+	fdMapFdTable                = "fd_table"
+	fdMapPyErrors               = "py_errors"
+	fdMapPyProcs                = "py_procs"
+	fdMapPyScratch              = "py_scratch"
+	fdMapPyStacks               = "py_stacks"
+	fdMapPyThreads              = "py_threads"
+	fdMapTrackedPids            = "tracked_pids"
+	fdMapUnwindPending          = "unwind_pending"
+	fdMapUnwindRequests         = "unwind_requests"
+	fdMapUnwindRules            = "unwind_rules"
+	fdMapUnwindScratch          = "unwind_scratch"
+	fdMapUnwindSeq              = "unwind_seq"
+	fdMapUnwoundStacks          = "unwound_stacks"
+	fdProgExecBtf               = "exec_btf"
+	fdProgExecTp                = "exec_tp"
+	fdProgSysEnterBtf           = "sys_enter_btf"
+	fdProgSysEnterTp            = "sys_enter_tp"
+	fdProgSysExitBtf            = "sys_exit_btf"
+	fdProgSysExitTp             = "sys_exit_tp"
+	fdVarUnusedErrKind          = "unused_err_kind"
+	fdVarUnusedFdCounts         = "unused_fd_counts"
+	fdVarUnusedFdFail           = "unused_fd_fail"
+	fdVarUnusedFdInfo           = "unused_fd_info"
+	fdVarUnusedFdKey            = "unused_fd_key"
+	fdVarUnusedFdKind           = "unused_fd_kind"
+	fdVarUnusedPyErr            = "unused_py_err"
+	fdVarUnusedPyProc           = "unused_py_proc"
+	fdVarUnusedPyStack          = "unused_py_stack"
+	fdVarUnusedUnwindKey        = "unused_unwind_key"
+	fdVarUnusedUnwindPendingKey = "unused_unwind_pending_key"
+	fdVarUnusedUnwindRequest    = "unused_unwind_request"
+	fdVarUnusedUnwindRule       = "unused_unwind_rule"
+	fdVarUnusedUnwoundStack     = "unused_unwound_stack"
 )
 
 // loadFd returns the embedded CollectionSpec for fd.
@@ -227,36 +267,43 @@ type fdProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fdMapSpecs struct {
-	Errors      *ebpf.MapSpec `ebpf:"errors"`
-	FailSites   *ebpf.MapSpec `ebpf:"fail_sites"`
-	FdCounters  *ebpf.MapSpec `ebpf:"fd_counters"`
-	FdEntries   *ebpf.MapSpec `ebpf:"fd_entries"`
-	FdStacks    *ebpf.MapSpec `ebpf:"fd_stacks"`
-	FdTable     *ebpf.MapSpec `ebpf:"fd_table"`
-	PyErrors    *ebpf.MapSpec `ebpf:"py_errors"`
-	PyProcs     *ebpf.MapSpec `ebpf:"py_procs"`
-	PyScratch   *ebpf.MapSpec `ebpf:"py_scratch"`
-	PyStacks    *ebpf.MapSpec `ebpf:"py_stacks"`
-	PyThreads   *ebpf.MapSpec `ebpf:"py_threads"`
-	ScanScratch *ebpf.MapSpec `ebpf:"scan_scratch"`
-	TextMap     *ebpf.MapSpec `ebpf:"text_map"`
-	TrackedPids *ebpf.MapSpec `ebpf:"tracked_pids"`
+	Errors         *ebpf.MapSpec `ebpf:"errors"`
+	FailSites      *ebpf.MapSpec `ebpf:"fail_sites"`
+	FdCounters     *ebpf.MapSpec `ebpf:"fd_counters"`
+	FdEntries      *ebpf.MapSpec `ebpf:"fd_entries"`
+	FdTable        *ebpf.MapSpec `ebpf:"fd_table"`
+	PyErrors       *ebpf.MapSpec `ebpf:"py_errors"`
+	PyProcs        *ebpf.MapSpec `ebpf:"py_procs"`
+	PyScratch      *ebpf.MapSpec `ebpf:"py_scratch"`
+	PyStacks       *ebpf.MapSpec `ebpf:"py_stacks"`
+	PyThreads      *ebpf.MapSpec `ebpf:"py_threads"`
+	TrackedPids    *ebpf.MapSpec `ebpf:"tracked_pids"`
+	UnwindPending  *ebpf.MapSpec `ebpf:"unwind_pending"`
+	UnwindRequests *ebpf.MapSpec `ebpf:"unwind_requests"`
+	UnwindRules    *ebpf.MapSpec `ebpf:"unwind_rules"`
+	UnwindScratch  *ebpf.MapSpec `ebpf:"unwind_scratch"`
+	UnwindSeq      *ebpf.MapSpec `ebpf:"unwind_seq"`
+	UnwoundStacks  *ebpf.MapSpec `ebpf:"unwound_stacks"`
 }
 
 // fdVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fdVariableSpecs struct {
-	UnusedErrKind    *ebpf.VariableSpec `ebpf:"unused_err_kind"`
-	UnusedFdCounts   *ebpf.VariableSpec `ebpf:"unused_fd_counts"`
-	UnusedFdFail     *ebpf.VariableSpec `ebpf:"unused_fd_fail"`
-	UnusedFdInfo     *ebpf.VariableSpec `ebpf:"unused_fd_info"`
-	UnusedFdKey      *ebpf.VariableSpec `ebpf:"unused_fd_key"`
-	UnusedFdKind     *ebpf.VariableSpec `ebpf:"unused_fd_kind"`
-	UnusedPyErr      *ebpf.VariableSpec `ebpf:"unused_py_err"`
-	UnusedPyProc     *ebpf.VariableSpec `ebpf:"unused_py_proc"`
-	UnusedPyStack    *ebpf.VariableSpec `ebpf:"unused_py_stack"`
-	UnusedTextRanges *ebpf.VariableSpec `ebpf:"unused_text_ranges"`
+	UnusedErrKind          *ebpf.VariableSpec `ebpf:"unused_err_kind"`
+	UnusedFdCounts         *ebpf.VariableSpec `ebpf:"unused_fd_counts"`
+	UnusedFdFail           *ebpf.VariableSpec `ebpf:"unused_fd_fail"`
+	UnusedFdInfo           *ebpf.VariableSpec `ebpf:"unused_fd_info"`
+	UnusedFdKey            *ebpf.VariableSpec `ebpf:"unused_fd_key"`
+	UnusedFdKind           *ebpf.VariableSpec `ebpf:"unused_fd_kind"`
+	UnusedPyErr            *ebpf.VariableSpec `ebpf:"unused_py_err"`
+	UnusedPyProc           *ebpf.VariableSpec `ebpf:"unused_py_proc"`
+	UnusedPyStack          *ebpf.VariableSpec `ebpf:"unused_py_stack"`
+	UnusedUnwindKey        *ebpf.VariableSpec `ebpf:"unused_unwind_key"`
+	UnusedUnwindPendingKey *ebpf.VariableSpec `ebpf:"unused_unwind_pending_key"`
+	UnusedUnwindRequest    *ebpf.VariableSpec `ebpf:"unused_unwind_request"`
+	UnusedUnwindRule       *ebpf.VariableSpec `ebpf:"unused_unwind_rule"`
+	UnusedUnwoundStack     *ebpf.VariableSpec `ebpf:"unused_unwound_stack"`
 }
 
 // fdObjects contains all objects after they have been loaded into the kernel.
@@ -279,20 +326,23 @@ func (o *fdObjects) Close() error {
 //
 // It can be passed to loadFdObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fdMaps struct {
-	Errors      *ebpf.Map `ebpf:"errors"`
-	FailSites   *ebpf.Map `ebpf:"fail_sites"`
-	FdCounters  *ebpf.Map `ebpf:"fd_counters"`
-	FdEntries   *ebpf.Map `ebpf:"fd_entries"`
-	FdStacks    *ebpf.Map `ebpf:"fd_stacks"`
-	FdTable     *ebpf.Map `ebpf:"fd_table"`
-	PyErrors    *ebpf.Map `ebpf:"py_errors"`
-	PyProcs     *ebpf.Map `ebpf:"py_procs"`
-	PyScratch   *ebpf.Map `ebpf:"py_scratch"`
-	PyStacks    *ebpf.Map `ebpf:"py_stacks"`
-	PyThreads   *ebpf.Map `ebpf:"py_threads"`
-	ScanScratch *ebpf.Map `ebpf:"scan_scratch"`
-	TextMap     *ebpf.Map `ebpf:"text_map"`
-	TrackedPids *ebpf.Map `ebpf:"tracked_pids"`
+	Errors         *ebpf.Map `ebpf:"errors"`
+	FailSites      *ebpf.Map `ebpf:"fail_sites"`
+	FdCounters     *ebpf.Map `ebpf:"fd_counters"`
+	FdEntries      *ebpf.Map `ebpf:"fd_entries"`
+	FdTable        *ebpf.Map `ebpf:"fd_table"`
+	PyErrors       *ebpf.Map `ebpf:"py_errors"`
+	PyProcs        *ebpf.Map `ebpf:"py_procs"`
+	PyScratch      *ebpf.Map `ebpf:"py_scratch"`
+	PyStacks       *ebpf.Map `ebpf:"py_stacks"`
+	PyThreads      *ebpf.Map `ebpf:"py_threads"`
+	TrackedPids    *ebpf.Map `ebpf:"tracked_pids"`
+	UnwindPending  *ebpf.Map `ebpf:"unwind_pending"`
+	UnwindRequests *ebpf.Map `ebpf:"unwind_requests"`
+	UnwindRules    *ebpf.Map `ebpf:"unwind_rules"`
+	UnwindScratch  *ebpf.Map `ebpf:"unwind_scratch"`
+	UnwindSeq      *ebpf.Map `ebpf:"unwind_seq"`
+	UnwoundStacks  *ebpf.Map `ebpf:"unwound_stacks"`
 }
 
 func (m *fdMaps) Close() error {
@@ -301,16 +351,19 @@ func (m *fdMaps) Close() error {
 		m.FailSites,
 		m.FdCounters,
 		m.FdEntries,
-		m.FdStacks,
 		m.FdTable,
 		m.PyErrors,
 		m.PyProcs,
 		m.PyScratch,
 		m.PyStacks,
 		m.PyThreads,
-		m.ScanScratch,
-		m.TextMap,
 		m.TrackedPids,
+		m.UnwindPending,
+		m.UnwindRequests,
+		m.UnwindRules,
+		m.UnwindScratch,
+		m.UnwindSeq,
+		m.UnwoundStacks,
 	)
 }
 
@@ -318,16 +371,20 @@ func (m *fdMaps) Close() error {
 //
 // It can be passed to loadFdObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fdVariables struct {
-	UnusedErrKind    *ebpf.Variable `ebpf:"unused_err_kind"`
-	UnusedFdCounts   *ebpf.Variable `ebpf:"unused_fd_counts"`
-	UnusedFdFail     *ebpf.Variable `ebpf:"unused_fd_fail"`
-	UnusedFdInfo     *ebpf.Variable `ebpf:"unused_fd_info"`
-	UnusedFdKey      *ebpf.Variable `ebpf:"unused_fd_key"`
-	UnusedFdKind     *ebpf.Variable `ebpf:"unused_fd_kind"`
-	UnusedPyErr      *ebpf.Variable `ebpf:"unused_py_err"`
-	UnusedPyProc     *ebpf.Variable `ebpf:"unused_py_proc"`
-	UnusedPyStack    *ebpf.Variable `ebpf:"unused_py_stack"`
-	UnusedTextRanges *ebpf.Variable `ebpf:"unused_text_ranges"`
+	UnusedErrKind          *ebpf.Variable `ebpf:"unused_err_kind"`
+	UnusedFdCounts         *ebpf.Variable `ebpf:"unused_fd_counts"`
+	UnusedFdFail           *ebpf.Variable `ebpf:"unused_fd_fail"`
+	UnusedFdInfo           *ebpf.Variable `ebpf:"unused_fd_info"`
+	UnusedFdKey            *ebpf.Variable `ebpf:"unused_fd_key"`
+	UnusedFdKind           *ebpf.Variable `ebpf:"unused_fd_kind"`
+	UnusedPyErr            *ebpf.Variable `ebpf:"unused_py_err"`
+	UnusedPyProc           *ebpf.Variable `ebpf:"unused_py_proc"`
+	UnusedPyStack          *ebpf.Variable `ebpf:"unused_py_stack"`
+	UnusedUnwindKey        *ebpf.Variable `ebpf:"unused_unwind_key"`
+	UnusedUnwindPendingKey *ebpf.Variable `ebpf:"unused_unwind_pending_key"`
+	UnusedUnwindRequest    *ebpf.Variable `ebpf:"unused_unwind_request"`
+	UnusedUnwindRule       *ebpf.Variable `ebpf:"unused_unwind_rule"`
+	UnusedUnwoundStack     *ebpf.Variable `ebpf:"unused_unwound_stack"`
 }
 
 // fdPrograms contains all programs after they have been loaded into the kernel.

@@ -4,12 +4,17 @@
 package fdtrack
 
 import (
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/unwind"
 )
 
 // Config sizes the kernel maps.
@@ -22,6 +27,9 @@ type Config struct {
 	// Tracepoint uses the classic raw_syscalls tracepoints even where tp_btf
 	// works, so that tests and benchmarks cover the fallback on any kernel.
 	Tracepoint bool
+	// Symbolizer reads the call-frame information that stacks are unwound
+	// with; nil: one of the tracker's own.
+	Symbolizer *symbolize.Symbolizer
 }
 
 // Tracker owns the loaded fd BPF object and its links.
@@ -38,6 +46,9 @@ type Tracker struct {
 	started     map[uint32]time.Time
 	atStart     map[uint32]int // open fds /proc listed when tracking began
 	polls       int            // for the stack map's garbage collection
+
+	unwindReader *ringbuf.Reader
+	unwinder     *unwind.Server
 }
 
 // New loads the fd object and attaches it: tp_btf where the kernel allows,
@@ -70,6 +81,15 @@ func New(cfg Config) (*Tracker, error) {
 	if err != nil {
 		return nil, err
 	}
+	sym := cfg.Symbolizer
+	if sym == nil {
+		sym = symbolize.New(cfg.ProcRoot)
+	}
+	if t.unwindReader, err = ringbuf.NewReader(t.maps.UnwindRequests); err != nil {
+		_ = t.obj.Close()
+		return nil, fmt.Errorf("opening the fd unwind ring buffer: %w", err)
+	}
+	t.unwinder = unwind.Serve(t.unwindReader, unwindTables{&t.maps}, sym)
 	return t, nil
 }
 
@@ -81,5 +101,11 @@ func (t *Tracker) BTFError() error { return t.obj.BTFError }
 
 // Close detaches and unloads everything; safe to call more than once.
 func (t *Tracker) Close() error {
-	return t.obj.Close()
+	var errs []error
+	if t.unwindReader != nil {
+		errs = append(errs, t.unwindReader.Close())
+		t.unwinder.Wait()
+		t.unwindReader = nil
+	}
+	return errors.Join(append(errs, t.obj.Close())...)
 }

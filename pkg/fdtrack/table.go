@@ -20,22 +20,13 @@ const nKinds = len(fdFdCounts{}.Opened)
 type FD struct {
 	Num     int32
 	Kind    uint8
-	StackID int32     // kernel stack id; StackNoFP, or -1 when unknown (seeded from /proc, stack map full)
-	IP      uint64    // user instruction pointer at the syscall
+	StackID int32     // opening stack (Stack); -1 when unknown (seeded from /proc, stack lost)
 	Opened  time.Time // wall-clock open time; tracking start for seeded fds
-	Callers Callers   // candidate return addresses scanned from the user stack
 	PyStack uint32    // Python frames (pkg/pyframes); 0: none
 }
 
-// StackNoFP is the StackID of an fd whose opening code used rbp for data:
-// the kernel skipped the frame-pointer walk and kept only IP (bpf/fd.bpf.c).
-const StackNoFP = -2
-
 // Known reports whether the fd's opening site was recorded.
-func (fd FD) Known() bool { return fd.StackID >= 0 || fd.StackID == StackNoFP }
-
-// Callers are words found near the user stack pointer that point into code.
-type Callers [len(fdFdInfo{}.Callers)]uint64
+func (fd FD) Known() bool { return fd.StackID >= 0 }
 
 // Sample is what the tracker knows about one process at one poll.
 type Sample struct {
@@ -69,9 +60,6 @@ func (t *Tracker) Track(pid int) error {
 	}
 	t.started[tgid] = time.Now()
 	t.extraClosed[tgid] = &[nKinds]uint64{}
-	if err := t.refreshText(tgid); err != nil {
-		return err
-	}
 	if err := t.reconcile(tgid); err != nil {
 		return err
 	}
@@ -93,7 +81,6 @@ func (t *Tracker) Untrack(pid int) {
 	tgid := uint32(pid)
 	_ = t.maps.TrackedPids.Delete(tgid)
 	_ = t.maps.FdCounters.Delete(tgid)
-	_ = t.maps.TextMap.Delete(tgid)
 	_ = t.maps.FailSites.Delete(tgid)
 	_ = bpfobj.DeleteWhere(t.maps.FdTable, func(key fdFdKey, _ fdFdInfo) bool { return key.Tgid == tgid })
 	delete(t.started, tgid)
@@ -101,25 +88,6 @@ func (t *Tracker) Untrack(pid int) {
 	delete(t.drift, tgid)
 	delete(t.extraClosed, tgid)
 	delete(t.resyncs, tgid)
-}
-
-// refreshText tells the kernel where the code of tgid lies, so it can pick
-// candidate return addresses from the stack. Libraries loaded late (dlopen)
-// are picked up at the next poll.
-func (t *Tracker) refreshText(tgid uint32) error {
-	var tr fdTextRanges
-	ranges, err := t.proc.TextRanges(int(tgid), len(tr.Start))
-	if err != nil {
-		return err
-	}
-	for i, r := range ranges {
-		tr.Start[i], tr.End[i] = r.Start, r.End
-	}
-	tr.N = uint32(len(ranges))
-	if err := t.maps.TextMap.Update(tgid, &tr, ebpf.UpdateAny); err != nil {
-		return fmt.Errorf("updating code ranges of pid %d: %w", tgid, err)
-	}
-	return nil
 }
 
 // reconcile makes the table of tgid match /proc/PID/fd: entries older than the
@@ -198,8 +166,6 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 			}
 			resyncs += c.Resyncs
 		}
-		// The process may exit at any point; its next liveness check ends it.
-		_ = t.refreshText(tgid)
 		if resyncs != t.resyncs[tgid] {
 			// A process that has just exited cannot be listed; that is not an error.
 			if err := t.reconcile(tgid); err == nil {
@@ -223,8 +189,8 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		// The kernel keeps a failure site only once a call has failed.
 		var info fdFdInfo
 		if s.Failed != [nFails]uint64{} && t.maps.FailSites.Lookup(uint32(pid), &info) == nil {
-			s.LastFailure = &FD{Num: -1, Kind: info.Kind, StackID: info.StackId, IP: info.Ip,
-				Opened: nowWall.Add(-time.Duration(nowMono - info.OpenNs)), Callers: info.Callers, PyStack: info.PyStack}
+			s.LastFailure = &FD{Num: -1, Kind: info.Kind, StackID: t.unwinder.Canonical(info.StackId),
+				Opened: nowWall.Add(-time.Duration(nowMono - info.OpenNs)), PyStack: info.PyStack}
 		}
 	}
 	for key, info := range table {
@@ -236,7 +202,7 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		if info.OpenNs != 0 {
 			opened = nowWall.Add(-time.Duration(nowMono - info.OpenNs))
 		}
-		s.FDs = append(s.FDs, FD{Num: key.Fd, Kind: info.Kind, StackID: info.StackId, IP: info.Ip, Opened: opened, Callers: info.Callers, PyStack: info.PyStack})
+		s.FDs = append(s.FDs, FD{Num: key.Fd, Kind: info.Kind, StackID: t.unwinder.Canonical(info.StackId), Opened: opened, PyStack: info.PyStack})
 	}
 	for pid, s := range out {
 		slices.SortFunc(s.FDs, func(a, b FD) int { return int(a.Num - b.Num) })
@@ -249,11 +215,12 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 }
 
 // dropStacks deletes the stacks that no live fd (of any process) and no
-// failure site refers to.
+// failure site refers to, and the unwind rules of processes gone.
 func (t *Tracker) dropStacks(table map[fdFdKey]fdFdInfo) {
 	keep := map[uint32]bool{}
 	for _, info := range table {
 		keep[uint32(info.StackId)] = true
+		keep[uint32(t.unwinder.Canonical(info.StackId))] = true
 	}
 	sites, err := bpfobj.ReadAll[uint32, fdFdInfo](t.maps.FailSites)
 	if err != nil {
@@ -262,10 +229,14 @@ func (t *Tracker) dropStacks(table map[fdFdKey]fdFdInfo) {
 	}
 	for _, info := range sites {
 		keep[uint32(info.StackId)] = true
+		keep[uint32(t.unwinder.Canonical(info.StackId))] = true
 	}
-	if _, err := bpfobj.DropStacks(t.maps.FdStacks, func(id uint32) bool { return keep[id] }); err != nil {
+	kept := func(id uint32) bool { return keep[id] }
+	if _, err := bpfobj.DropStacks(t.maps.UnwoundStacks, kept); err != nil {
 		slog.Warn("dropping unused fd stacks", "err", err)
 	}
+	t.unwinder.Forget(kept)
+	t.dropRules()
 }
 
 // checkDrift reconciles tgid with /proc when its table count has differed
@@ -288,19 +259,6 @@ func (t *Tracker) checkDrift(tgid uint32, n int) {
 	}
 }
 
-// Stack returns the user-space return addresses of a stack id, innermost first.
-func (t *Tracker) Stack(id int32) ([]uint64, error) {
-	var frames [127]uint64
-	if err := t.maps.FdStacks.Lookup(uint32(id), &frames); err != nil {
-		return nil, err
-	}
-	n := 0
-	for n < len(frames) && frames[n] != 0 {
-		n++
-	}
-	return frames[:n], nil
-}
-
 // errorNames follows enum err_kind in bpf/common.h.
 var errorNames = map[fdErrKind]string{
 	fdErrKindERR_TABLE_FULL:  "fd_table_full",
@@ -308,6 +266,7 @@ var errorNames = map[fdErrKind]string{
 	fdErrKindERR_ENTRY_STATE: "fd_entry_state",
 	fdErrKindERR_COUNTERS:    "fd_counters",
 	fdErrKindERR_READ_USER:   "fd_read_user",
+	fdErrKindERR_RINGBUF:     "fd_ringbuf", // unwind requests (bpf/unwind.h)
 }
 
 // Lost returns the BPF error counters (monotonic since load), by source name.
@@ -316,6 +275,7 @@ func (t *Tracker) Lost() (map[string]uint64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading error counters: %w", err)
 	}
+	t.unwinder.Lost("fd", out)
 	return out, nil
 }
 

@@ -351,39 +351,3 @@ func ParsePIDs(s string) ([]int, error) {
 	}
 	return pids, nil
 }
-
-// Range is a half-open address range [Start, End).
-type Range struct{ Start, End uint64 }
-
-// TextRanges returns the executable file-backed mappings of pid, merged
-// across the smallest gaps until at most max remain (the kernel side checks
-// candidate return addresses against a fixed number of ranges).
-func (fs FS) TextRanges(pid int, max int) ([]Range, error) {
-	maps, err := fs.Maps(pid)
-	if err != nil {
-		return nil, err
-	}
-	var out []Range
-	for _, m := range maps {
-		if m.Perms == nil || !m.Perms.Execute || !strings.HasPrefix(m.Pathname, "/") {
-			continue
-		}
-		r := Range{uint64(m.StartAddr), uint64(m.EndAddr)}
-		if n := len(out); n > 0 && out[n-1].End == r.Start {
-			out[n-1].End = r.End
-			continue
-		}
-		out = append(out, r)
-	}
-	for len(out) > max && max > 0 {
-		best := 1
-		for i := 2; i < len(out); i++ {
-			if out[i].Start-out[i-1].End < out[best].Start-out[best-1].End {
-				best = i
-			}
-		}
-		out[best-1].End = out[best].End
-		out = append(out[:best], out[best+1:]...)
-	}
-	return out, nil
-}

@@ -5,7 +5,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -163,36 +162,6 @@ func TestRealKernelThread(t *testing.T) {
 	}
 	if err := fs.Check(1 << 30); !errors.Is(err, ErrNoProcess) {
 		t.Errorf("Check(1<<30) = %v, want ErrNoProcess", err)
-	}
-}
-
-func TestTextRangesSelf(t *testing.T) {
-	fs, err := New("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	all, err := fs.TextRanges(os.Getpid(), 1000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc := uint64(reflect.ValueOf(TestTextRangesSelf).Pointer())
-	in := func(rs []Range) bool {
-		for _, r := range rs {
-			if pc >= r.Start && pc < r.End {
-				return true
-			}
-		}
-		return false
-	}
-	if !in(all) {
-		t.Fatalf("own code at %#x not in text ranges %x", pc, all)
-	}
-	two, err := fs.TextRanges(os.Getpid(), 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(two) > 2 || !in(two) {
-		t.Fatalf("merged ranges %x: want at most 2 covering %#x", two, pc)
 	}
 }
 

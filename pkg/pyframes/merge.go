@@ -17,6 +17,9 @@ const evalFrame = "_PyEval_EvalFrameDefault"
 // stopped early: interpreters built without frame pointers, as Debian's,
 // cannot be walked through), the remaining groups follow the native
 // frames; so without any, every Python frame comes after the native ones.
+// Between two groups, the interpreter's own frames (a Python call through
+// C: _PyEval_Vector, function_code_fastcall, ... in 3.10) are left out, so
+// that a Python frame's caller is the next Python frame, as py-spy shows it.
 func Merge(native []model.Frame, py []Frame) []model.Frame {
 	if len(py) == 0 {
 		return native
@@ -31,12 +34,17 @@ func Merge(native []model.Frame, py []Frame) []model.Frame {
 	}
 	out := make([]model.Frame, 0, len(native)+len(py))
 	g := 0
+	interp := "" // the evaluation loop's module once a group is placed
 	for _, f := range native {
 		if g < len(groups) && strings.HasPrefix(f.Function, evalFrame) {
 			for _, p := range groups[g] {
 				out = append(out, p.Frame)
 			}
 			g++
+			interp = f.Module
+			continue
+		}
+		if interp != "" && g < len(groups) && f.Module == interp {
 			continue
 		}
 		out = append(out, f)

@@ -146,11 +146,12 @@ func TestMerge(t *testing.T) {
 		native []string
 		want   []string
 	}{
-		{"each eval frame replaced by its group",
-			[]string{"__open64+0x51 (libc.so.6)", "_PyEval_EvalFrameDefault+0x10 (libpython3.12.so)", "_PyEval_Vector+0x5 (libpython3.12.so)",
-				"_PyEval_EvalFrameDefault.cold+0x2 (libpython3.12.so)", "Py_RunMain+0x9 (libpython3.12.so)"},
-			[]string{"__open64+0x51 (libc.so.6)", "inner (a.py:3)", "outer (a.py:9)", "_PyEval_Vector+0x5 (libpython3.12.so)",
-				"<module> (a.py:12)", "Py_RunMain+0x9 (libpython3.12.so)"}},
+		{"each eval frame replaced by its group, the interpreter's frames between groups left out",
+			[]string{"__open64+0x51 (libc.so.6)", "_io_open+0x65 (libpython3.12.so)", "_PyEval_EvalFrameDefault+0x10 (libpython3.12.so)",
+				"_PyEval_Vector+0x5 (libpython3.12.so)", "ffi_call+0x8f (libffi.so.8)", "_PyEval_EvalFrameDefault.cold+0x2 (libpython3.12.so)",
+				"Py_RunMain+0x9 (libpython3.12.so)"},
+			[]string{"__open64+0x51 (libc.so.6)", "_io_open+0x65 (libpython3.12.so)", "inner (a.py:3)", "outer (a.py:9)",
+				"ffi_call+0x8f (libffi.so.8)", "<module> (a.py:12)", "Py_RunMain+0x9 (libpython3.12.so)"}},
 		{"no eval frame: after the native frames",
 			[]string{"__open64+0x51 (libc.so.6)", "_io_FileIO___init__+0x1a (python3.11)"},
 			[]string{"__open64+0x51 (libc.so.6)", "_io_FileIO___init__+0x1a (python3.11)", "inner (a.py:3)", "outer (a.py:9)", "<module> (a.py:12)"}},

@@ -35,7 +35,6 @@ type elfInfo struct {
 // at virtual address vaddr.
 type load struct {
 	off, filesz, vaddr uint64
-	exec               bool // PF_X: only code can hold a return address
 }
 
 // buildKey identifies a file's contents across paths and containers. The
@@ -81,7 +80,7 @@ func parseELF(f *os.File) (*elfInfo, error) {
 	for _, p := range ef.Progs {
 		switch p.Type {
 		case elf.PT_LOAD:
-			info.loads = append(info.loads, load{off: p.Off, filesz: p.Filesz, vaddr: p.Vaddr, exec: p.Flags&elf.PF_X != 0})
+			info.loads = append(info.loads, load{off: p.Off, filesz: p.Filesz, vaddr: p.Vaddr})
 		case elf.PT_GNU_EH_FRAME:
 			if ef.Machine == elf.EM_X86_64 {
 				info.eh = ehFrame{hdrAddr: p.Vaddr, hdrSize: p.Filesz}
@@ -178,16 +177,6 @@ func (e *elfInfo) loadAt(off uint64) (load, bool) {
 		}
 	}
 	return load{}, false
-}
-
-// inCode reports whether virtual address vaddr lies in an executable segment.
-func (e *elfInfo) inCode(vaddr uint64) bool {
-	for _, l := range e.loads {
-		if l.exec && vaddr >= l.vaddr && vaddr < l.vaddr+l.filesz {
-			return true
-		}
-	}
-	return false
 }
 
 // lookup finds the function containing vaddr, preferring .symtab, whose local

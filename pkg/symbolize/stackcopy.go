@@ -44,16 +44,19 @@ func (s *Symbolizer) ruleAt(pm *procMaps, addr uint64) Rule {
 }
 
 // StackCopy is a thread's stack from a frame on: the frame's return address
-// PC, the stack pointer and rbp at it, and the stack's bytes from SP up.
+// PC (its instruction pointer when Exact: the innermost frame of a syscall),
+// the stack pointer and rbp at it, and the stack's bytes from SP up.
 type StackCopy struct {
 	PC, SP, BP uint64
+	Exact      bool
 	Stack      []byte
 }
 
 // UnwindCopy continues a stack that the kernel could not: it walks the
 // copy's frames with the call-frame information of the mapped files and
 // returns the return addresses of the callers of c.PC (at most max), and the
-// rule of every frame it used, by lookup address (return address - 1), for
+// rule of every frame it used, by lookup address (return address - 1, or
+// c.PC itself when Exact), for
 // the kernel to walk those frames itself next time. The rule of the last
 // frame reached is included even when the copy ends before its caller: rules
 // depend on the code alone, and the kernel reads the live stack.
@@ -69,9 +72,13 @@ func (s *Symbolizer) UnwindCopy(pid int, c StackCopy, max int) (pcs []uint64, ru
 		return binary.LittleEndian.Uint64(c.Stack[addr-c.SP:]), true
 	}
 	pc, sp, bp := c.PC, c.SP, c.BP
+	at := pc - 1
+	if c.Exact {
+		at = pc
+	}
 	for len(pcs) < max && pc != 0 {
-		r := s.ruleAt(pm, pc-1)
-		rules[pc-1] = r
+		r := s.ruleAt(pm, at)
+		rules[at] = r
 		if r.CFA == CFAEnd {
 			break
 		}
@@ -96,7 +103,7 @@ func (s *Symbolizer) UnwindCopy(pid int, c StackCopy, max int) (pcs []uint64, ru
 			break
 		}
 		pcs = append(pcs, ra)
-		pc, sp = ra, cfa
+		pc, sp, at = ra, cfa, ra-1
 	}
 	return pcs, rules
 }

@@ -1,0 +1,109 @@
+package fdtrack
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
+)
+
+// waitInSyscall waits until pid's main thread is blocked in syscall nr.
+func waitInSyscall(t *testing.T, pid, nr int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/syscall")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := strings.Fields(string(b)); len(f) > 0 && f[0] == strconv.Itoa(nr) {
+			return
+		}
+	}
+	t.Fatalf("pid %d did not enter syscall %d", pid, nr)
+}
+
+// A file opened six calls deep in code built -O2 -fomit-frame-pointer, in C
+// and C++, through glibc (no frame pointers either): the opening stack is
+// eu-stack's, frame for frame from the syscall to _start, read while the
+// process is blocked in that very open (of a FIFO). The site's first open
+// is finished in user space, a second one from the same code in the kernel
+// with the rules learnt: one site.
+func TestOpenStackWithoutFramePointers(t *testing.T) {
+	for _, lang := range []string{"c", "c++"} {
+		t.Run(lang, func(t *testing.T) {
+			tr := newTracker(t)
+			fifo := filepath.Join(t.TempDir(), "weights")
+			if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			p := testutil.StartProc(t, nil, testutil.CUDAChain(t, lang), fifo)
+			pid := p.Cmd.Process.Pid
+			if err := tr.Track(pid); err != nil {
+				t.Fatal(err)
+			}
+			var stacks []int32
+			for i := range 2 {
+				p.Signal(t)
+				waitInSyscall(t, pid, syscall.SYS_OPENAT)
+				var eu []testutil.EUFrame
+				if i == 0 {
+					eu = testutil.EUStack(t, pid)
+				}
+				w, err := os.OpenFile(fifo, os.O_WRONLY, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				p.Wait(t, "done", 10*time.Second)
+				w.Close()
+				fd := fdOn(t, tr, pid, fifo)
+				stacks = append(stacks, fd.StackID)
+				if i > 0 {
+					break
+				}
+				pcs, err := tr.Stack(fd.StackID)
+				if err != nil {
+					t.Fatalf("stack %d: %v", fd.StackID, err)
+				}
+				t.Logf("stack: %v", symbolize.New("/proc").Frames(pid, pcs))
+				if len(pcs) != len(eu) {
+					t.Fatalf("stack has %d frames %#x, eu-stack %d: %v", len(pcs), pcs, len(eu), eu)
+				}
+				for j, f := range eu {
+					if pcs[j] != f.PC {
+						t.Errorf("frame %d = %#x, eu-stack %#x (%s)", j, pcs[j], f.PC, f.Name)
+					}
+				}
+			}
+			if stacks[0] != stacks[1] {
+				t.Errorf("two opens from one site have stacks %d and %d", stacks[0], stacks[1])
+			}
+			lost, err := tr.Lost()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for k, v := range lost {
+				if v != 0 {
+					t.Errorf("lost %s = %d", k, v)
+				}
+			}
+		})
+	}
+}
+
+// fdOn is pid's fd open on path.
+func fdOn(t *testing.T, tr *Tracker, pid int, path string) FD {
+	t.Helper()
+	for _, fd := range poll(t, tr, pid).FDs {
+		if l, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/fd/" + strconv.Itoa(int(fd.Num))); err == nil && l == path {
+			return fd
+		}
+	}
+	t.Fatalf("no fd of pid %d open on %s", pid, path)
+	return FD{}
+}
