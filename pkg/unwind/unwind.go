@@ -160,10 +160,11 @@ func (s *Server) Canonical(id int32) int32 {
 	return c
 }
 
-// Forget drops the canonical ids of stacks that were deleted from the map.
+// Forget drops the canonical ids of stacks that were deleted from the map,
+// and the ids mapped to them: a stack still there is looked at afresh.
 func (s *Server) Forget(kept func(id uint32) bool) {
-	for id := range s.canon {
-		if !kept(uint32(id)) {
+	for id, c := range s.canon {
+		if !kept(uint32(id)) || !kept(uint32(c)) {
 			delete(s.canon, id)
 		}
 	}
