@@ -139,7 +139,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 		t.Close()
 		return nil, fmt.Errorf("opening the cuda unwind ring buffer: %w", err)
 	}
-	t.unwinder = unwind.Serve(t.unwindReader, unwindTables{&t.maps}, sym)
+	t.unwinder = unwind.Serve(t.unwindReader, t.unwindMaps(), sym)
 	return t, nil
 }
 

@@ -136,22 +136,6 @@ type fdUnwindPendingKey struct {
 	Hash uint64
 }
 
-type fdUnwindRequest struct {
-	_       structs.HostLayout
-	Mm      uint64
-	Hash    uint64
-	Tgid    uint32
-	StackId int32
-	Sp      uint64
-	Bp      uint64
-	N       uint32
-	Copied  uint32
-	Exact   uint32
-	Max     uint32
-	Pcs     [64]uint64
-	Stack   [8192]uint8
-}
-
 type fdUnwindRule struct {
 	_      structs.HostLayout
 	Cfa    uint8

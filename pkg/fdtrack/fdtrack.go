@@ -89,7 +89,7 @@ func New(cfg Config) (*Tracker, error) {
 		_ = t.obj.Close()
 		return nil, fmt.Errorf("opening the fd unwind ring buffer: %w", err)
 	}
-	t.unwinder = unwind.Serve(t.unwindReader, unwindTables{&t.maps}, sym)
+	t.unwinder = unwind.Serve(t.unwindReader, t.unwindMaps(), sym)
 	return t, nil
 }
 
