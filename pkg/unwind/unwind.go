@@ -65,12 +65,13 @@ type Server struct {
 	stacksLost atomic.Uint64
 	canon      map[int32]int32  // stack id -> the first id with its frames
 	byFrames   map[string]int32 // frames -> that first id
+	waited     map[int32]bool   // request ids waited for once in vain
 }
 
 // Serve starts answering the requests of r; they stop when r is closed
 // (then Wait).
 func Serve(r *ringbuf.Reader, t Tables, sym *symbolize.Symbolizer) *Server {
-	s := &Server{tables: t, sym: sym, done: make(chan struct{}), canon: map[int32]int32{}, byFrames: map[string]int32{}}
+	s := &Server{tables: t, sym: sym, done: make(chan struct{}), canon: map[int32]int32{}, byFrames: map[string]int32{}, waited: map[int32]bool{}}
 	go s.serve(r)
 	return s
 }
@@ -140,9 +141,14 @@ func (s *Server) Canonical(id int32) int32 {
 		return c
 	}
 	pcs, err := s.tables.Stack(id)
-	for deadline := time.Now().Add(requestWait); err != nil && id >= RequestIDs && time.Now().Before(deadline); {
-		time.Sleep(time.Millisecond)
-		pcs, err = s.tables.Stack(id)
+	if err != nil && id >= RequestIDs && !s.waited[id] {
+		// Once per id: a stack that could not be stored (map full) must
+		// not hold up every poll.
+		s.waited[id] = true
+		for deadline := time.Now().Add(requestWait); err != nil && time.Now().Before(deadline); {
+			time.Sleep(time.Millisecond)
+			pcs, err = s.tables.Stack(id)
+		}
 	}
 	if err != nil {
 		return id
@@ -171,6 +177,11 @@ func (s *Server) Forget(kept func(id uint32) bool) {
 	for k, id := range s.byFrames {
 		if !kept(uint32(id)) {
 			delete(s.byFrames, k)
+		}
+	}
+	for id := range s.waited {
+		if !kept(uint32(id)) {
+			delete(s.waited, id)
 		}
 	}
 }

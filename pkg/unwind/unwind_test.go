@@ -15,6 +15,7 @@ type fakeTables struct {
 	rules  map[uint64]symbolize.Rule
 	stacks map[int32][]uint64
 	done   []uint64
+	reads  int
 }
 
 func newFake() *fakeTables {
@@ -34,6 +35,7 @@ func (f *fakeTables) SetStack(id int32, pcs []uint64, _ bool) error {
 }
 
 func (f *fakeTables) Stack(id int32) ([]uint64, error) {
+	f.reads++
 	pcs, ok := f.stacks[id]
 	if !ok {
 		return nil, errors.New("no such stack")
@@ -52,7 +54,7 @@ func (f *fakeTables) Done(_, hash uint64) error {
 // afresh.
 func TestCanonical(t *testing.T) {
 	f := newFake()
-	s := &Server{tables: f, canon: map[int32]int32{}, byFrames: map[string]int32{}}
+	s := &Server{tables: f, canon: map[int32]int32{}, byFrames: map[string]int32{}, waited: map[int32]bool{}}
 	req, hashed, other := int32(RequestIDs+7), int32(1234), int32(99)
 	f.stacks[req] = []uint64{0x401000, 0x402000}
 	f.stacks[hashed] = []uint64{0x401000, 0x402000}
@@ -68,6 +70,19 @@ func TestCanonical(t *testing.T) {
 	}
 	if got := s.Canonical(5); got != 5 {
 		t.Errorf("unknown id: %d, want itself", got)
+	}
+	// A request never answered is waited for once, not at every poll:
+	// later looks read the map once each.
+	lost := int32(RequestIDs + 8)
+	s.Canonical(lost)
+	before := f.reads
+	for range 4 {
+		if got := s.Canonical(lost); got != lost {
+			t.Errorf("unanswered request: %d, want itself", got)
+		}
+	}
+	if n := f.reads - before; n != 4 {
+		t.Errorf("four more looks read the stack %d times, want 4", n)
 	}
 	if got := s.Canonical(-1); got != -1 {
 		t.Errorf("no stack: %d", got)
@@ -86,7 +101,7 @@ func TestCanonical(t *testing.T) {
 // outside any mapping: the walk ends there, with an end rule for it.
 func TestAnswer(t *testing.T) {
 	f := newFake()
-	s := &Server{tables: f, sym: symbolize.New("/proc"), canon: map[int32]int32{}, byFrames: map[string]int32{}}
+	s := &Server{tables: f, sym: symbolize.New("/proc"), canon: map[int32]int32{}, byFrames: map[string]int32{}, waited: map[int32]bool{}}
 	const unmapped = 0x10 // below any mapping
 	s.answer(Request{MM: 1, Hash: 42, TGID: uint32(os.Getpid()), StackID: RequestIDs, SP: 0x7000, Max: 16,
 		PCs: []uint64{unmapped}, Stack: make([]byte, 64)})
