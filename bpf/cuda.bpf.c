@@ -319,7 +319,7 @@ static __always_inline u32 enter(struct pt_regs *ctx, u8 shape, u64 out, u64 siz
 	/* At entry the caller's return address is at the stack pointer; by the
 	 * return the callee has overwritten the registers a walk needs. Frees
 	 * and counted calls have no site to record. */
-	st->stack_id = shape == SHAPE_ALLOC || shape == SHAPE_PITCH ? unwind_at_entry(ctx, tgid) : -1;
+	st->stack_id = shape == SHAPE_ALLOC || shape == SHAPE_PITCH ? unwind_at_entry(tgid, sp, PT_REGS_FP(ctx)) : -1;
 	return api;
 }
 
