@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"time"
@@ -212,7 +213,12 @@ func (p *Pipeline) has(name string) bool {
 // adopt takes a loaded concern into the poll order and starts tracking the
 // live watched processes in it. Only a failed fd concern is an error.
 func (p *Pipeline) adopt(a arrival) error {
-	p.pending--
+	if p.pending--; p.pending == 0 {
+		// Loading parsed the kernel's BTF and every object (~20 MB of heap
+		// at once), all garbage now. The runtime would hand those pages
+		// back over minutes; the tool runs beside the workload, so now.
+		defer debug.FreeOSMemory()
+	}
 	if a.err != nil {
 		if a.name == "fd" {
 			return a.err
