@@ -287,6 +287,21 @@ static __always_inline void count(u32 tgid, u32 api, u64 alloc, u64 freed)
 	c->free_bytes[k] += freed;
 }
 
+/* Unwinds from the registers of a uprobe at a function's first instruction
+ * (its stack pointer sp and rbp), where the return address is at the stack
+ * pointer. The stack starts at the caller (that return address). A global
+ * function: the verifier walks the loop once per object, not once per
+ * program that calls it. */
+__noinline int unwind_at_entry(u32 tgid, u64 sp, u64 bp)
+{
+	u64 pc = 0;
+	if (bpf_probe_read_user(&pc, sizeof(pc), (void *)sp)) {
+		count_err(ERR_READ_USER);
+		return -1;
+	}
+	return unwind_user(tgid, pc, sp + 8, bp, false, UNWIND_MAX_FRAMES);
+}
+
 /* Saves the entry state of an outermost call. Returns the API, or API_MAX
  * when the call is not ours to record (untracked process, nested call). */
 static __always_inline u32 enter(struct pt_regs *ctx, u8 shape, u64 out, u64 size, u64 pitch, u64 width)

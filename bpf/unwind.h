@@ -301,18 +301,3 @@ static __always_inline s32 unwind_user(u32 tgid, u64 pc, u64 sp, u64 bp, bool ex
 	/* Frames past n are left over from a longer stack: readers stop at n. */
 	return store_stack(s);
 }
-
-/* Unwinds from the registers of a uprobe at a function's first instruction
- * (its stack pointer sp and rbp), where the return address is at the stack
- * pointer. The stack starts at the caller (that return address). A global
- * function: the verifier walks the loop once per object, not once per
- * program that calls it. */
-__noinline int unwind_at_entry(u32 tgid, u64 sp, u64 bp)
-{
-	u64 pc = 0;
-	if (bpf_probe_read_user(&pc, sizeof(pc), (void *)sp)) {
-		count_err(ERR_READ_USER);
-		return -1;
-	}
-	return unwind_user(tgid, pc, sp + 8, bp, false, UNWIND_MAX_FRAMES);
-}
