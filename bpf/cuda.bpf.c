@@ -16,7 +16,11 @@
  * allocation is counted once, under the outermost API.
  *
  * The API of each attach point comes from the BPF cookie: one program per
- * argument shape serves every function of that shape. */
+ * argument shape serves every function of that shape. Kernels without
+ * cookies (before 5.15) get one entry program per function instead, each
+ * with its API built in; user space loads one set. Returns need no cookie:
+ * the state saved at entry says what the call was, and there is one return
+ * program per layer. */
 #include "common.h"
 #include "pyframes.h"
 #include "unwind.h"
@@ -119,9 +123,10 @@ struct call_state {
 	s32 stack_id; /* allocations: the caller's stack, taken at entry */
 };
 
-/* Per-thread entry state, one slot per layer. Task storage: no hash update
- * per call, and it goes away with the thread. */
+/* Per-thread entry state, one slot per layer (thread_state() in common.h:
+ * task storage where the kernel has it). */
 struct thread_calls {
+	u64 task;
 	struct call_state layer[2];
 };
 
@@ -151,17 +156,33 @@ struct {
 	__type(value, s64);
 } live_bytes SEC(".maps");
 
-/* The most live device bytes of each process since user space last read the
- * entry. User space reads and deletes it at each poll in one atomic
- * operation (BPF_MAP_LOOKUP_AND_DELETE_ELEM) and the next allocation starts
- * a new one, so memory allocated and freed again between two polls still
- * shows. A gauge's peak, unlike the counters, may be reset. */
+/* The most live device bytes of each process that each CPU saw in the
+ * current window, so that memory allocated and freed again between two polls
+ * still shows. User space starts a window at each poll by raising
+ * peak_window, then reads the previous window's values of every CPU and
+ * takes the largest: no allocating CPU ever waits for another, and no
+ * atomic read-modify-write (which kernels before 5.12 refuse) is needed.
+ * An allocation in flight across the switch (microseconds) may land in the
+ * window already read. User space creates the entry. */
+struct cuda_peak {
+	u64 window;
+	u64 bytes;
+};
+
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC); /* memory follows use, not capacity */
+	__type(key, u32);
+	__type(value, struct cuda_peak);
+} peak_bytes SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
 	__type(key, u32);
 	__type(value, u64);
-} peak_bytes SEC(".maps");
+} peak_window SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
@@ -169,6 +190,14 @@ struct {
 	__type(key, int);
 	__type(value, struct thread_calls);
 } calls SEC(".maps");
+
+/* calls where the kernel has no task storage. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, u32);
+	__type(value, struct thread_calls);
+} calls_tid SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -180,6 +209,7 @@ const struct cuda_alloc_key *unused_cuda_alloc_key __attribute__((unused));
 const struct cuda_alloc *unused_cuda_alloc __attribute__((unused));
 const struct cuda_counts *unused_cuda_counts __attribute__((unused));
 const struct cuda_failure *unused_cuda_failure __attribute__((unused));
+const struct cuda_peak *unused_cuda_peak __attribute__((unused));
 const enum cuda_api *unused_cuda_api __attribute__((unused));
 const enum cuda_shape *unused_cuda_shape __attribute__((unused));
 const enum cuda_ns *unused_cuda_ns __attribute__((unused));
@@ -219,29 +249,24 @@ static __always_inline bool is_host(u32 api)
 	       api == API_CU_MEM_HOST_ALLOC;
 }
 
-/* Raises the high-water mark of tgid to live. Allocating threads race for
- * it, hence the compare-and-swap; a bounded number of tries keeps the
- * verifier happy, and losing all of them to larger values is harmless. */
+/* Raises this CPU's high-water mark of tgid in the current window to live. */
 static __always_inline void raise_peak(u32 tgid, s64 live)
 {
 	if (live <= 0)
 		return;
-	u64 v = live;
-	u64 *peak = bpf_map_lookup_elem(&peak_bytes, &tgid);
-	if (!peak) {
-		if (!bpf_map_update_elem(&peak_bytes, &tgid, &v, BPF_NOEXIST))
-			return;
-		/* Another CPU created it first. */
-		peak = bpf_map_lookup_elem(&peak_bytes, &tgid);
-		if (!peak) {
-			count_err(ERR_COUNTERS);
-			return;
-		}
+	u32 zero = 0;
+	u64 *window = bpf_map_lookup_elem(&peak_window, &zero);
+	struct cuda_peak *peak = bpf_map_lookup_elem(&peak_bytes, &tgid);
+	if (!window || !peak) {
+		count_err(ERR_COUNTERS);
+		return;
 	}
-	for (int i = 0; i < 8; i++) {
-		u64 old = *(volatile u64 *)peak;
-		if (old >= v || __sync_val_compare_and_swap(peak, old, v) == old)
-			return;
+	u64 w = *window;
+	if (peak->window != w) {
+		peak->window = w;
+		peak->bytes = live;
+	} else if (peak->bytes < (u64)live) {
+		peak->bytes = live;
 	}
 }
 
@@ -256,17 +281,17 @@ static __always_inline void add_live(u32 tgid, u32 api, s64 delta)
 		count_err(ERR_COUNTERS);
 		return;
 	}
-	if (delta < 0) {
-		__sync_fetch_and_add(live, delta);
-		return;
-	}
-	raise_peak(tgid, __sync_fetch_and_add(live, delta) + delta);
+	/* An atomic add whose result is unused: the one atomic every kernel
+	 * takes. What it left is read after, another CPU's change included. */
+	__sync_fetch_and_add(live, delta);
+	if (delta > 0)
+		raise_peak(tgid, *(volatile s64 *)live);
 }
 
 static __always_inline struct thread_calls *thread_calls(bool create)
 {
-	return bpf_task_storage_get(&calls, bpf_get_current_task_btf(), 0,
-				    create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+	struct thread_calls init = {};
+	return thread_state(&calls, &calls_tid, &init, create);
 }
 
 /* Adds one call of api and its bytes to the totals of tgid. */
@@ -304,13 +329,10 @@ __noinline int unwind_at_entry(u32 tgid, u64 sp, u64 bp)
 
 /* Saves the entry state of an outermost call. Returns the API, or API_MAX
  * when the call is not ours to record (untracked process, nested call). */
-static __always_inline u32 enter(struct pt_regs *ctx, u8 shape, u64 out, u64 size, u64 pitch, u64 width)
+static __always_inline u32 enter(struct pt_regs *ctx, u32 api, u8 shape, u64 out, u64 size, u64 pitch, u64 width)
 {
 	u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	if (!is_tracked(tgid))
-		return API_MAX;
-	u32 api = api_of(ctx);
-	if (api == API_MAX)
+	if (!is_tracked(tgid) || api >= API_MAX)
 		return API_MAX;
 	struct thread_calls *tc = thread_calls(true);
 	if (!tc) {
@@ -338,36 +360,13 @@ static __always_inline u32 enter(struct pt_regs *ctx, u8 shape, u64 out, u64 siz
 	return api;
 }
 
-SEC("uprobe")
-int cuda_alloc_enter(struct pt_regs *ctx)
-{
-	enter(ctx, SHAPE_ALLOC, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), 0, 0);
-	return 0;
-}
-
-SEC("uprobe")
-int cuda_pitch_enter(struct pt_regs *ctx)
-{
-	enter(ctx, SHAPE_PITCH, PT_REGS_PARM1(ctx), PT_REGS_PARM4(ctx), PT_REGS_PARM2(ctx), PT_REGS_PARM3(ctx));
-	return 0;
-}
-
-SEC("uprobe")
-int cuda_count_enter(struct pt_regs *ctx)
-{
-	enter(ctx, SHAPE_COUNT, 0, PT_REGS_PARM2(ctx), 0, 0);
-	return 0;
-}
-
 /* Frees are recorded at entry: once the library has released the memory,
  * another thread may get the same address back before our return hook runs. */
-SEC("uprobe")
-int cuda_free_enter(struct pt_regs *ctx)
+static __always_inline void free_entry(struct pt_regs *ctx, u32 api)
 {
 	u64 addr = PT_REGS_PARM1(ctx);
-	u32 api = enter(ctx, SHAPE_FREE, 0, 0, 0, 0);
-	if (api == API_MAX)
-		return 0;
+	if (enter(ctx, api, SHAPE_FREE, 0, 0, 0, 0) == API_MAX)
+		return;
 	u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	u64 freed = 0;
 	struct cuda_alloc_key key = { .tgid = tgid, .ns = ns_of(api), .addr = addr };
@@ -384,8 +383,91 @@ int cuda_free_enter(struct pt_regs *ctx)
 		}
 	}
 	count(tgid, api, 0, freed);
+}
+
+/* The entry of a function of api with arguments of shape. */
+static __always_inline void on_entry(struct pt_regs *ctx, u32 api, u8 shape)
+{
+	switch (shape) {
+	case SHAPE_ALLOC:
+		enter(ctx, api, SHAPE_ALLOC, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), 0, 0);
+		break;
+	case SHAPE_PITCH:
+		enter(ctx, api, SHAPE_PITCH, PT_REGS_PARM1(ctx), PT_REGS_PARM4(ctx), PT_REGS_PARM2(ctx),
+		      PT_REGS_PARM3(ctx));
+		break;
+	case SHAPE_COUNT:
+		enter(ctx, api, SHAPE_COUNT, 0, PT_REGS_PARM2(ctx), 0, 0);
+		break;
+	case SHAPE_FREE:
+		free_entry(ctx, api);
+		break;
+	}
+}
+
+/* One program per shape, the API from the attach point's cookie. */
+SEC("uprobe")
+int cuda_alloc_enter(struct pt_regs *ctx)
+{
+	on_entry(ctx, api_of(ctx), SHAPE_ALLOC);
 	return 0;
 }
+
+SEC("uprobe")
+int cuda_pitch_enter(struct pt_regs *ctx)
+{
+	on_entry(ctx, api_of(ctx), SHAPE_PITCH);
+	return 0;
+}
+
+SEC("uprobe")
+int cuda_count_enter(struct pt_regs *ctx)
+{
+	on_entry(ctx, api_of(ctx), SHAPE_COUNT);
+	return 0;
+}
+
+SEC("uprobe")
+int cuda_free_enter(struct pt_regs *ctx)
+{
+	on_entry(ctx, api_of(ctx), SHAPE_FREE);
+	return 0;
+}
+
+/* One program per function, for kernels without cookies: user space finds
+ * enter_<function> for each entry of pkg/cudatrack's API table. */
+#define API_ENTRY(fn, api, shape)                      \
+	SEC("uprobe")                                  \
+	int enter_##fn(struct pt_regs *ctx)            \
+	{                                              \
+		on_entry(ctx, api, shape);             \
+		return 0;                              \
+	}
+
+API_ENTRY(cudaMalloc, API_CUDA_MALLOC, SHAPE_ALLOC)
+API_ENTRY(cudaMallocAsync, API_CUDA_MALLOC_ASYNC, SHAPE_ALLOC)
+API_ENTRY(cudaMallocFromPoolAsync, API_CUDA_MALLOC_FROM_POOL_ASYNC, SHAPE_ALLOC)
+API_ENTRY(cudaMallocManaged, API_CUDA_MALLOC_MANAGED, SHAPE_ALLOC)
+API_ENTRY(cudaMallocPitch, API_CUDA_MALLOC_PITCH, SHAPE_PITCH)
+API_ENTRY(cudaMallocHost, API_CUDA_MALLOC_HOST, SHAPE_ALLOC)
+API_ENTRY(cudaHostAlloc, API_CUDA_HOST_ALLOC, SHAPE_ALLOC)
+API_ENTRY(cudaFree, API_CUDA_FREE, SHAPE_FREE)
+API_ENTRY(cudaFreeAsync, API_CUDA_FREE_ASYNC, SHAPE_FREE)
+API_ENTRY(cudaFreeHost, API_CUDA_FREE_HOST, SHAPE_FREE)
+API_ENTRY(cuMemAlloc_v2, API_CU_MEM_ALLOC, SHAPE_ALLOC)
+API_ENTRY(cuMemAllocAsync, API_CU_MEM_ALLOC_ASYNC, SHAPE_ALLOC)
+API_ENTRY(cuMemAllocFromPoolAsync, API_CU_MEM_ALLOC_FROM_POOL_ASYNC, SHAPE_ALLOC)
+API_ENTRY(cuMemAllocManaged, API_CU_MEM_ALLOC_MANAGED, SHAPE_ALLOC)
+API_ENTRY(cuMemAllocPitch_v2, API_CU_MEM_ALLOC_PITCH, SHAPE_PITCH)
+API_ENTRY(cuMemAllocHost_v2, API_CU_MEM_ALLOC_HOST, SHAPE_ALLOC)
+API_ENTRY(cuMemHostAlloc, API_CU_MEM_HOST_ALLOC, SHAPE_ALLOC)
+API_ENTRY(cuMemFree_v2, API_CU_MEM_FREE, SHAPE_FREE)
+API_ENTRY(cuMemFreeAsync, API_CU_MEM_FREE_ASYNC, SHAPE_FREE)
+API_ENTRY(cuMemFreeHost, API_CU_MEM_FREE_HOST, SHAPE_FREE)
+API_ENTRY(cuMemCreate, API_CU_MEM_CREATE, SHAPE_ALLOC)
+API_ENTRY(cuMemRelease, API_CU_MEM_RELEASE, SHAPE_FREE)
+API_ENTRY(cuMemMap, API_CU_MEM_MAP, SHAPE_COUNT)
+API_ENTRY(cuMemUnmap, API_CU_MEM_UNMAP, SHAPE_COUNT)
 
 static __always_inline void report_failure(struct call_state *st, u32 tgid, u32 tid, s32 code, s32 stack_id)
 {
@@ -447,21 +529,18 @@ static __always_inline u64 record_alloc(struct call_state *st, u32 tgid, s32 sta
 	return size;
 }
 
-/* Shared by every hooked function: the entry state says what to record. */
-SEC("uretprobe")
-int cuda_return(struct pt_regs *ctx)
+/* The return of any hooked function of layer: the entry state says what to
+ * record. */
+static __always_inline void on_return(struct pt_regs *ctx, u32 layer)
 {
 	u64 id = bpf_get_current_pid_tgid();
 	u32 tgid = id >> 32, tid = (u32)id;
 	if (!is_tracked(tgid))
-		return 0;
-	u32 api = api_of(ctx);
-	if (api == API_MAX)
-		return 0;
+		return;
 	struct thread_calls *tc = thread_calls(false);
 	if (!tc)
-		return 0;
-	struct call_state *saved = &tc->layer[layer_of(api) == LAYER_DRIVER];
+		return;
+	struct call_state *saved = &tc->layer[layer == LAYER_DRIVER];
 	/* The return popped the return address: the stack pointer is 8 above
 	 * its value at entry. Lower: a nested call of the same layer returns;
 	 * higher: the saved call returned without us (stale state). */
@@ -469,12 +548,12 @@ int cuda_return(struct pt_regs *ctx)
 	if (saved->sp != entry_sp) {
 		if (saved->sp < entry_sp)
 			saved->sp = 0;
-		return 0;
+		return;
 	}
 	struct call_state st = *saved;
 	saved->sp = 0;
 	if (st.shape == SHAPE_FREE)
-		return 0; /* recorded at entry */
+		return; /* recorded at entry */
 	u64 bytes = 0;
 	if (st.shape != SHAPE_COUNT) {
 		s32 code = (s32)PT_REGS_RC(ctx);
@@ -484,5 +563,18 @@ int cuda_return(struct pt_regs *ctx)
 			bytes = record_alloc(&st, tgid, st.stack_id);
 	}
 	count(tgid, st.api, bytes, 0);
+}
+
+SEC("uretprobe")
+int cuda_return_runtime(struct pt_regs *ctx)
+{
+	on_return(ctx, LAYER_RUNTIME);
+	return 0;
+}
+
+SEC("uretprobe")
+int cuda_return_driver(struct pt_regs *ctx)
+{
+	on_return(ctx, LAYER_DRIVER);
 	return 0;
 }

@@ -59,8 +59,8 @@ static __always_inline void mmap_enter(u64 prot, s64 fd)
 {
 	if (!(prot & PROT_EXEC) || fd < 0)
 		return;
-	struct task_struct *task = bpf_get_current_task_btf();
-	if (task->thread_info.status & TS_COMPAT)
+	struct task_struct *task = current_task();
+	if (BPF_CORE_READ(task, thread_info.status) & TS_COMPAT)
 		return;
 	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
 	if (!fdt || fd >= BPF_CORE_READ(fdt, max_fds))

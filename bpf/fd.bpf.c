@@ -140,26 +140,25 @@ static __always_inline void count_fd(u32 tgid, u8 kind, bool opened)
 /* Unwinds the user stack at the syscall. A global function is verified
  * once, not once per path of the syscall dispatch that reaches it: this
  * keeps loading fast. */
-__noinline int fd_unwind(u32 tgid)
+__noinline int fd_unwind(u32 tgid, u64 ip, u64 sp, u64 bp)
 {
-	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-	u64 ip = BPF_CORE_READ(regs, ip), sp = BPF_CORE_READ(regs, sp), bp = BPF_CORE_READ(regs, bp);
 	return unwind_user(tgid, ip, sp, bp, true, FD_MAX_FRAMES);
 }
 
-/* Fills the opening site of info: the user stack, unwound from the
- * instruction pointer at the syscall with the binaries' call-frame
- * information (glibc's syscall wrappers use rbp for data, so frame
- * pointers would lose the caller of open()), and the Python frames. */
-static __always_inline void capture_site(void *ctx, u32 tgid, struct fd_info *info)
+/* Fills the opening site of info: the user stack, unwound from the user
+ * registers at the syscall (regs; NULL where the kernel cannot give them:
+ * no stack) with the binaries' call-frame information (glibc's syscall
+ * wrappers use rbp for data, so frame pointers would lose the caller of
+ * open()), and the Python frames. */
+static __always_inline void capture_site(struct pt_regs *regs, u32 tgid, struct fd_info *info)
 {
-	info->stack_id = fd_unwind(tgid);
+	info->stack_id = regs ? fd_unwind(tgid, regs->ip, regs->sp, regs->bp) : -1;
 	info->py_stack = capture_py(tgid);
 }
 
 /* Records a new fd. An existing entry for the same number was replaced
  * (dup2/dup3) or closed by a path we did not see, so it counts as closed. */
-static __always_inline void add_fd(void *ctx, u32 tgid, s32 fd, u8 kind)
+static __always_inline void add_fd(struct pt_regs *regs, u32 tgid, s32 fd, u8 kind)
 {
 	struct fd_key key = { .tgid = tgid, .fd = fd };
 	struct fd_info *old = bpf_map_lookup_elem(&fd_table, &key);
@@ -170,7 +169,7 @@ static __always_inline void add_fd(void *ctx, u32 tgid, s32 fd, u8 kind)
 		.open_ns = bpf_ktime_get_ns(),
 		.kind = kind,
 	};
-	capture_site(ctx, tgid, &info);
+	capture_site(regs, tgid, &info);
 	if (bpf_map_update_elem(&fd_table, &key, &info, BPF_ANY)) {
 		count_err(ERR_TABLE_FULL);
 		return;
@@ -304,8 +303,7 @@ static __always_inline enum exit_how exit_how(long id, u8 *kind)
 /* 32-bit syscalls use other numbers: not ours to decode. */
 static __always_inline bool compat_syscall(void)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
-	return task->thread_info.status & TS_COMPAT;
+	return BPF_CORE_READ(current_task(), thread_info.status) & TS_COMPAT;
 }
 
 static __always_inline void request_resync(u32 tgid)
@@ -319,7 +317,7 @@ static __always_inline void request_resync(u32 tgid)
 
 /* The process is out of fds (EMFILE) or the system is (ENFILE): count it by
  * errno and remember where it happened, for the exhaustion finding. */
-static __always_inline void fd_failed(void *ctx, u32 tgid, long ret, u8 kind)
+static __always_inline void fd_failed(struct pt_regs *regs, u32 tgid, long ret, u8 kind)
 {
 	u32 why;
 	if (ret == -EMFILE)
@@ -338,7 +336,7 @@ static __always_inline void fd_failed(void *ctx, u32 tgid, long ret, u8 kind)
 		return;
 	c->failed[why]++;
 	struct fd_info site = { .open_ns = bpf_ktime_get_ns(), .kind = kind };
-	capture_site(ctx, tgid, &site);
+	capture_site(regs, tgid, &site);
 	if (bpf_map_update_elem(&fail_sites, &tgid, &site, BPF_ANY))
 		count_err(ERR_TABLE_FULL);
 }
@@ -417,7 +415,8 @@ static __always_inline void on_enter(long id, u64 a0, u64 a1, u64 a3)
 	}
 }
 
-static __always_inline void on_exit(void *ctx, long id, long ret)
+/* regs: the user registers, or NULL (no opening stacks). */
+static __always_inline void on_exit(struct pt_regs *regs, long id, long ret)
 {
 	u8 kind = FD_OTHER;
 	enum exit_how how = exit_how(id, &kind);
@@ -436,7 +435,7 @@ static __always_inline void on_exit(void *ctx, long id, long ret)
 		kind = kind_of(tgid, e.fd);
 	if (ret < 0) {
 		if (how != EXIT_RESYNC)
-			fd_failed(ctx, tgid, ret, kind);
+			fd_failed(regs, tgid, ret, kind);
 		return;
 	}
 	s32 fds[2] = { (s32)ret, -1 };
@@ -463,7 +462,7 @@ static __always_inline void on_exit(void *ctx, long id, long ret)
 	for (int i = 0; i < 2; i++) {
 		if (i == 1 && how != EXIT_PAIR)
 			break;
-		add_fd(ctx, tgid, fds[i], kind);
+		add_fd(regs, tgid, fds[i], kind);
 	}
 }
 
@@ -479,7 +478,7 @@ int BPF_PROG(sys_enter_btf, struct pt_regs *regs, long id)
 SEC("tp_btf/sys_exit")
 int BPF_PROG(sys_exit_btf, struct pt_regs *regs, long ret)
 {
-	on_exit(ctx, regs->orig_ax, ret);
+	on_exit(regs, regs->orig_ax, ret);
 	return 0;
 }
 
@@ -504,7 +503,12 @@ int sys_enter_tp(struct trace_event_raw_sys_enter *ctx)
 SEC("tracepoint/raw_syscalls/sys_exit")
 int sys_exit_tp(struct trace_event_raw_sys_exit *ctx)
 {
-	on_exit(ctx, ctx->id, ctx->ret);
+	/* The record has no registers: the task's, where the kernel can say
+	 * where they are (bpf_task_pt_regs, 5.15). */
+	struct pt_regs *regs = NULL;
+	if (have_task_pt_regs)
+		regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	on_exit(regs, ctx->id, ctx->ret);
 	return 0;
 }
 

@@ -14,8 +14,8 @@
  * thread lists, comparing each tstate's thread_id (pthread_self(), which on
  * x86_64 is the thread's fs base) with the current task's fsbase: this works
  * in any pid namespace and whether or not the thread holds the GIL (it does
- * not around open() or a ctypes call). The tstate found is kept in task
- * storage and checked (one read) at each event; it, or the finding that the
+ * not around open() or a ctypes call). The tstate found is kept per thread
+ * (thread_state() in common.h) and checked (one read) at each event; it, or the finding that the
  * thread runs no Python, is trusted for PY_RECHECK_NS before the next walk.
  *
  * The frame chain is walked from the thread's current frame (3.10
@@ -75,11 +75,18 @@ struct py_stack {
 };
 
 struct py_thread {
+	u64 task;   /* thread_state() */
 	u64 tstate; /* 0: not a Python thread when checked */
 	u64 checked_ns;
 };
 
+/* One capture's working memory. The global functions below take scalars
+ * only and find this (and the process's layout copied into it) themselves:
+ * kernels before 5.12 accept no pointer arguments in global functions, and
+ * before 6.12 a pointer derived from one is no map value for
+ * bpf_map_update_elem. */
 struct py_scratch {
+	struct py_proc cfg;
 	struct py_stack st;
 	u8 buf[PY_BUF + 8];
 };
@@ -112,6 +119,14 @@ struct {
 	__type(key, int);
 	__type(value, struct py_thread);
 } py_threads SEC(".maps");
+
+/* py_threads where the kernel has no task storage (thread_state()). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, u32);
+	__type(value, struct py_thread);
+} py_threads_tid SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -162,45 +177,53 @@ static __always_inline u64 py_ptr(u64 addr)
 	return v;
 }
 
-/* The tstate in the list from ts whose thread_id is fsbase, its fields left
- * in sc->buf; 0 when none is. Global, like the others below: the verifier
- * walks each loop once. */
-__noinline u64 py_find_thread(const struct py_proc *cfg, struct py_scratch *sc, u64 ts, u64 fsbase)
+static __always_inline struct py_scratch *py_sc(void)
 {
-	if (!cfg || !sc)
+	u32 zero = 0;
+	return bpf_map_lookup_elem(&py_scratch, &zero);
+}
+
+/* The tstate in the list from ts whose thread_id is fsbase, its fields left
+ * in the scratch buffer; 0 when none is. Global, like the others below: the
+ * verifier walks each loop once. */
+__noinline u64 py_find_thread(u64 ts, u64 fsbase)
+{
+	struct py_scratch *sc = py_sc();
+	if (!sc)
 		return 0;
 	for (int i = 0; i < PY_MAX_THREADS && ts; i++) {
-		if (!py_read(sc, cfg->tstate_size, ts))
+		if (!py_read(sc, sc->cfg.tstate_size, ts))
 			return 0;
-		if (py_u64(sc, cfg->tstate_thread_id) == fsbase)
+		if (py_u64(sc, sc->cfg.tstate_thread_id) == fsbase)
 			return ts;
-		ts = py_u64(sc, cfg->tstate_next);
+		ts = py_u64(sc, sc->cfg.tstate_next);
 	}
 	return 0;
 }
 
 /* The current frame of the calling thread, or 0 when it runs no Python. */
-__noinline u64 py_current_frame(const struct py_proc *cfg, struct py_scratch *sc)
+__noinline u64 py_current_frame(void)
 {
-	if (!cfg || !sc)
+	struct py_scratch *sc = py_sc();
+	if (!sc)
 		return 0;
-	struct task_struct *task = bpf_get_current_task_btf();
-	u64 fsbase = BPF_CORE_READ(task, thread.fsbase);
+	u64 fsbase = BPF_CORE_READ(current_task(), thread.fsbase);
 	u64 now = bpf_ktime_get_ns();
-	struct py_thread *pt = bpf_task_storage_get(&py_threads, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	struct py_thread init = {};
+	struct py_thread *pt = thread_state(&py_threads, &py_threads_tid, &init, true);
 	u64 ts = 0;
 	if (pt && now - pt->checked_ns < PY_RECHECK_NS) {
 		if (!pt->tstate)
 			return 0;
 		/* Still this thread's: one read, which leaves its fields in buf. */
-		if (py_read(sc, cfg->tstate_size, pt->tstate) && py_u64(sc, cfg->tstate_thread_id) == fsbase)
+		if (py_read(sc, sc->cfg.tstate_size, pt->tstate) && py_u64(sc, sc->cfg.tstate_thread_id) == fsbase)
 			ts = pt->tstate;
 	}
 	if (!ts) {
-		u64 interp = py_ptr(cfg->runtime + cfg->interp_head);
+		u64 interp = py_ptr(sc->cfg.runtime + sc->cfg.interp_head);
 		for (int i = 0; i < PY_MAX_INTERPS && interp && !ts; i++) {
-			ts = py_find_thread(cfg, sc, py_ptr(interp + cfg->interp_threads), fsbase);
-			interp = py_ptr(interp + cfg->interp_next);
+			ts = py_find_thread(py_ptr(interp + sc->cfg.interp_threads), fsbase);
+			interp = py_ptr(interp + sc->cfg.interp_next);
 		}
 		if (pt) {
 			pt->tstate = ts;
@@ -209,38 +232,42 @@ __noinline u64 py_current_frame(const struct py_proc *cfg, struct py_scratch *sc
 		if (!ts)
 			return 0;
 	}
-	u64 frame = py_u64(sc, cfg->tstate_frame);
-	if (frame && cfg->cframe_frame != PY_NONE)
-		frame = py_ptr(frame + cfg->cframe_frame);
+	u64 frame = py_u64(sc, sc->cfg.tstate_frame);
+	if (frame && sc->cfg.cframe_frame != PY_NONE)
+		frame = py_ptr(frame + sc->cfg.cframe_frame);
 	return frame;
 }
 
 #define PY_ADDR_MASK ((1ULL << 48) - 1)
 
-/* Records the frames from frame outwards into sc->st; returns how many. */
-__noinline int py_walk(const struct py_proc *cfg, struct py_scratch *sc, u64 frame)
+/* Records the frames from frame outwards in the scratch stack; returns how
+ * many. */
+__noinline int py_walk(u64 frame)
 {
-	if (!cfg || !sc)
+	struct py_scratch *sc = py_sc();
+	if (!sc)
 		return 0;
 	struct py_stack *st = &sc->st;
 	u32 n = 0;
 	for (; n < PY_MAX_FRAMES && frame; n++) {
-		if (!py_read(sc, cfg->frame_size, frame))
+		if (!py_read(sc, sc->cfg.frame_size, frame))
 			break;
-		u64 owner = sc->buf[cfg->frame_owner & (PY_BUF - 1)];
-		u64 entry = sc->buf[cfg->frame_entry & (PY_BUF - 1)];
-		st->code[n] = py_u64(sc, cfg->frame_code);
-		st->instr[n] = (py_u64(sc, cfg->frame_instr) & PY_ADDR_MASK) | owner << 48 | entry << 56;
-		frame = py_u64(sc, cfg->frame_previous);
+		u64 owner = sc->buf[sc->cfg.frame_owner & (PY_BUF - 1)];
+		u64 entry = sc->buf[sc->cfg.frame_entry & (PY_BUF - 1)];
+		st->code[n] = py_u64(sc, sc->cfg.frame_code);
+		st->instr[n] = (py_u64(sc, sc->cfg.frame_instr) & PY_ADDR_MASK) | owner << 48 | entry << 56;
+		frame = py_u64(sc, sc->cfg.frame_previous);
 	}
 	st->n = n;
 	st->truncated = frame != 0;
 	return n;
 }
 
-/* Stores sc->st under a hash of its frames; returns the id, 0 on failure. */
-__noinline int py_store(struct py_scratch *sc)
+/* Stores the scratch stack under a hash of its frames; returns the id, 0 on
+ * failure. */
+__noinline int py_store(void)
 {
+	struct py_scratch *sc = py_sc();
 	if (!sc)
 		return 0;
 	struct py_stack *st = &sc->st;
@@ -283,12 +310,12 @@ __noinline int capture_py(u32 tgid)
 	const struct py_proc *cfg = bpf_map_lookup_elem(&py_procs, &tgid);
 	if (!cfg)
 		return 0;
-	u32 zero = 0;
-	struct py_scratch *sc = bpf_map_lookup_elem(&py_scratch, &zero);
+	struct py_scratch *sc = py_sc();
 	if (!sc)
 		return 0;
-	u64 frame = py_current_frame(cfg, sc);
-	if (!frame || !py_walk(cfg, sc, frame))
+	sc->cfg = *cfg;
+	u64 frame = py_current_frame();
+	if (!frame || !py_walk(frame))
 		return 0;
-	return py_store(sc);
+	return py_store();
 }

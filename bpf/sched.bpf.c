@@ -247,9 +247,8 @@ int switch_tp(struct trace_event_raw_sched_switch *ctx)
 	u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	if (tracked(tgid)) {
 		long state = ctx->prev_state;
-		struct task_struct *prev = bpf_get_current_task_btf();
 		switch_out(tgid, ctx->prev_pid, state == TASK_RUNNING || state >= TASK_REPORT_MAX,
-			   prev->exit_state != 0);
+			   BPF_CORE_READ(current_task(), exit_state) != 0);
 	}
 	switch_in(ctx->next_pid);
 	return 0;

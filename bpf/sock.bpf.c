@@ -110,15 +110,17 @@ int sock_set_state(struct trace_event_raw_inet_sock_set_state *ctx)
 	return 0;
 }
 
-/* Claims the TCP socket behind the fd an accept call returned. */
-static __always_inline int accepted(struct trace_event_raw_sys_exit *ctx)
+/* Claims the TCP socket behind the fd an accept call returned. A
+ * syscalls:sys_exit_* record is laid out as struct syscall_trace_exit, not as
+ * raw_syscalls' record: the two differ where struct trace_entry is not 8
+ * bytes (12 on PREEMPT_RT), and CO-RE follows the type named here. */
+static __always_inline int accepted(struct syscall_trace_exit *ctx)
 {
 	u32 tgid = tracked_tgid();
 	if (!tgid || ctx->ret < 0)
 		return 0;
 	u32 fd = (u32)ctx->ret;
-	struct task_struct *task = bpf_get_current_task_btf();
-	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	struct fdtable *fdt = BPF_CORE_READ(current_task(), files, fdt);
 	if (!fdt || fd >= BPF_CORE_READ(fdt, max_fds))
 		return 0;
 	struct file **fds = BPF_CORE_READ(fdt, fd);
@@ -145,13 +147,13 @@ static __always_inline int accepted(struct trace_event_raw_sys_exit *ctx)
 }
 
 SEC("tracepoint/syscalls/sys_exit_accept4")
-int exit_accept4(struct trace_event_raw_sys_exit *ctx)
+int exit_accept4(struct syscall_trace_exit *ctx)
 {
 	return accepted(ctx);
 }
 
 SEC("tracepoint/syscalls/sys_exit_accept")
-int exit_accept(struct trace_event_raw_sys_exit *ctx)
+int exit_accept(struct syscall_trace_exit *ctx)
 {
 	return accepted(ctx);
 }

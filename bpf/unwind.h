@@ -137,9 +137,13 @@ struct {
 	__type(value, s32);
 } unwind_pending SEC(".maps");
 
-/* The next request id, shared by all CPUs. */
+/* The next request id of each CPU. A request id is the CPU's number and its
+ * count: unique without an atomic fetch-and-add, which kernels before 5.12
+ * refuse anywhere in a program. */
+#define UNWIND_SEQ_BITS 20
+
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, u32);
 	__type(value, u32);
@@ -210,8 +214,12 @@ static __always_inline s32 request_unwind(struct unwound_stack *s, u64 mm, u32 t
 	}
 	u32 zero = 0;
 	u32 *seq = bpf_map_lookup_elem(&unwind_seq, &zero);
-	u32 n = seq ? __sync_fetch_and_add(seq, 1) : 0;
-	s32 id = UNWIND_REQUEST_IDS | (n & (UNWIND_REQUEST_IDS - 1));
+	u32 n = 0;
+	if (seq)
+		n = (*seq)++;
+	u32 cpu = bpf_get_smp_processor_id();
+	s32 id = UNWIND_REQUEST_IDS | (((cpu << UNWIND_SEQ_BITS) | (n & ((1 << UNWIND_SEQ_BITS) - 1))) &
+				       (UNWIND_REQUEST_IDS - 1));
 	/* Before the submit, so that user space's delete comes after it. */
 	bpf_map_update_elem(&unwind_pending, &pk, &id, BPF_ANY);
 	r->mm = mm;
@@ -250,8 +258,7 @@ static __always_inline s32 unwind_user(u32 tgid, u64 pc, u64 sp, u64 bp, bool ex
 		count_err(ERR_STACK);
 		return -1;
 	}
-	struct task_struct *task = bpf_get_current_task_btf();
-	u64 mm = (u64)task->mm;
+	u64 mm = (u64)BPF_CORE_READ(current_task(), mm);
 	s->hash = 0xcbf29ce484222325ULL;
 	s->n = 0;
 	s->truncated = 0;

@@ -37,9 +37,9 @@ func newCheck() *cobra.Command {
 			}
 			views := []string{"fd leaks"}
 			for _, v := range []struct{ probe, view string }{
-				{"sched_switch", "context-switch storms"},
-				{"tracepoint sock/inet_sock_set_state", "socket leaks"},
-				{"uprobe attach (CUDA hooks)", "GPU allocations"},
+				{"view sched: sched_switch", "context-switch storms"},
+				{"view sock (TCP socket states)", "socket leaks"},
+				{"view cuda (allocation hooks)", "GPU allocations"},
 				{"NVML (GPU metrics)", "GPU metrics (NVML)"},
 			} {
 				for _, r := range rs {

@@ -50,21 +50,54 @@ func PruneTracepoints(spec *ebpf.CollectionSpec, root string, required func(prog
 	return skipped, nil
 }
 
-// LoadCollection loads spec. Errors start with "loading " + what and say
-// what the user can do: the verifier log in full, or the privileges needed.
+// LoadCollection fits spec to the running kernel (Kernel.Adapt) and loads
+// it. Errors start with "loading " + what and say what the user can do: the
+// verifier log in full, or the privileges needed.
 func LoadCollection(spec *ebpf.CollectionSpec, what string) (*ebpf.Collection, error) {
-	coll, err := ebpf.NewCollection(spec)
-	if err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("loading %s: %+v", what, ve)
-		}
-		if errors.Is(err, unix.EPERM) {
-			return nil, fmt.Errorf("loading %s: %w (needs root or CAP_BPF+CAP_PERFMON)", what, err)
-		}
+	if err := Probe().Adapt(spec); err != nil {
 		return nil, fmt.Errorf("loading %s: %w", what, err)
 	}
+	coll, err := ebpf.NewCollection(spec)
+	if err != nil {
+		return nil, &LoadError{What: what, Err: err}
+	}
 	return coll, nil
+}
+
+// LoadError is an object the kernel refused. Its message carries the
+// verifier's log in full, for a bug report.
+type LoadError struct {
+	What string
+	Err  error
+}
+
+func (e *LoadError) Error() string {
+	var ve *ebpf.VerifierError
+	if errors.As(e.Err, &ve) {
+		return fmt.Sprintf("loading %s: %+v", e.What, ve)
+	}
+	if errors.Is(e.Err, unix.EPERM) {
+		return fmt.Sprintf("loading %s: %v (needs root or CAP_BPF+CAP_PERFMON)", e.What, e.Err)
+	}
+	return fmt.Sprintf("loading %s: %v", e.What, e.Err)
+}
+
+func (e *LoadError) Unwrap() error { return e.Err }
+
+// Summary says in one line why err happened: for a refused load, the
+// verifier's own last words (the instruction and what it expected), which
+// name the first thing the running kernel lacks.
+func Summary(err error) string {
+	var le *LoadError
+	if errors.As(err, &le) {
+		var ve *ebpf.VerifierError
+		if errors.As(le.Err, &ve) {
+			return fmt.Sprintf("loading %s: %v", le.What, ve)
+		}
+		return le.Error()
+	}
+	msg, _, _ := strings.Cut(err.Error(), "\n")
+	return msg
 }
 
 // Close closes links, then maps (the bpf2go maps struct, or nil), then coll

@@ -82,6 +82,12 @@ type cudaCudaFailure struct {
 	_       [4]byte
 }
 
+type cudaCudaPeak struct {
+	_      structs.HostLayout
+	Window uint64
+	Bytes  uint64
+}
+
 type cudaCudaShape uint32
 
 const (
@@ -126,6 +132,7 @@ type cudaPyProc struct {
 
 type cudaPyScratch struct {
 	_   structs.HostLayout
+	Cfg cudaPyProc
 	St  cudaPyStack
 	Buf [264]uint8
 }
@@ -140,12 +147,14 @@ type cudaPyStack struct {
 
 type cudaPyThread struct {
 	_         structs.HostLayout
+	Task      uint64
 	Tstate    uint64
 	CheckedNs uint64
 }
 
 type cudaThreadCalls struct {
 	_     structs.HostLayout
+	Task  uint64
 	Layer [2]struct {
 		_       structs.HostLayout
 		Sp      uint64
@@ -196,46 +205,77 @@ type cudaUnwoundStack struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	cudaMapCalls                  = "calls"
-	cudaMapCudaCounters           = "cuda_counters"
-	cudaMapErrors                 = "errors"
-	cudaMapFailures               = "failures"
-	cudaMapLiveAllocs             = "live_allocs"
-	cudaMapLiveBytes              = "live_bytes"
-	cudaMapPeakBytes              = "peak_bytes"
-	cudaMapPyErrors               = "py_errors"
-	cudaMapPyProcs                = "py_procs"
-	cudaMapPyScratch              = "py_scratch"
-	cudaMapPyStacks               = "py_stacks"
-	cudaMapPyThreads              = "py_threads"
-	cudaMapTrackedPids            = "tracked_pids"
-	cudaMapUnwindPending          = "unwind_pending"
-	cudaMapUnwindRequests         = "unwind_requests"
-	cudaMapUnwindRules            = "unwind_rules"
-	cudaMapUnwindScratch          = "unwind_scratch"
-	cudaMapUnwindSeq              = "unwind_seq"
-	cudaMapUnwoundStacks          = "unwound_stacks"
-	cudaProgCudaAllocEnter        = "cuda_alloc_enter"
-	cudaProgCudaCountEnter        = "cuda_count_enter"
-	cudaProgCudaFreeEnter         = "cuda_free_enter"
-	cudaProgCudaPitchEnter        = "cuda_pitch_enter"
-	cudaProgCudaReturn            = "cuda_return"
-	cudaVarUnusedCudaAlloc        = "unused_cuda_alloc"
-	cudaVarUnusedCudaAllocKey     = "unused_cuda_alloc_key"
-	cudaVarUnusedCudaApi          = "unused_cuda_api"
-	cudaVarUnusedCudaCounts       = "unused_cuda_counts"
-	cudaVarUnusedCudaFailure      = "unused_cuda_failure"
-	cudaVarUnusedCudaNs           = "unused_cuda_ns"
-	cudaVarUnusedCudaShape        = "unused_cuda_shape"
-	cudaVarUnusedErrKind          = "unused_err_kind"
-	cudaVarUnusedPyErr            = "unused_py_err"
-	cudaVarUnusedPyProc           = "unused_py_proc"
-	cudaVarUnusedPyStack          = "unused_py_stack"
-	cudaVarUnusedUnwindKey        = "unused_unwind_key"
-	cudaVarUnusedUnwindPendingKey = "unused_unwind_pending_key"
-	cudaVarUnusedUnwindRequest    = "unused_unwind_request"
-	cudaVarUnusedUnwindRule       = "unused_unwind_rule"
-	cudaVarUnusedUnwoundStack     = "unused_unwound_stack"
+	cudaMapCalls                         = "calls"
+	cudaMapCallsTid                      = "calls_tid"
+	cudaMapCudaCounters                  = "cuda_counters"
+	cudaMapErrors                        = "errors"
+	cudaMapFailures                      = "failures"
+	cudaMapLiveAllocs                    = "live_allocs"
+	cudaMapLiveBytes                     = "live_bytes"
+	cudaMapPeakBytes                     = "peak_bytes"
+	cudaMapPeakWindow                    = "peak_window"
+	cudaMapPyErrors                      = "py_errors"
+	cudaMapPyProcs                       = "py_procs"
+	cudaMapPyScratch                     = "py_scratch"
+	cudaMapPyStacks                      = "py_stacks"
+	cudaMapPyThreads                     = "py_threads"
+	cudaMapPyThreadsTid                  = "py_threads_tid"
+	cudaMapTrackedPids                   = "tracked_pids"
+	cudaMapUnwindPending                 = "unwind_pending"
+	cudaMapUnwindRequests                = "unwind_requests"
+	cudaMapUnwindRules                   = "unwind_rules"
+	cudaMapUnwindScratch                 = "unwind_scratch"
+	cudaMapUnwindSeq                     = "unwind_seq"
+	cudaMapUnwoundStacks                 = "unwound_stacks"
+	cudaProgCudaAllocEnter               = "cuda_alloc_enter"
+	cudaProgCudaCountEnter               = "cuda_count_enter"
+	cudaProgCudaFreeEnter                = "cuda_free_enter"
+	cudaProgCudaPitchEnter               = "cuda_pitch_enter"
+	cudaProgCudaReturnDriver             = "cuda_return_driver"
+	cudaProgCudaReturnRuntime            = "cuda_return_runtime"
+	cudaProgEnterCuMemAllocAsync         = "enter_cuMemAllocAsync"
+	cudaProgEnterCuMemAllocFromPoolAsync = "enter_cuMemAllocFromPoolAsync"
+	cudaProgEnterCuMemAllocHostV2        = "enter_cuMemAllocHost_v2"
+	cudaProgEnterCuMemAllocManaged       = "enter_cuMemAllocManaged"
+	cudaProgEnterCuMemAllocPitchV2       = "enter_cuMemAllocPitch_v2"
+	cudaProgEnterCuMemAllocV2            = "enter_cuMemAlloc_v2"
+	cudaProgEnterCuMemCreate             = "enter_cuMemCreate"
+	cudaProgEnterCuMemFreeAsync          = "enter_cuMemFreeAsync"
+	cudaProgEnterCuMemFreeHost           = "enter_cuMemFreeHost"
+	cudaProgEnterCuMemFreeV2             = "enter_cuMemFree_v2"
+	cudaProgEnterCuMemHostAlloc          = "enter_cuMemHostAlloc"
+	cudaProgEnterCuMemMap                = "enter_cuMemMap"
+	cudaProgEnterCuMemRelease            = "enter_cuMemRelease"
+	cudaProgEnterCuMemUnmap              = "enter_cuMemUnmap"
+	cudaProgEnterCudaFree                = "enter_cudaFree"
+	cudaProgEnterCudaFreeAsync           = "enter_cudaFreeAsync"
+	cudaProgEnterCudaFreeHost            = "enter_cudaFreeHost"
+	cudaProgEnterCudaHostAlloc           = "enter_cudaHostAlloc"
+	cudaProgEnterCudaMalloc              = "enter_cudaMalloc"
+	cudaProgEnterCudaMallocAsync         = "enter_cudaMallocAsync"
+	cudaProgEnterCudaMallocFromPoolAsync = "enter_cudaMallocFromPoolAsync"
+	cudaProgEnterCudaMallocHost          = "enter_cudaMallocHost"
+	cudaProgEnterCudaMallocManaged       = "enter_cudaMallocManaged"
+	cudaProgEnterCudaMallocPitch         = "enter_cudaMallocPitch"
+	cudaVarHaveTaskPtRegs                = "have_task_pt_regs"
+	cudaVarHaveTaskStorage               = "have_task_storage"
+	cudaVarUnusedCudaAlloc               = "unused_cuda_alloc"
+	cudaVarUnusedCudaAllocKey            = "unused_cuda_alloc_key"
+	cudaVarUnusedCudaApi                 = "unused_cuda_api"
+	cudaVarUnusedCudaCounts              = "unused_cuda_counts"
+	cudaVarUnusedCudaFailure             = "unused_cuda_failure"
+	cudaVarUnusedCudaNs                  = "unused_cuda_ns"
+	cudaVarUnusedCudaPeak                = "unused_cuda_peak"
+	cudaVarUnusedCudaShape               = "unused_cuda_shape"
+	cudaVarUnusedErrKind                 = "unused_err_kind"
+	cudaVarUnusedPyErr                   = "unused_py_err"
+	cudaVarUnusedPyProc                  = "unused_py_proc"
+	cudaVarUnusedPyStack                 = "unused_py_stack"
+	cudaVarUnusedUnwindKey               = "unused_unwind_key"
+	cudaVarUnusedUnwindPendingKey        = "unused_unwind_pending_key"
+	cudaVarUnusedUnwindRequest           = "unused_unwind_request"
+	cudaVarUnusedUnwindRule              = "unused_unwind_rule"
+	cudaVarUnusedUnwoundStack            = "unused_unwound_stack"
 )
 
 // loadCuda returns the embedded CollectionSpec for cuda.
@@ -280,11 +320,36 @@ type cudaSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type cudaProgramSpecs struct {
-	CudaAllocEnter *ebpf.ProgramSpec `ebpf:"cuda_alloc_enter"`
-	CudaCountEnter *ebpf.ProgramSpec `ebpf:"cuda_count_enter"`
-	CudaFreeEnter  *ebpf.ProgramSpec `ebpf:"cuda_free_enter"`
-	CudaPitchEnter *ebpf.ProgramSpec `ebpf:"cuda_pitch_enter"`
-	CudaReturn     *ebpf.ProgramSpec `ebpf:"cuda_return"`
+	CudaAllocEnter               *ebpf.ProgramSpec `ebpf:"cuda_alloc_enter"`
+	CudaCountEnter               *ebpf.ProgramSpec `ebpf:"cuda_count_enter"`
+	CudaFreeEnter                *ebpf.ProgramSpec `ebpf:"cuda_free_enter"`
+	CudaPitchEnter               *ebpf.ProgramSpec `ebpf:"cuda_pitch_enter"`
+	CudaReturnDriver             *ebpf.ProgramSpec `ebpf:"cuda_return_driver"`
+	CudaReturnRuntime            *ebpf.ProgramSpec `ebpf:"cuda_return_runtime"`
+	EnterCuMemAllocAsync         *ebpf.ProgramSpec `ebpf:"enter_cuMemAllocAsync"`
+	EnterCuMemAllocFromPoolAsync *ebpf.ProgramSpec `ebpf:"enter_cuMemAllocFromPoolAsync"`
+	EnterCuMemAllocHostV2        *ebpf.ProgramSpec `ebpf:"enter_cuMemAllocHost_v2"`
+	EnterCuMemAllocManaged       *ebpf.ProgramSpec `ebpf:"enter_cuMemAllocManaged"`
+	EnterCuMemAllocPitchV2       *ebpf.ProgramSpec `ebpf:"enter_cuMemAllocPitch_v2"`
+	EnterCuMemAllocV2            *ebpf.ProgramSpec `ebpf:"enter_cuMemAlloc_v2"`
+	EnterCuMemCreate             *ebpf.ProgramSpec `ebpf:"enter_cuMemCreate"`
+	EnterCuMemFreeAsync          *ebpf.ProgramSpec `ebpf:"enter_cuMemFreeAsync"`
+	EnterCuMemFreeHost           *ebpf.ProgramSpec `ebpf:"enter_cuMemFreeHost"`
+	EnterCuMemFreeV2             *ebpf.ProgramSpec `ebpf:"enter_cuMemFree_v2"`
+	EnterCuMemHostAlloc          *ebpf.ProgramSpec `ebpf:"enter_cuMemHostAlloc"`
+	EnterCuMemMap                *ebpf.ProgramSpec `ebpf:"enter_cuMemMap"`
+	EnterCuMemRelease            *ebpf.ProgramSpec `ebpf:"enter_cuMemRelease"`
+	EnterCuMemUnmap              *ebpf.ProgramSpec `ebpf:"enter_cuMemUnmap"`
+	EnterCudaFree                *ebpf.ProgramSpec `ebpf:"enter_cudaFree"`
+	EnterCudaFreeAsync           *ebpf.ProgramSpec `ebpf:"enter_cudaFreeAsync"`
+	EnterCudaFreeHost            *ebpf.ProgramSpec `ebpf:"enter_cudaFreeHost"`
+	EnterCudaHostAlloc           *ebpf.ProgramSpec `ebpf:"enter_cudaHostAlloc"`
+	EnterCudaMalloc              *ebpf.ProgramSpec `ebpf:"enter_cudaMalloc"`
+	EnterCudaMallocAsync         *ebpf.ProgramSpec `ebpf:"enter_cudaMallocAsync"`
+	EnterCudaMallocFromPoolAsync *ebpf.ProgramSpec `ebpf:"enter_cudaMallocFromPoolAsync"`
+	EnterCudaMallocHost          *ebpf.ProgramSpec `ebpf:"enter_cudaMallocHost"`
+	EnterCudaMallocManaged       *ebpf.ProgramSpec `ebpf:"enter_cudaMallocManaged"`
+	EnterCudaMallocPitch         *ebpf.ProgramSpec `ebpf:"enter_cudaMallocPitch"`
 }
 
 // cudaMapSpecs contains maps before they are loaded into the kernel.
@@ -292,17 +357,20 @@ type cudaProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type cudaMapSpecs struct {
 	Calls          *ebpf.MapSpec `ebpf:"calls"`
+	CallsTid       *ebpf.MapSpec `ebpf:"calls_tid"`
 	CudaCounters   *ebpf.MapSpec `ebpf:"cuda_counters"`
 	Errors         *ebpf.MapSpec `ebpf:"errors"`
 	Failures       *ebpf.MapSpec `ebpf:"failures"`
 	LiveAllocs     *ebpf.MapSpec `ebpf:"live_allocs"`
 	LiveBytes      *ebpf.MapSpec `ebpf:"live_bytes"`
 	PeakBytes      *ebpf.MapSpec `ebpf:"peak_bytes"`
+	PeakWindow     *ebpf.MapSpec `ebpf:"peak_window"`
 	PyErrors       *ebpf.MapSpec `ebpf:"py_errors"`
 	PyProcs        *ebpf.MapSpec `ebpf:"py_procs"`
 	PyScratch      *ebpf.MapSpec `ebpf:"py_scratch"`
 	PyStacks       *ebpf.MapSpec `ebpf:"py_stacks"`
 	PyThreads      *ebpf.MapSpec `ebpf:"py_threads"`
+	PyThreadsTid   *ebpf.MapSpec `ebpf:"py_threads_tid"`
 	TrackedPids    *ebpf.MapSpec `ebpf:"tracked_pids"`
 	UnwindPending  *ebpf.MapSpec `ebpf:"unwind_pending"`
 	UnwindRequests *ebpf.MapSpec `ebpf:"unwind_requests"`
@@ -316,12 +384,15 @@ type cudaMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type cudaVariableSpecs struct {
+	HaveTaskPtRegs         *ebpf.VariableSpec `ebpf:"have_task_pt_regs"`
+	HaveTaskStorage        *ebpf.VariableSpec `ebpf:"have_task_storage"`
 	UnusedCudaAlloc        *ebpf.VariableSpec `ebpf:"unused_cuda_alloc"`
 	UnusedCudaAllocKey     *ebpf.VariableSpec `ebpf:"unused_cuda_alloc_key"`
 	UnusedCudaApi          *ebpf.VariableSpec `ebpf:"unused_cuda_api"`
 	UnusedCudaCounts       *ebpf.VariableSpec `ebpf:"unused_cuda_counts"`
 	UnusedCudaFailure      *ebpf.VariableSpec `ebpf:"unused_cuda_failure"`
 	UnusedCudaNs           *ebpf.VariableSpec `ebpf:"unused_cuda_ns"`
+	UnusedCudaPeak         *ebpf.VariableSpec `ebpf:"unused_cuda_peak"`
 	UnusedCudaShape        *ebpf.VariableSpec `ebpf:"unused_cuda_shape"`
 	UnusedErrKind          *ebpf.VariableSpec `ebpf:"unused_err_kind"`
 	UnusedPyErr            *ebpf.VariableSpec `ebpf:"unused_py_err"`
@@ -355,17 +426,20 @@ func (o *cudaObjects) Close() error {
 // It can be passed to loadCudaObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cudaMaps struct {
 	Calls          *ebpf.Map `ebpf:"calls"`
+	CallsTid       *ebpf.Map `ebpf:"calls_tid"`
 	CudaCounters   *ebpf.Map `ebpf:"cuda_counters"`
 	Errors         *ebpf.Map `ebpf:"errors"`
 	Failures       *ebpf.Map `ebpf:"failures"`
 	LiveAllocs     *ebpf.Map `ebpf:"live_allocs"`
 	LiveBytes      *ebpf.Map `ebpf:"live_bytes"`
 	PeakBytes      *ebpf.Map `ebpf:"peak_bytes"`
+	PeakWindow     *ebpf.Map `ebpf:"peak_window"`
 	PyErrors       *ebpf.Map `ebpf:"py_errors"`
 	PyProcs        *ebpf.Map `ebpf:"py_procs"`
 	PyScratch      *ebpf.Map `ebpf:"py_scratch"`
 	PyStacks       *ebpf.Map `ebpf:"py_stacks"`
 	PyThreads      *ebpf.Map `ebpf:"py_threads"`
+	PyThreadsTid   *ebpf.Map `ebpf:"py_threads_tid"`
 	TrackedPids    *ebpf.Map `ebpf:"tracked_pids"`
 	UnwindPending  *ebpf.Map `ebpf:"unwind_pending"`
 	UnwindRequests *ebpf.Map `ebpf:"unwind_requests"`
@@ -378,17 +452,20 @@ type cudaMaps struct {
 func (m *cudaMaps) Close() error {
 	return _CudaClose(
 		m.Calls,
+		m.CallsTid,
 		m.CudaCounters,
 		m.Errors,
 		m.Failures,
 		m.LiveAllocs,
 		m.LiveBytes,
 		m.PeakBytes,
+		m.PeakWindow,
 		m.PyErrors,
 		m.PyProcs,
 		m.PyScratch,
 		m.PyStacks,
 		m.PyThreads,
+		m.PyThreadsTid,
 		m.TrackedPids,
 		m.UnwindPending,
 		m.UnwindRequests,
@@ -403,12 +480,15 @@ func (m *cudaMaps) Close() error {
 //
 // It can be passed to loadCudaObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cudaVariables struct {
+	HaveTaskPtRegs         *ebpf.Variable `ebpf:"have_task_pt_regs"`
+	HaveTaskStorage        *ebpf.Variable `ebpf:"have_task_storage"`
 	UnusedCudaAlloc        *ebpf.Variable `ebpf:"unused_cuda_alloc"`
 	UnusedCudaAllocKey     *ebpf.Variable `ebpf:"unused_cuda_alloc_key"`
 	UnusedCudaApi          *ebpf.Variable `ebpf:"unused_cuda_api"`
 	UnusedCudaCounts       *ebpf.Variable `ebpf:"unused_cuda_counts"`
 	UnusedCudaFailure      *ebpf.Variable `ebpf:"unused_cuda_failure"`
 	UnusedCudaNs           *ebpf.Variable `ebpf:"unused_cuda_ns"`
+	UnusedCudaPeak         *ebpf.Variable `ebpf:"unused_cuda_peak"`
 	UnusedCudaShape        *ebpf.Variable `ebpf:"unused_cuda_shape"`
 	UnusedErrKind          *ebpf.Variable `ebpf:"unused_err_kind"`
 	UnusedPyErr            *ebpf.Variable `ebpf:"unused_py_err"`
@@ -425,11 +505,36 @@ type cudaVariables struct {
 //
 // It can be passed to loadCudaObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cudaPrograms struct {
-	CudaAllocEnter *ebpf.Program `ebpf:"cuda_alloc_enter"`
-	CudaCountEnter *ebpf.Program `ebpf:"cuda_count_enter"`
-	CudaFreeEnter  *ebpf.Program `ebpf:"cuda_free_enter"`
-	CudaPitchEnter *ebpf.Program `ebpf:"cuda_pitch_enter"`
-	CudaReturn     *ebpf.Program `ebpf:"cuda_return"`
+	CudaAllocEnter               *ebpf.Program `ebpf:"cuda_alloc_enter"`
+	CudaCountEnter               *ebpf.Program `ebpf:"cuda_count_enter"`
+	CudaFreeEnter                *ebpf.Program `ebpf:"cuda_free_enter"`
+	CudaPitchEnter               *ebpf.Program `ebpf:"cuda_pitch_enter"`
+	CudaReturnDriver             *ebpf.Program `ebpf:"cuda_return_driver"`
+	CudaReturnRuntime            *ebpf.Program `ebpf:"cuda_return_runtime"`
+	EnterCuMemAllocAsync         *ebpf.Program `ebpf:"enter_cuMemAllocAsync"`
+	EnterCuMemAllocFromPoolAsync *ebpf.Program `ebpf:"enter_cuMemAllocFromPoolAsync"`
+	EnterCuMemAllocHostV2        *ebpf.Program `ebpf:"enter_cuMemAllocHost_v2"`
+	EnterCuMemAllocManaged       *ebpf.Program `ebpf:"enter_cuMemAllocManaged"`
+	EnterCuMemAllocPitchV2       *ebpf.Program `ebpf:"enter_cuMemAllocPitch_v2"`
+	EnterCuMemAllocV2            *ebpf.Program `ebpf:"enter_cuMemAlloc_v2"`
+	EnterCuMemCreate             *ebpf.Program `ebpf:"enter_cuMemCreate"`
+	EnterCuMemFreeAsync          *ebpf.Program `ebpf:"enter_cuMemFreeAsync"`
+	EnterCuMemFreeHost           *ebpf.Program `ebpf:"enter_cuMemFreeHost"`
+	EnterCuMemFreeV2             *ebpf.Program `ebpf:"enter_cuMemFree_v2"`
+	EnterCuMemHostAlloc          *ebpf.Program `ebpf:"enter_cuMemHostAlloc"`
+	EnterCuMemMap                *ebpf.Program `ebpf:"enter_cuMemMap"`
+	EnterCuMemRelease            *ebpf.Program `ebpf:"enter_cuMemRelease"`
+	EnterCuMemUnmap              *ebpf.Program `ebpf:"enter_cuMemUnmap"`
+	EnterCudaFree                *ebpf.Program `ebpf:"enter_cudaFree"`
+	EnterCudaFreeAsync           *ebpf.Program `ebpf:"enter_cudaFreeAsync"`
+	EnterCudaFreeHost            *ebpf.Program `ebpf:"enter_cudaFreeHost"`
+	EnterCudaHostAlloc           *ebpf.Program `ebpf:"enter_cudaHostAlloc"`
+	EnterCudaMalloc              *ebpf.Program `ebpf:"enter_cudaMalloc"`
+	EnterCudaMallocAsync         *ebpf.Program `ebpf:"enter_cudaMallocAsync"`
+	EnterCudaMallocFromPoolAsync *ebpf.Program `ebpf:"enter_cudaMallocFromPoolAsync"`
+	EnterCudaMallocHost          *ebpf.Program `ebpf:"enter_cudaMallocHost"`
+	EnterCudaMallocManaged       *ebpf.Program `ebpf:"enter_cudaMallocManaged"`
+	EnterCudaMallocPitch         *ebpf.Program `ebpf:"enter_cudaMallocPitch"`
 }
 
 func (p *cudaPrograms) Close() error {
@@ -438,7 +543,32 @@ func (p *cudaPrograms) Close() error {
 		p.CudaCountEnter,
 		p.CudaFreeEnter,
 		p.CudaPitchEnter,
-		p.CudaReturn,
+		p.CudaReturnDriver,
+		p.CudaReturnRuntime,
+		p.EnterCuMemAllocAsync,
+		p.EnterCuMemAllocFromPoolAsync,
+		p.EnterCuMemAllocHostV2,
+		p.EnterCuMemAllocManaged,
+		p.EnterCuMemAllocPitchV2,
+		p.EnterCuMemAllocV2,
+		p.EnterCuMemCreate,
+		p.EnterCuMemFreeAsync,
+		p.EnterCuMemFreeHost,
+		p.EnterCuMemFreeV2,
+		p.EnterCuMemHostAlloc,
+		p.EnterCuMemMap,
+		p.EnterCuMemRelease,
+		p.EnterCuMemUnmap,
+		p.EnterCudaFree,
+		p.EnterCudaFreeAsync,
+		p.EnterCudaFreeHost,
+		p.EnterCudaHostAlloc,
+		p.EnterCudaMalloc,
+		p.EnterCudaMallocAsync,
+		p.EnterCudaMallocFromPoolAsync,
+		p.EnterCudaMallocHost,
+		p.EnterCudaMallocManaged,
+		p.EnterCudaMallocPitch,
 	)
 }
 

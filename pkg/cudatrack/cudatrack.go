@@ -51,9 +51,16 @@ type Tracker struct {
 	proc     procinfo.FS
 	coll     *ebpf.Collection
 	maps     cudaMaps
-	progs    [shapeCount + 1]*ebpf.Program // entry program by shape
-	ret      *ebpf.Program
-	reader   *ringbuf.Reader
+	// Entry programs: by API where the kernel has no cookies, else by
+	// shape (the cookie says the API); return programs by layer.
+	byAPI   []*ebpf.Program
+	byShape [shapeCount + 1]*ebpf.Program
+	ret     map[string]*ebpf.Program
+	reader  *ringbuf.Reader
+
+	// peakWindow is the window of the kernel's high-water marks that
+	// allocations raise now (struct cuda_peak).
+	peakWindow uint64
 
 	// multi: hooks are attached as uprobe_multi links (Linux 6.6+), a few per
 	// library, instead of one perf event per function and direction.
@@ -97,7 +104,14 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	if cfg.MaxAllocs > 0 {
 		spec.Maps[cudaMapLiveAllocs].MaxEntries = cfg.MaxAllocs
 	}
-	multi := haveUprobeMulti()
+	cookies := bpfobj.Probe().Cookies
+	for name := range spec.Programs {
+		perAPI, perShape := strings.HasPrefix(name, "enter_"), strings.HasSuffix(name, "_enter")
+		if (cookies && perAPI) || (!cookies && perShape) {
+			delete(spec.Programs, name)
+		}
+	}
+	multi := cookies && haveUprobeMulti()
 	if multi {
 		for _, p := range spec.Programs {
 			p.AttachType = ebpf.AttachTraceUprobeMulti
@@ -124,11 +138,22 @@ func NewTracker(cfg Config) (*Tracker, error) {
 		t.Close()
 		return nil, err
 	}
-	t.progs[shapeAlloc] = coll.Programs["cuda_alloc_enter"]
-	t.progs[shapePitch] = coll.Programs["cuda_pitch_enter"]
-	t.progs[shapeFree] = coll.Programs["cuda_free_enter"]
-	t.progs[shapeCount] = coll.Programs["cuda_count_enter"]
-	t.ret = coll.Programs["cuda_return"]
+	if cookies {
+		t.byShape[shapeAlloc] = coll.Programs["cuda_alloc_enter"]
+		t.byShape[shapePitch] = coll.Programs["cuda_pitch_enter"]
+		t.byShape[shapeFree] = coll.Programs["cuda_free_enter"]
+		t.byShape[shapeCount] = coll.Programs["cuda_count_enter"]
+	} else {
+		for _, a := range APIs {
+			p := coll.Programs["enter_"+a.Name]
+			if p == nil {
+				t.Close()
+				return nil, fmt.Errorf("the cuda object has no entry program for %s", a.Name)
+			}
+			t.byAPI = append(t.byAPI, p)
+		}
+	}
+	t.ret = map[string]*ebpf.Program{LayerRuntime: coll.Programs["cuda_return_runtime"], LayerDriver: coll.Programs["cuda_return_driver"]}
 	t.reader, err = ringbuf.NewReader(t.maps.Failures)
 	if err != nil {
 		t.Close()
@@ -152,6 +177,10 @@ func (t *Tracker) Track(pid int) error {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
 	if err := t.maps.LiveBytes.Update(tgid, int64(0), ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+		return fmt.Errorf("tracking pid %d: %w", pid, err)
+	}
+	peaks := make([]cudaCudaPeak, ebpf.MustPossibleCPU())
+	if err := t.maps.PeakBytes.Update(tgid, peaks, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
 	if err := t.maps.TrackedPids.Update(tgid, uint8(1), ebpf.UpdateAny); err != nil {
@@ -239,14 +268,20 @@ func (t *Tracker) attach(pid int, lib *Library) *hooked {
 	}
 	for _, hk := range lib.Hooks {
 		a := APIs[hk.API]
-		opts := &link.UprobeOptions{Address: hk.Offset, PID: pid, Cookie: uint64(hk.API)}
-		in, err := ex.Uprobe(a.Name, t.progs[a.Shape], opts)
+		opts := &link.UprobeOptions{Address: hk.Offset, PID: pid}
+		prog := t.byShape[a.Shape]
+		if t.byAPI != nil {
+			prog = t.byAPI[hk.API]
+		} else {
+			opts.Cookie = uint64(hk.API)
+		}
+		in, err := ex.Uprobe(a.Name, prog, opts)
 		if err != nil {
 			slog.Warn("hooking CUDA function", "pid", pid, "path", lib.Path, "func", a.Name, "err", err)
 			continue
 		}
 		// Without its return hook an entry hook would leave state behind.
-		out, err := ex.Uretprobe(a.Name, t.ret, opts)
+		out, err := ex.Uretprobe(a.Name, t.ret[a.Layer], &link.UprobeOptions{Address: hk.Offset, PID: pid})
 		if err != nil {
 			slog.Warn("hooking CUDA function return", "pid", pid, "path", lib.Path, "func", a.Name, "err", err)
 			_ = in.Close()
@@ -259,25 +294,29 @@ func (t *Tracker) attach(pid int, lib *Library) *hooked {
 }
 
 // attachMulti hooks lib with one uprobe_multi link per entry program (one
-// per argument shape) and one for all returns.
+// per argument shape) and one per layer for the returns.
 func (t *Tracker) attachMulti(ex *link.Executable, pid int, lib *Library) []link.Link {
 	byShape := map[int]*link.UprobeMultiOptions{}
-	ret := &link.UprobeMultiOptions{PID: uint32(pid)}
+	byLayer := map[string]*link.UprobeMultiOptions{}
 	for _, hk := range lib.Hooks {
-		shape := APIs[hk.API].Shape
-		o := byShape[shape]
+		a := APIs[hk.API]
+		o := byShape[a.Shape]
 		if o == nil {
 			o = &link.UprobeMultiOptions{PID: uint32(pid)}
-			byShape[shape] = o
+			byShape[a.Shape] = o
 		}
 		o.Addresses = append(o.Addresses, hk.Offset)
 		o.Cookies = append(o.Cookies, uint64(hk.API))
-		ret.Addresses = append(ret.Addresses, hk.Offset)
-		ret.Cookies = append(ret.Cookies, uint64(hk.API))
+		r := byLayer[a.Layer]
+		if r == nil {
+			r = &link.UprobeMultiOptions{PID: uint32(pid)}
+			byLayer[a.Layer] = r
+		}
+		r.Addresses = append(r.Addresses, hk.Offset)
 	}
 	var links []link.Link
 	for shape, o := range byShape {
-		l, err := ex.UprobeMulti(nil, t.progs[shape], o)
+		l, err := ex.UprobeMulti(nil, t.byShape[shape], o)
 		if err != nil {
 			slog.Warn("hooking CUDA library", "pid", pid, "path", lib.Path, "err", err)
 			_ = closeLinks(links)
@@ -285,14 +324,17 @@ func (t *Tracker) attachMulti(ex *link.Executable, pid int, lib *Library) []link
 		}
 		links = append(links, l)
 	}
-	l, err := ex.UretprobeMulti(nil, t.ret, ret)
-	if err != nil {
-		slog.Warn("hooking CUDA library returns", "pid", pid, "path", lib.Path, "err", err)
-		_ = closeLinks(links)
-		return nil
+	for layer, r := range byLayer {
+		l, err := ex.UretprobeMulti(nil, t.ret[layer], r)
+		if err != nil {
+			slog.Warn("hooking CUDA library returns", "pid", pid, "path", lib.Path, "err", err)
+			_ = closeLinks(links)
+			return nil
+		}
+		links = append(links, l)
 	}
 	slog.Debug("hooked CUDA library", "pid", pid, "path", lib.Path, "kind", lib.Kind, "functions", len(lib.Hooks))
-	return append(links, l)
+	return links
 }
 
 // haveUprobeMulti tells whether this kernel has uprobe_multi links; a
@@ -356,6 +398,13 @@ type Sample struct {
 
 // Poll reads the counters of each pid and the live table once.
 func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
+	// A new window first: the one just closed is read below, while
+	// allocations raise the next.
+	closed := t.peakWindow
+	t.peakWindow++
+	if err := t.maps.PeakWindow.Update(uint32(0), t.peakWindow, ebpf.UpdateAny); err != nil {
+		return nil, fmt.Errorf("starting a peak window: %w", err)
+	}
 	out := make(map[int]*Sample, len(pids))
 	for _, pid := range pids {
 		var per []cudaCudaCounts
@@ -370,13 +419,15 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 				s.Calls[i] += c.Calls[i]
 			}
 		}
-		// Read and reset in one step: a raise between a read and a
-		// separate reset would be lost.
-		var peak uint64
-		if err := t.maps.PeakBytes.LookupAndDelete(uint32(pid), &peak); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		var peaks []cudaCudaPeak
+		if err := t.maps.PeakBytes.Lookup(uint32(pid), &peaks); err != nil {
 			return nil, fmt.Errorf("reading the peak live bytes of pid %d: %w", pid, err)
 		}
-		s.PeakBytes = peak
+		for _, p := range peaks {
+			if p.Window == closed {
+				s.PeakBytes = max(s.PeakBytes, p.Bytes)
+			}
+		}
 		out[pid] = s
 	}
 	toWall := wallClock()

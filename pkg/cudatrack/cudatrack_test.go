@@ -12,6 +12,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj/bpfobjtest"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
@@ -406,6 +407,18 @@ func TestPeakBetweenPolls(t *testing.T) {
 	noLoss(t, c)
 }
 
+// The fallbacks of kernels before 5.15 and 6.1, taken on this one: an entry
+// program per hooked function (no cookies), per-thread state in an LRU hash
+// (no task storage), hash maps preallocated.
+func TestOlderKernelFallbacks(t *testing.T) {
+	bpfobjtest.OlderKernel(t)
+	t.Run("every API once", func(t *testing.T) { runOnce(t, newConcern(t), dynamic(t)) })
+	t.Run("leak", TestLeak)
+	t.Run("peak between polls", TestPeakBetweenPolls)
+	t.Run("failure", TestFailure)
+	t.Run("python", TestPythonFramesAtAllocations)
+}
+
 // Balanced allocation and release: live bytes stay within the working set.
 func TestSteady(t *testing.T) {
 	c := newConcern(t)
@@ -469,7 +482,7 @@ func TestUntrackAndClose(t *testing.T) {
 		t.Errorf("libraries still hooked after Untrack: %v", libs)
 	}
 	var sum int64
-	var peak uint64
+	var peak []cudaCudaPeak
 	if err := c.maps.LiveBytes.Lookup(uint32(pr.PID), &sum); !errors.Is(err, ebpf.ErrKeyNotExist) {
 		t.Errorf("live bytes of an untracked process: %d, %v", sum, err)
 	}

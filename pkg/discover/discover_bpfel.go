@@ -50,6 +50,8 @@ const (
 	discoverProgExecTp             = "exec_tp"
 	discoverProgMmapBtf            = "mmap_btf"
 	discoverProgMmapTp             = "mmap_tp"
+	discoverVarHaveTaskPtRegs      = "have_task_pt_regs"
+	discoverVarHaveTaskStorage     = "have_task_storage"
 	discoverVarUnusedDiscoverEvent = "unused_discover_event"
 	discoverVarUnusedDiscoverWhy   = "unused_discover_why"
 	discoverVarUnusedErrKind       = "unused_err_kind"
@@ -116,6 +118,8 @@ type discoverMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type discoverVariableSpecs struct {
+	HaveTaskPtRegs      *ebpf.VariableSpec `ebpf:"have_task_pt_regs"`
+	HaveTaskStorage     *ebpf.VariableSpec `ebpf:"have_task_storage"`
 	UnusedDiscoverEvent *ebpf.VariableSpec `ebpf:"unused_discover_event"`
 	UnusedDiscoverWhy   *ebpf.VariableSpec `ebpf:"unused_discover_why"`
 	UnusedErrKind       *ebpf.VariableSpec `ebpf:"unused_err_kind"`
@@ -158,6 +162,8 @@ func (m *discoverMaps) Close() error {
 //
 // It can be passed to loadDiscoverObjects or ebpf.CollectionSpec.LoadAndAssign.
 type discoverVariables struct {
+	HaveTaskPtRegs      *ebpf.Variable `ebpf:"have_task_pt_regs"`
+	HaveTaskStorage     *ebpf.Variable `ebpf:"have_task_storage"`
 	UnusedDiscoverEvent *ebpf.Variable `ebpf:"unused_discover_event"`
 	UnusedDiscoverWhy   *ebpf.Variable `ebpf:"unused_discover_why"`
 	UnusedErrKind       *ebpf.Variable `ebpf:"unused_err_kind"`

@@ -104,6 +104,7 @@ type fdPyProc struct {
 
 type fdPyScratch struct {
 	_   structs.HostLayout
+	Cfg fdPyProc
 	St  fdPyStack
 	Buf [264]uint8
 }
@@ -118,6 +119,7 @@ type fdPyStack struct {
 
 type fdPyThread struct {
 	_         structs.HostLayout
+	Task      uint64
 	Tstate    uint64
 	CheckedNs uint64
 }
@@ -168,6 +170,7 @@ const (
 	fdMapPyScratch              = "py_scratch"
 	fdMapPyStacks               = "py_stacks"
 	fdMapPyThreads              = "py_threads"
+	fdMapPyThreadsTid           = "py_threads_tid"
 	fdMapTrackedPids            = "tracked_pids"
 	fdMapUnwindPending          = "unwind_pending"
 	fdMapUnwindRequests         = "unwind_requests"
@@ -181,6 +184,8 @@ const (
 	fdProgSysEnterTp            = "sys_enter_tp"
 	fdProgSysExitBtf            = "sys_exit_btf"
 	fdProgSysExitTp             = "sys_exit_tp"
+	fdVarHaveTaskPtRegs         = "have_task_pt_regs"
+	fdVarHaveTaskStorage        = "have_task_storage"
 	fdVarUnusedErrKind          = "unused_err_kind"
 	fdVarUnusedFdCounts         = "unused_fd_counts"
 	fdVarUnusedFdFail           = "unused_fd_fail"
@@ -261,6 +266,7 @@ type fdMapSpecs struct {
 	PyScratch      *ebpf.MapSpec `ebpf:"py_scratch"`
 	PyStacks       *ebpf.MapSpec `ebpf:"py_stacks"`
 	PyThreads      *ebpf.MapSpec `ebpf:"py_threads"`
+	PyThreadsTid   *ebpf.MapSpec `ebpf:"py_threads_tid"`
 	TrackedPids    *ebpf.MapSpec `ebpf:"tracked_pids"`
 	UnwindPending  *ebpf.MapSpec `ebpf:"unwind_pending"`
 	UnwindRequests *ebpf.MapSpec `ebpf:"unwind_requests"`
@@ -274,6 +280,8 @@ type fdMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type fdVariableSpecs struct {
+	HaveTaskPtRegs         *ebpf.VariableSpec `ebpf:"have_task_pt_regs"`
+	HaveTaskStorage        *ebpf.VariableSpec `ebpf:"have_task_storage"`
 	UnusedErrKind          *ebpf.VariableSpec `ebpf:"unused_err_kind"`
 	UnusedFdCounts         *ebpf.VariableSpec `ebpf:"unused_fd_counts"`
 	UnusedFdFail           *ebpf.VariableSpec `ebpf:"unused_fd_fail"`
@@ -320,6 +328,7 @@ type fdMaps struct {
 	PyScratch      *ebpf.Map `ebpf:"py_scratch"`
 	PyStacks       *ebpf.Map `ebpf:"py_stacks"`
 	PyThreads      *ebpf.Map `ebpf:"py_threads"`
+	PyThreadsTid   *ebpf.Map `ebpf:"py_threads_tid"`
 	TrackedPids    *ebpf.Map `ebpf:"tracked_pids"`
 	UnwindPending  *ebpf.Map `ebpf:"unwind_pending"`
 	UnwindRequests *ebpf.Map `ebpf:"unwind_requests"`
@@ -341,6 +350,7 @@ func (m *fdMaps) Close() error {
 		m.PyScratch,
 		m.PyStacks,
 		m.PyThreads,
+		m.PyThreadsTid,
 		m.TrackedPids,
 		m.UnwindPending,
 		m.UnwindRequests,
@@ -355,6 +365,8 @@ func (m *fdMaps) Close() error {
 //
 // It can be passed to loadFdObjects or ebpf.CollectionSpec.LoadAndAssign.
 type fdVariables struct {
+	HaveTaskPtRegs         *ebpf.Variable `ebpf:"have_task_pt_regs"`
+	HaveTaskStorage        *ebpf.Variable `ebpf:"have_task_storage"`
 	UnusedErrKind          *ebpf.Variable `ebpf:"unused_err_kind"`
 	UnusedFdCounts         *ebpf.Variable `ebpf:"unused_fd_counts"`
 	UnusedFdFail           *ebpf.Variable `ebpf:"unused_fd_fail"`

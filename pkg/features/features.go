@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/cilium/ebpf"
@@ -47,6 +48,7 @@ func Check() []Result {
 	var uts unix.Utsname
 	_ = unix.Uname(&uts)
 	rs = append(rs, Result{Name: "kernel", OK: true, Detail: unix.ByteSliceToString(uts.Release[:])})
+	rs = append(rs, kernel(bpfobj.Probe())...)
 
 	var privErr error
 	if os.Geteuid() != 0 {
@@ -84,10 +86,36 @@ func Check() []Result {
 	if tfErr == nil {
 		rs = append(rs, sockTracepoint(root))
 	}
+	rs = append(rs, sock())
 	rs = append(rs, sched()...)
+	rs = append(rs, cuda())
+	rs = append(rs, python())
 	rs = append(rs, nvml())
 	rs = append(rs, cudaHooks()...)
 	return rs
+}
+
+// kernel lists the BPF features the objects adapt to, each with what its
+// absence costs (bpfobj.Kernel).
+func kernel(k bpfobj.Kernel) []Result {
+	lines := []struct {
+		name, absent string
+		ok           bool
+	}{
+		{"task storage (5.11)", "per-thread state in LRU hashes by thread id", k.TaskStorage},
+		{"bpf_task_pt_regs (5.15)", "no fd opening stacks where classic tracepoints are used", k.TaskPtRegs},
+		{"uprobe cookies (5.15)", "one CUDA entry program per hooked function", k.Cookies},
+		{"BPF memory allocator (6.1)", fmt.Sprintf("hash maps preallocated; per-CPU ones hold %d processes", bpfobj.PreallocPerCPU), k.RuntimeAlloc},
+	}
+	var rs []Result
+	for _, l := range lines {
+		r := Result{Name: "kernel feature " + l.name, OK: l.ok, Detail: "present"}
+		if !l.ok {
+			r.Detail = "missing: " + l.absent
+		}
+		rs = append(rs, r)
+	}
+	return append(rs, Result{Name: "BPF map memory charged to", OK: !strings.HasPrefix(k.Memlock, "RLIMIT_MEMLOCK could not"), Required: true, Detail: k.Memlock})
 }
 
 // Ready reports whether every required probe passed.
@@ -103,16 +131,63 @@ func Ready(rs []Result) bool {
 // fd loads and attaches the fd object as a run would, and reports how the
 // fd-creating syscalls are traced.
 func fd() Result {
-	r := Result{Name: "fd syscalls (raw_syscalls sys_enter/sys_exit)", Required: true}
+	r := Result{Name: "view fd (raw_syscalls sys_enter/sys_exit)", Required: true}
 	t, err := fdtrack.New(fdtrack.Config{})
 	if err != nil {
-		r.Detail = err.Error()
+		r.Detail = bpfobj.Summary(err)
 		return r
 	}
 	defer t.Close()
 	r.OK, r.Detail = true, t.Mode()
 	if t.Mode() == bpfobj.ModeTracepoint {
-		r.Detail = "tracepoint (tp_btf unavailable: " + t.BTFError().Error() + ")"
+		r.Detail = "tracepoint (tp_btf unavailable: " + bpfobj.Summary(t.BTFError()) + ")"
+		if !bpfobj.Probe().TaskPtRegs {
+			r.Detail += "; no opening stacks without bpf_task_pt_regs"
+		}
+	}
+	return r
+}
+
+// sock loads and attaches the socket object as a run would.
+func sock() Result {
+	r := Result{Name: "view sock (TCP socket states)"}
+	t, err := socktrack.New(socktrack.Config{})
+	if err != nil {
+		r.Detail = bpfobj.Summary(err)
+		return r
+	}
+	defer t.Close()
+	r.OK, r.Detail = true, "loads and attaches"
+	return r
+}
+
+// cuda loads the CUDA object as a run would, and attaches a uprobe as it
+// does to each process.
+func cuda() Result {
+	r := Result{Name: "view cuda (allocation hooks)"}
+	t, err := cudatrack.NewTracker(cudatrack.Config{})
+	if err != nil {
+		r.Detail = bpfobj.Summary(err)
+		return r
+	}
+	defer t.Close()
+	if err := attachUprobe(); err != nil {
+		r.Detail = "loads, but uprobes do not attach: " + err.Error()
+		return r
+	}
+	r.OK, r.Detail = true, "loads; uprobes attach"
+	if !bpfobj.Probe().Cookies {
+		r.Detail += ", one entry program per function (no uprobe cookies)"
+	}
+	return r
+}
+
+// python says how Python frames are captured: inside the fd and cuda
+// objects, so they load with those; only the per-thread state differs.
+func python() Result {
+	r := Result{Name: "view python (frames in fd and CUDA stacks)", OK: true, Detail: "per-thread state in task storage"}
+	if !bpfobj.Probe().TaskStorage {
+		r.Detail = "per-thread state in an LRU hash by thread id (no task storage)"
 	}
 	return r
 }

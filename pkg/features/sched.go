@@ -3,6 +3,7 @@ package features
 import (
 	"slices"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/schedtrack"
 )
 
@@ -12,16 +13,16 @@ import (
 func sched() []Result {
 	t, err := schedtrack.New(schedtrack.Config{})
 	if err != nil {
-		return []Result{{Name: "sched_switch", Required: true, Detail: err.Error()}}
+		return []Result{{Name: "view sched: sched_switch", Required: true, Detail: bpfobj.Summary(err)}}
 	}
 	defer t.Close()
 	how := "tp_btf"
 	if t.Mode() == schedtrack.ModeTracepoint {
-		how = "tracepoint (tp_btf unavailable: " + t.BTFError().Error() + ")"
+		how = "tracepoint (tp_btf unavailable: " + bpfobj.Summary(t.BTFError()) + ")"
 	}
 	var rs []Result
 	for _, ev := range []string{"sched_switch", "sched_wakeup", "sched_wakeup_new"} {
-		r := Result{Name: ev, OK: true, Required: ev == "sched_switch", Detail: how}
+		r := Result{Name: "view sched: " + ev, OK: true, Required: ev == "sched_switch", Detail: how}
 		if !slices.Contains(t.Events(), ev) {
 			r.OK, r.Detail = false, "not traced with classic tracepoints: a new thread's first run-queue wait is missed"
 		}

@@ -57,6 +57,8 @@ const (
 	schedProgWakeupBtf        = "wakeup_btf"
 	schedProgWakeupNewBtf     = "wakeup_new_btf"
 	schedProgWakeupTp         = "wakeup_tp"
+	schedVarHaveTaskPtRegs    = "have_task_pt_regs"
+	schedVarHaveTaskStorage   = "have_task_storage"
 	schedVarUnusedErrKind     = "unused_err_kind"
 	schedVarUnusedProcSched   = "unused_proc_sched"
 	schedVarUnusedThreadSched = "unused_thread_sched"
@@ -126,6 +128,8 @@ type schedMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type schedVariableSpecs struct {
+	HaveTaskPtRegs    *ebpf.VariableSpec `ebpf:"have_task_pt_regs"`
+	HaveTaskStorage   *ebpf.VariableSpec `ebpf:"have_task_storage"`
 	UnusedErrKind     *ebpf.VariableSpec `ebpf:"unused_err_kind"`
 	UnusedProcSched   *ebpf.VariableSpec `ebpf:"unused_proc_sched"`
 	UnusedThreadSched *ebpf.VariableSpec `ebpf:"unused_thread_sched"`
@@ -172,6 +176,8 @@ func (m *schedMaps) Close() error {
 //
 // It can be passed to loadSchedObjects or ebpf.CollectionSpec.LoadAndAssign.
 type schedVariables struct {
+	HaveTaskPtRegs    *ebpf.Variable `ebpf:"have_task_pt_regs"`
+	HaveTaskStorage   *ebpf.Variable `ebpf:"have_task_storage"`
 	UnusedErrKind     *ebpf.Variable `ebpf:"unused_err_kind"`
 	UnusedProcSched   *ebpf.Variable `ebpf:"unused_proc_sched"`
 	UnusedThreadSched *ebpf.Variable `ebpf:"unused_thread_sched"`

@@ -11,6 +11,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/prometheus/procfs"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj/bpfobjtest"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ctxstorm"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
@@ -381,4 +382,12 @@ func TestSharedPrefilterBit(t *testing.T) {
 	if v1, _ := ourSwitches(t, tr, pid); v1 == v0 {
 		t.Fatalf("no switches counted after untracking a pid sharing the bit (%d)", v1)
 	}
+}
+
+// The fallbacks of kernels before 6.1, taken on this one: hash maps
+// preallocated, the exiting task read with CO-RE rather than through
+// bpf_get_current_task_btf.
+func TestOlderKernelFallbacks(t *testing.T) {
+	bpfobjtest.OlderKernel(t)
+	TestCountsMatchKernel(t)
 }

@@ -39,15 +39,17 @@ type sockSockInfo struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	sockMapErrors         = "errors"
-	sockMapSockInodes     = "sock_inodes"
-	sockMapSockTable      = "sock_table"
-	sockMapTrackedPids    = "tracked_pids"
-	sockProgExitAccept    = "exit_accept"
-	sockProgExitAccept4   = "exit_accept4"
-	sockProgSockSetState  = "sock_set_state"
-	sockVarUnusedErrKind  = "unused_err_kind"
-	sockVarUnusedSockInfo = "unused_sock_info"
+	sockMapErrors          = "errors"
+	sockMapSockInodes      = "sock_inodes"
+	sockMapSockTable       = "sock_table"
+	sockMapTrackedPids     = "tracked_pids"
+	sockProgExitAccept     = "exit_accept"
+	sockProgExitAccept4    = "exit_accept4"
+	sockProgSockSetState   = "sock_set_state"
+	sockVarHaveTaskPtRegs  = "have_task_pt_regs"
+	sockVarHaveTaskStorage = "have_task_storage"
+	sockVarUnusedErrKind   = "unused_err_kind"
+	sockVarUnusedSockInfo  = "unused_sock_info"
 )
 
 // loadSock returns the embedded CollectionSpec for sock.
@@ -111,8 +113,10 @@ type sockMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockVariableSpecs struct {
-	UnusedErrKind  *ebpf.VariableSpec `ebpf:"unused_err_kind"`
-	UnusedSockInfo *ebpf.VariableSpec `ebpf:"unused_sock_info"`
+	HaveTaskPtRegs  *ebpf.VariableSpec `ebpf:"have_task_pt_regs"`
+	HaveTaskStorage *ebpf.VariableSpec `ebpf:"have_task_storage"`
+	UnusedErrKind   *ebpf.VariableSpec `ebpf:"unused_err_kind"`
+	UnusedSockInfo  *ebpf.VariableSpec `ebpf:"unused_sock_info"`
 }
 
 // sockObjects contains all objects after they have been loaded into the kernel.
@@ -154,8 +158,10 @@ func (m *sockMaps) Close() error {
 //
 // It can be passed to loadSockObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockVariables struct {
-	UnusedErrKind  *ebpf.Variable `ebpf:"unused_err_kind"`
-	UnusedSockInfo *ebpf.Variable `ebpf:"unused_sock_info"`
+	HaveTaskPtRegs  *ebpf.Variable `ebpf:"have_task_pt_regs"`
+	HaveTaskStorage *ebpf.Variable `ebpf:"have_task_storage"`
+	UnusedErrKind   *ebpf.Variable `ebpf:"unused_err_kind"`
+	UnusedSockInfo  *ebpf.Variable `ebpf:"unused_sock_info"`
 }
 
 // sockPrograms contains all programs after they have been loaded into the kernel.

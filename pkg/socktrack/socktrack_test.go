@@ -12,6 +12,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj/bpfobjtest"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/sockleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/launch"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
@@ -374,4 +375,12 @@ func TestDiagMatchesProc(t *testing.T) {
 	if len(fromDiag) > len(fromProc)+5 {
 		t.Errorf("sock_diag returned %d sockets, /proc %d", len(fromDiag), len(fromProc))
 	}
+}
+
+// The fallbacks of kernels before 6.1, taken on this one: hash maps
+// preallocated, the accepting task read with CO-RE rather than through
+// bpf_get_current_task_btf.
+func TestOlderKernelFallbacks(t *testing.T) {
+	bpfobjtest.OlderKernel(t)
+	TestLeakyServerFlagged(t)
 }

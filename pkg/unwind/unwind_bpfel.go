@@ -73,6 +73,8 @@ const (
 	unwindMapUnwindScratch          = "unwind_scratch"
 	unwindMapUnwindSeq              = "unwind_seq"
 	unwindMapUnwoundStacks          = "unwound_stacks"
+	unwindVarHaveTaskPtRegs         = "have_task_pt_regs"
+	unwindVarHaveTaskStorage        = "have_task_storage"
 	unwindVarUnusedUnwindKey        = "unused_unwind_key"
 	unwindVarUnusedUnwindPendingKey = "unused_unwind_pending_key"
 	unwindVarUnusedUnwindRequest    = "unused_unwind_request"
@@ -142,6 +144,8 @@ type unwindMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type unwindVariableSpecs struct {
+	HaveTaskPtRegs         *ebpf.VariableSpec `ebpf:"have_task_pt_regs"`
+	HaveTaskStorage        *ebpf.VariableSpec `ebpf:"have_task_storage"`
 	UnusedUnwindKey        *ebpf.VariableSpec `ebpf:"unused_unwind_key"`
 	UnusedUnwindPendingKey *ebpf.VariableSpec `ebpf:"unused_unwind_pending_key"`
 	UnusedUnwindRequest    *ebpf.VariableSpec `ebpf:"unused_unwind_request"`
@@ -196,6 +200,8 @@ func (m *unwindMaps) Close() error {
 //
 // It can be passed to loadUnwindObjects or ebpf.CollectionSpec.LoadAndAssign.
 type unwindVariables struct {
+	HaveTaskPtRegs         *ebpf.Variable `ebpf:"have_task_pt_regs"`
+	HaveTaskStorage        *ebpf.Variable `ebpf:"have_task_storage"`
 	UnusedUnwindKey        *ebpf.Variable `ebpf:"unused_unwind_key"`
 	UnusedUnwindPendingKey *ebpf.Variable `ebpf:"unused_unwind_pending_key"`
 	UnusedUnwindRequest    *ebpf.Variable `ebpf:"unused_unwind_request"`
