@@ -191,3 +191,44 @@ func TestDriftReconciled(t *testing.T) {
 		t.Fatalf("after 3 polls the table has %d fds, /proc has %d", got, want)
 	}
 }
+
+// A process that has exited but is not reaped yet lists no fds in /proc:
+// its table is kept as it was (the leak it showed stays in its last
+// observation), not reconciled to nothing, whatever asks for a resync.
+func TestExitedNotReapedKeepsTable(t *testing.T) {
+	tr := newTracker(t)
+	bin := testutil.Fixture(t, "fdwork")
+	g, err := launch.Start([]string{bin, "kinds", "1"}, nil, nil, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Abort) // reaps it
+	pid := g.Cmd.Process.Pid
+	if err := tr.Track(pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Release(); err != nil {
+		t.Fatal(err)
+	}
+	proc, err := procinfo.New("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); proc.Alive(pid); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("fdwork did not exit")
+		}
+	}
+	before := len(poll(t, tr, pid).FDs)
+	if before < 10 {
+		t.Fatalf("only %d fds in the table of the exited process", before)
+	}
+	if err := tr.reconcile(uint32(pid)); err == nil {
+		t.Error("reconciled the table of an exited process")
+	}
+	for range 3 { // past the drift check's two polls
+		if got := len(poll(t, tr, pid).FDs); got != before {
+			t.Fatalf("table of the exited process went from %d to %d fds", before, got)
+		}
+	}
+}

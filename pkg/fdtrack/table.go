@@ -99,6 +99,11 @@ func (t *Tracker) reconcile(tgid uint32) error {
 	if err != nil {
 		return err
 	}
+	// A process that has exited but is not reaped yet lists no fds: its
+	// table stays as it was, the leak it shows included.
+	if !t.proc.Alive(int(tgid)) {
+		return fmt.Errorf("pid %d has exited", tgid)
+	}
 	live := make(map[int32]uint8, len(fds))
 	for _, fd := range fds {
 		live[int32(fd.Num)] = fd.Kind
