@@ -99,10 +99,11 @@ func (t *Tracker) reconcile(tgid uint32) error {
 	if err != nil {
 		return err
 	}
-	// A process that has exited but is not reaped yet lists no fds: its
-	// table stays as it was, the leak it shows included.
-	if !t.proc.Alive(int(tgid)) {
-		return fmt.Errorf("pid %d has exited", tgid)
+	// A process exiting, or exited but not reaped yet, lists no fds (they
+	// go early in its exit): its table stays as it was, the leak it shows
+	// included. Checked after the listing, which the exit may have emptied.
+	if t.proc.FDsGone(int(tgid)) {
+		return fmt.Errorf("pid %d is exiting: /proc no longer lists its fds", tgid)
 	}
 	live := make(map[int32]uint8, len(fds))
 	for _, fd := range fds {
@@ -251,7 +252,7 @@ func (t *Tracker) dropStacks(table map[fdFdKey]fdFdInfo) {
 // poll is usually a race with the running process and is let pass.
 func (t *Tracker) checkDrift(tgid uint32, n int) {
 	procN, err := t.proc.FDCount(int(tgid))
-	if err != nil || procN == n {
+	if err != nil || procN == n || t.proc.FDsGone(int(tgid)) {
 		delete(t.drift, tgid)
 		return
 	}

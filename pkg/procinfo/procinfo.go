@@ -291,6 +291,26 @@ func (fs FS) Alive(pid int) bool {
 	return st.State != "Z" && st.State != "X"
 }
 
+// pfExiting is PF_EXITING in a task's flags (include/linux/sched.h): set
+// when the task starts to exit, before its fds are released.
+const pfExiting = 0x4
+
+// FDsGone reports whether /proc/PID/fd no longer shows pid's fds: its
+// leader (whose table the folder lists) is exiting or has exited, or pid is
+// gone. The fds of such a process, or of one whose leader called
+// pthread_exit, are not the listing's to judge.
+func (fs FS) FDsGone(pid int) bool {
+	p, err := fs.process(pid)
+	if err != nil {
+		return true
+	}
+	st, err := p.Stat()
+	if err != nil {
+		return true
+	}
+	return st.Flags&pfExiting != 0 || st.State == "Z" || st.State == "X"
+}
+
 // StartTime returns when pid started, in clock ticks since boot: with the pid
 // it identifies a process, since pids are reused.
 func (fs FS) StartTime(pid int) (uint64, error) {

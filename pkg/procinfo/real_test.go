@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -181,6 +182,31 @@ func TestAliveAfterLeaderExit(t *testing.T) {
 	_, _ = cmd.Process.Wait()
 	if fs.Alive(cmd.Process.Pid) {
 		t.Fatal("reaped process reported alive")
+	}
+}
+
+// /proc/PID/fd shows a process's fds while it runs, not once its leader has
+// exited (the folder then lists nothing), reaped or not.
+func TestFDsGone(t *testing.T) {
+	fs, err := New("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fs.FDsGone(os.Getpid()) {
+		t.Fatal("our own fds reported gone")
+	}
+	bin := testutil.Fixture(t, "leaderexit", "-pthread")
+	cmd := testutil.Start(t, bin, "30")
+	pid := cmd.Process.Pid
+	for deadline := time.Now().Add(10 * time.Second); !fs.FDsGone(pid); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("fds of a process whose leader exited not reported gone")
+		}
+	}
+	_ = cmd.Process.Kill()
+	_, _ = cmd.Process.Wait()
+	if !fs.FDsGone(pid) {
+		t.Fatal("fds of a reaped process not reported gone")
 	}
 }
 
