@@ -9,7 +9,10 @@
 # code without frame pointers, held to elfutils' and binutils' unwind
 # tables), Chromium (the HTML report is rendered in
 # it); with "screenshot" Chromium and pngquant (README's picture of the
-# HTML report).
+# HTML report); with "kernels" what scripts/kernels.sh needs to boot
+# Debian's kernels under qemu (qemu, a static busybox and cpio for the
+# initramfs, kmod's depmod, xz for the modules, jq, Debian's archive keys
+# for apt to fetch the kernels, and python3.11 for the guest's Python step).
 set -euo pipefail
 
 need=()
@@ -35,6 +38,17 @@ if [ "${1:-}" = test ] || [ "${1:-}" = screenshot ]; then
 fi
 if [ "${1:-}" = screenshot ]; then
 	command -v pngquant >/dev/null || need+=(pngquant)
+fi
+if [ "${1:-}" = kernels ]; then
+	command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+	# The initramfs has no libc: busybox must be the static build.
+	{ [ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1; } || need+=(busybox-static)
+	command -v cpio >/dev/null || need+=(cpio)
+	command -v depmod >/dev/null || need+=(kmod)
+	command -v xz >/dev/null || need+=(xz-utils)
+	command -v jq >/dev/null || need+=(jq)
+	[ -f /usr/share/keyrings/debian-archive-keyring.gpg ] || need+=(debian-archive-keyring)
+	[ -x /usr/bin/python3.11 ] || need+=(python3.11)
 fi
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" != 0 ]; then

@@ -1,0 +1,180 @@
+#!/usr/bin/env bash
+# Runs inside a scripts/kernels.sh guest, as root, from the repository (the
+# host's, read-only): `check`, then each workload under `run` with its JSON
+# report's findings asserted. It also runs on any machine as
+#   scripts/kernel-guest.sh OUT [STEP...]
+# OUT gets a line per step in OUT/results ("STEP PASS|FAIL [WHY[ ;; WHY]]"),
+# each step's output and report, and dmesg. Every step runs whatever an
+# earlier one did: the host decides what must pass. Only lines starting
+# with "kernel-guest:" go to the console, which the host scans for kernel
+# WARNs.
+set -euo pipefail
+
+out=${1:?usage: kernel-guest.sh OUT [STEP...]}
+shift
+cd "$(dirname "$0")/.."
+repo=$PWD
+tool=$repo/bin/autoglm-ebpf
+fix=$repo/testdata/bin
+python=/usr/bin/python3.11
+# A step that hangs must not take the others with it: loading every view
+# takes up to a minute on an emulated CPU, the workloads at most 30 s.
+limit=240
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(check fd cuda gpuleak sched sock python)
+mkdir -p "$out"
+: >"$out/results"
+
+say() { echo "kernel-guest: $*"; }
+
+# condense: an error of the tool (stdin; slog's escaped newlines too) as
+# one line. Verifier logs are cut to the function being validated and the
+# refusal, the line before "processed N insns"; the whole log stays in the
+# step's output.
+condense() {
+	sed 's/\\n/\n/g; s/\\t/\t/g' | awk '
+		/^[ \t]+processed [0-9]+ insns/ {
+			if (last != "") out = out " [" fn last "]"
+			sub(/^[ \t]+processed [0-9]+ insns \(limit [0-9]+\)( [a-z_]+ [0-9]+)*/, "")
+			out = out $0
+			last = fn = ""
+			next
+		}
+		/^[ \t]/ {
+			sub(/^[ \t]+/, "")
+			if (sub(/^Validating /, "")) {
+				sub(/ func#[0-9]+\.\.\.$/, "")
+				fn = $0 ": "
+			} else if ($0 !~ /^(verification time|stack depth)/) {
+				last = $0
+			}
+			next
+		}
+		{ out = out (out == "" ? "" : " ") $0 }
+		END {
+			if (last != "") out = out " [" fn last "]"
+			gsub(/  +/, "  ", out)
+			print out
+		}'
+}
+
+# why collects the reasons a step failed; a step passes with none.
+why=()
+fail() { why+=("$*"); }
+
+# tool_run STEP [RUN FLAGS] -- CMD...: the tool's run, its report in
+# OUT/STEP.json and its output in OUT/STEP.log; a failed run is a reason
+# given in the tool's own words.
+tool_run() {
+	local step=$1 rc=0
+	shift
+	timeout -k 10 "$limit" "$tool" run --json "$out/$step.json" "$@" >"$out/$step.log" 2>&1 || rc=$?
+	if [ $rc -eq 124 ]; then
+		fail "run still going after $limit s"
+	elif [ $rc -ne 0 ]; then
+		fail "run exit $rc: $(sed -n '/^autoglm-ebpf: /,$p' "$out/$step.log" | condense)"
+	fi
+	# The views a kernel refused are warnings, not errors: keep their words.
+	{ grep -E 'level=(WARN|ERROR)' "$out/$step.log" || true; } | sed -E 's/^time=[^ ]+ //' | while IFS= read -r l; do
+		condense <<<"$l"
+	done >"$out/$step.warnings"
+	[ -s "$out/$step.json" ] || fail "no report"
+}
+
+# finding STEP KIND JQ-CONDITION WHAT: a finding of KIND for which the
+# condition holds, else a reason naming WHAT.
+finding() {
+	local step=$1 kind=$2 cond=$3 what=$4
+	[ -s "$out/$step.json" ] || return 0
+	if ! jq -e --arg kind "$kind" "[.findings[] | select(.kind == \$kind) | select($cond)] | length > 0" "$out/$step.json" >/dev/null; then
+		fail "no $kind $what (findings: $(jq -r '[.findings[].kind] | join(",")' "$out/$step.json"))"
+	fi
+}
+
+# A stack frame names FUNC (native frames carry the function apart from
+# the offset).
+frame() { echo "any((.stack // [])[]; .function == \"$1\")"; }
+
+step_check() {
+	local rc=0
+	timeout -k 10 "$limit" "$tool" check >"$out/check.log" 2>&1 || rc=$?
+	[ $rc -eq 0 ] || fail "check exit $rc: $(grep -E '^autoglm-ebpf:' "$out/check.log")"
+	# What check says of each view and of anything not ok, a line each.
+	awk '/^[^ ]/ { n++ } { print > (FILENAME ".row" n) }' "$out/check.log"
+	for row in "$out"/check.log.row*; do
+		if head -1 "$row" | grep -qE '^view |  (MISSING|no)  |^verdict'; then
+			condense <"$row"
+		fi
+	done >"$out/check.summary"
+	rm -f "$out"/check.log.row*
+}
+
+# An fd leak named at its site: leak_tick opens /dev/null 20 times a second.
+step_fd() {
+	tool_run fd --duration 18s -- "$fix/fdwork" leak 20 60
+	finding fd fd_leak "$(frame leak_tick) and (.summary | contains(\"leaking /dev/null (\"))" "at leak_tick leaking /dev/null"
+}
+
+# make demo's worker on the CUDA stand-in: an fd leak, a 3 GiB burst at
+# 12 s and a failed 2 GiB allocation at 15 s (1 GiB free per allocation).
+step_cuda() {
+	CUDA_STUB_LIMIT=1073741824 tool_run cuda --duration 30s -- "$fix/demo" 17 "$fix/cuda/libcudart.so.11.0"
+	finding cuda fd_leak "$(frame cache_tokenizer)" "at cache_tokenizer"
+	finding cuda gpu_alloc_burst "$(frame warmup_kv_cache)" "at warmup_kv_cache"
+	finding cuda gpu_alloc_failure "$(frame load_adapter)" "at load_adapter"
+}
+
+# A GPU memory leak: leak_weights takes 1 MiB every 50 ms and never frees.
+step_gpuleak() {
+	tool_run gpuleak --duration 24s -- "$fix/cudawork" "$fix/cuda/libcudart.so.11.0" leak 60
+	finding gpuleak gpu_memory_leak "$(frame leak_weights) and (.summary | contains(\"made at leak_weights+\"))" "made at leak_weights"
+}
+
+# A context-switch storm: pipe ping-pong between threads. It starts after
+# the baseline is learnt (10 quiet intervals), so that a rate under the
+# absolute ceiling (50 k/s: a slow emulated CPU may not reach it) is judged
+# against the baseline and the floor.
+step_sched() {
+	tool_run sched --interval 500ms --duration 16s -- /bin/sh -c "sleep 7; exec $fix/schedwork storm 2 60"
+	finding sched ctx_switch_storm "true" "for schedwork"
+}
+
+# A CLOSE_WAIT leak on loopback TCP, named at the accept that opened it.
+step_sock() {
+	tool_run sock --duration 20s -- "$fix/sockwork" leaky-server 10 60
+	finding sock socket_leak "$(frame accept_conn) and (.summary | contains(\"opened at accept_conn\"))" "opened at accept_conn"
+}
+
+# An fd leak in Python, named at the script's function and line.
+step_python() {
+	local script=$repo/testdata/python/leak.py line
+	line=$(grep -n '# leak: open' "$script" | cut -d: -f1)
+	if [ ! -x "$python" ]; then
+		fail "$python missing"
+		return
+	fi
+	tool_run python --duration 18s -- "$python" "$script" 20 60
+	finding python fd_leak "any((.stack // [])[]; .kind == \"python\" and .function == \"cache_tokenizer\" and .file == \"$script\" and .line == $line) and (.summary | contains(\"at cache_tokenizer (leak.py:$line)\"))" "at cache_tokenizer ($script:$line)"
+}
+
+say "kernel $(uname -r)"
+uname -a >"$out/uname"
+for step in "${steps[@]}"; do
+	why=()
+	t0=$(date +%s)
+	say "$step ..."
+	"step_$step"
+	if [ ${#why[@]} -eq 0 ]; then
+		res=PASS
+	else
+		res=FAIL
+	fi
+	reasons=
+	for w in "${why[@]}"; do
+		reasons+="${reasons:+ ;; }$w"
+	done
+	printf '%s %s %s\n' "$step" "$res" "$reasons" >>"$out/results"
+	say "$step $res ($(($(date +%s) - t0)) s)"
+done
+dmesg >"$out/dmesg" 2>&1 || true
+say "done"
