@@ -3,7 +3,6 @@ package bpfobj
 import (
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -46,25 +45,6 @@ type Kernel struct {
 // once there.
 const PreallocPerCPU = 1024
 
-// Missing lists what this kernel lacks, in the words of the kernel feature
-// each field names; empty on 6.1+ with everything.
-func (k Kernel) Missing() []string {
-	var out []string
-	if !k.TaskStorage {
-		out = append(out, "task storage (per-thread state kept in LRU hashes by thread id)")
-	}
-	if !k.TaskPtRegs {
-		out = append(out, "bpf_task_pt_regs (classic syscall tracepoints record no opening stacks)")
-	}
-	if !k.Cookies {
-		out = append(out, "uprobe cookies (one CUDA entry program per function)")
-	}
-	if !k.RuntimeAlloc {
-		out = append(out, fmt.Sprintf("the BPF memory allocator (hash maps preallocated; per-CPU ones hold %d processes)", PreallocPerCPU))
-	}
-	return out
-}
-
 // Probe finds out, once per process, what the kernel offers, and raises the
 // memlock limit where the kernel still charges maps to it (before 5.11):
 // without that every map create fails there.
@@ -86,9 +66,7 @@ var Probe = sync.OnceValue(func() Kernel {
 	default:
 		k.Memlock = "memcg"
 	}
-	if m := k.Missing(); len(m) > 0 {
-		slog.Debug("kernel lacks BPF features; using fallbacks", "missing", strings.Join(m, "; "))
-	}
+	slog.Debug("kernel BPF features", "features", fmt.Sprintf("%+v", k))
 	return k
 })
 
