@@ -590,6 +590,11 @@ func checkVolumes(t *testing.T, pod corev1.PodSpec, c corev1.Container) {
 		if v.HostPath != nil && !m.ReadOnly {
 			t.Errorf("host path %s is mounted writable at %s", v.HostPath.Path, m.MountPath)
 		}
+		// Propagation from the host needs the host's mount to be shared or
+		// slave: on hosts whose mounts are private the pod does not start.
+		if m.MountPropagation != nil && *m.MountPropagation != corev1.MountPropagationNone {
+			t.Errorf("mount %s asks for %s propagation: the pod fails to start on hosts with private mounts", m.MountPath, *m.MountPropagation)
+		}
 	}
 	for _, p := range []string{"/sys/kernel/tracing", "/sys/kernel/btf", "/sys/fs/cgroup"} {
 		name, ok := mounted[p]

@@ -34,6 +34,7 @@ type descs struct {
 	findingCauseDesc   *prometheus.Desc
 	findingsTotalDesc  *prometheus.Desc
 	lostDesc           *prometheus.Desc
+	trackFailuresDesc  *prometheus.Desc
 	buildInfoDesc      *prometheus.Desc
 	cudaAllocBytesDesc *prometheus.Desc
 	cudaFreeBytesDesc  *prometheus.Desc
@@ -76,6 +77,9 @@ func newDescs(pods bool) *descs {
 		"Distinct findings that became active, by kind; those explained by another finding are not counted.", []string{"kind"}, nil)
 	d.lostDesc = prometheus.NewDesc("autoglm_bpf_events_lost_total",
 		"Lost BPF events and failed map updates, by source.", []string{"source"}, nil)
+	d.trackFailuresDesc = prometheus.NewDesc("autoglm_track_failures_total",
+		"Processes a view could not follow (the other views watched them on), by view and reason (an errno name, or other).",
+		[]string{"view", "reason"}, nil)
 	d.buildInfoDesc = prometheus.NewDesc("autoglm_build_info",
 		"Always 1; labelled with the version of autoglm-ebpf.", []string{"version"}, nil)
 	d.cudaAllocBytesDesc = prometheus.NewDesc("autoglm_cuda_alloc_bytes_total",
@@ -109,7 +113,7 @@ func newDescs(pods bool) *descs {
 
 // all lists every description, for Describe.
 func (d *descs) all() []*prometheus.Desc {
-	return []*prometheus.Desc{d.openFDsDesc, d.fdLimitDesc, d.openedDesc, d.closedDesc, d.fdFailuresDesc, d.socketsDesc, d.socketFDsDesc, d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.buildInfoDesc, d.cudaAllocBytesDesc, d.cudaFreeBytesDesc, d.cudaAllocCallsDesc, d.cudaLiveBytesDesc, d.cudaFailuresDesc, d.cudaUntrackedDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.ctxSwitchesDesc, d.runqLatencyDesc}
+	return []*prometheus.Desc{d.openFDsDesc, d.fdLimitDesc, d.openedDesc, d.closedDesc, d.fdFailuresDesc, d.socketsDesc, d.socketFDsDesc, d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.trackFailuresDesc, d.buildInfoDesc, d.cudaAllocBytesDesc, d.cudaFreeBytesDesc, d.cudaAllocCallsDesc, d.cudaLiveBytesDesc, d.cudaFailuresDesc, d.cudaUntrackedDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.ctxSwitchesDesc, d.runqLatencyDesc}
 }
 
 // Metrics is a sink that serves the latest snapshot to Prometheus.
@@ -270,6 +274,11 @@ func (m *Metrics) build(s *model.Snapshot) []prometheus.Metric {
 	}
 	for src, n := range m.lost {
 		out = append(out, constMetric(m.d.lostDesc, prometheus.CounterValue, float64(n), label(src)))
+	}
+	if s != nil {
+		for f, n := range s.TrackFailures {
+			out = append(out, constMetric(m.d.trackFailuresDesc, prometheus.CounterValue, float64(n), f.View, f.Reason))
+		}
 	}
 	for kind, n := range m.total {
 		out = append(out, constMetric(m.d.findingsTotalDesc, prometheus.CounterValue, float64(n), kind))

@@ -529,3 +529,19 @@ func TestSeriesPerProcess(t *testing.T) {
 		})
 	}
 }
+
+// Processes a view could not follow are counted by view and reason.
+func TestTrackFailures(t *testing.T) {
+	m, reg := newMetrics(t)
+	s := snap(1, []*model.Process{proc(100, "fdwork", 5, 5, 0, false)}, nil, nil)
+	s.TrackFailures = map[model.TrackFailure]uint64{{View: "sock", Reason: "EPERM"}: 2}
+	m.Update(s)
+	want := `
+# HELP autoglm_track_failures_total Processes a view could not follow (the other views watched them on), by view and reason (an errno name, or other).
+# TYPE autoglm_track_failures_total counter
+autoglm_track_failures_total{reason="EPERM",view="sock"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "autoglm_track_failures_total"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -136,6 +136,12 @@ func (p *Process) Events() uint64 {
 	return n + p.Sched.Voluntary + p.Sched.Involuntary
 }
 
+// TrackFailure is a view that could not follow a process, and why: an
+// errno's name (EPERM, ENOENT, ...) or "other".
+type TrackFailure struct {
+	View, Reason string
+}
+
 // Snapshot is the whole state after one interval; sinks receive one per interval.
 type Snapshot struct {
 	Time      time.Time
@@ -144,5 +150,8 @@ type Snapshot struct {
 	Processes []*Process        // watched processes, including those that exited this interval
 	Findings  []Finding         // every finding so far, active or not
 	Lost      map[string]uint64 // lost events and failed map updates, by source (monotonic)
-	GPUs      []GPU             // devices as NVML last reported them; nil without NVML
+	// TrackFailures counts the processes a view could not follow (the
+	// others watched them on), by view and reason; monotonic.
+	TrackFailures map[TrackFailure]uint64
+	GPUs          []GPU // devices as NVML last reported them; nil without NVML
 }

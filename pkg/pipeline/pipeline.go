@@ -16,6 +16,7 @@ import (
 	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
+	"golang.org/x/sys/unix"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/cudatrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/causes"
@@ -121,6 +122,13 @@ type Pipeline struct {
 	order    []int          // pids in the order they were added
 	findings []model.Finding
 	link     *causes.Linker
+
+	// Views that could not follow a process (a namespace they cannot
+	// enter, a file they cannot read) leave it to the others: by concern,
+	// the pids it does not track. Counted by view and reason, logged once
+	// per view and reason.
+	untracked     map[string]map[int]bool
+	trackFailures map[model.TrackFailure]uint64
 }
 
 // New starts loading every concern's BPF side, all at once: each concern is
@@ -143,6 +151,9 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 		starts: map[int]uint64{},
 		maps:   procinfo.NewMapsCache(),
 		link:   causes.New(causes.DefaultGrace),
+
+		untracked:     map[string]map[int]bool{},
+		trackFailures: map[model.TrackFailure]uint64{},
 	}
 
 	// NVML is optional: without a driver the sampler reports one clear
@@ -237,7 +248,7 @@ func (p *Pipeline) adopt(a arrival) error {
 		// The process may have exited since it was watched: the next poll
 		// notices that.
 		if err := a.c.Track(pid); err != nil {
-			slog.Warn("not tracked by a concern loaded late", "concern", a.name, "pid", pid, "err", err)
+			p.trackFailed(a.name, pid, err)
 		}
 	}
 	i, _ := slices.BinarySearchFunc(p.concerns, a.rank, func(c ranked, r int) int { return c.rank - r })
@@ -299,14 +310,23 @@ func (p *Pipeline) watch(pid int) error {
 		return err
 	}
 	for i, c := range p.concerns {
-		if err := c.Track(pid); err != nil {
-			// Leave no half-tracked process behind in the kernel, in the
-			// failing concern either (Untrack tolerates missing state).
-			for _, d := range p.concerns[:i+1] {
-				d.Untrack(pid)
-			}
-			return fmt.Errorf("%s: %w", c.Name(), err)
+		err := c.Track(pid)
+		if err == nil {
+			continue
 		}
+		if c.Name() != "fd" {
+			// The other views go on watching it.
+			c.Untrack(pid)
+			p.trackFailed(c.Name(), pid, err)
+			continue
+		}
+		// Leave no half-tracked process behind in the kernel, in the
+		// failing concern either (Untrack tolerates missing state).
+		for _, d := range p.concerns[:i+1] {
+			d.Untrack(pid)
+		}
+		p.forgetUntracked(pid)
+		return fmt.Errorf("%s: %w", c.Name(), err)
 	}
 	pr := &model.Process{PID: pid, Comm: comm, Started: time.Now()}
 	if p.cfg.Pod != nil {
@@ -412,7 +432,11 @@ func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 	}
 	var fresh []model.Finding
 	for _, c := range p.concerns {
-		fs, err := c.Observe(now, observe)
+		procs := observe
+		if skip := p.untracked[c.Name()]; len(skip) > 0 {
+			procs = slices.DeleteFunc(slices.Clone(observe), func(pr *model.Process) bool { return skip[pr.PID] })
+		}
+		fs, err := c.Observe(now, procs)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", c.Name(), err)
 		}
@@ -428,6 +452,7 @@ func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 		for _, c := range p.concerns {
 			c.Untrack(pr.PID)
 		}
+		p.forgetUntracked(pr.PID)
 		p.sym.Forget(pr.PID)
 		for _, f := range p.findings {
 			if f.PID == pr.PID && f.Active {
@@ -528,8 +553,42 @@ func (p *Pipeline) record(f model.Finding, now time.Time, active bool) {
 	p.findings = append(p.findings, f)
 }
 
+// trackFailed records that the concern name could not track pid: the
+// process is left to the other views.
+func (p *Pipeline) trackFailed(name string, pid int, err error) {
+	key := model.TrackFailure{View: name, Reason: failureReason(err)}
+	if p.trackFailures[key] == 0 {
+		slog.Warn("a view cannot follow a process; the other views go on watching it (logged once per view and reason)",
+			"view", name, "reason", key.Reason, "pid", pid, "err", err)
+	}
+	p.trackFailures[key]++
+	if p.untracked[name] == nil {
+		p.untracked[name] = map[int]bool{}
+	}
+	p.untracked[name][pid] = true
+}
+
+func (p *Pipeline) forgetUntracked(pid int) {
+	for _, pids := range p.untracked {
+		delete(pids, pid)
+	}
+}
+
+// failureReason names the cause of a failed Track with bounded
+// cardinality: the errno's name (EPERM, ENOENT, ...), else "other".
+func failureReason(err error) string {
+	var errno unix.Errno
+	if errors.As(err, &errno) {
+		if name := unix.ErrnoName(errno); name != "" {
+			return name
+		}
+	}
+	return "other"
+}
+
 func (p *Pipeline) snapshot(now time.Time) *model.Snapshot {
-	s := &model.Snapshot{Time: now, Start: p.start, Targets: p.targets, Findings: slices.Clone(p.findings), Lost: map[string]uint64{}}
+	s := &model.Snapshot{Time: now, Start: p.start, Targets: p.targets, Findings: slices.Clone(p.findings), Lost: map[string]uint64{},
+		TrackFailures: maps.Clone(p.trackFailures)}
 	for _, pid := range p.order {
 		pr := *p.procs[pid]
 		s.Processes = append(s.Processes, &pr)

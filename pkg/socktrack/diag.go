@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -41,7 +42,14 @@ type diag struct {
 	self     string // our own network namespace
 	conns    map[string]*netlink.Conn
 	used     map[string]bool // namespaces read since the last sweep
+	// refused: joining another network namespace (setns) needs
+	// CAP_SYS_ADMIN, which a DaemonSet rightly drops; said once.
+	refused bool
 }
+
+// errCannotJoin: sock_diag cannot be asked inside pid's network namespace;
+// its sockets are read from /proc/PID/net instead.
+var errCannotJoin = errors.New("sock_diag: cannot join the network namespace (needs CAP_SYS_ADMIN)")
 
 // newDiag checks that the kernel answers sock_diag for TCP (CONFIG_INET_DIAG,
 // tcp_diag) with one dump of our own namespace.
@@ -87,6 +95,9 @@ func (d *diag) conn(pid int, ns string) (*netlink.Conn, error) {
 	}
 	cfg := &netlink.Config{}
 	if ns != d.self {
+		if d.refused {
+			return nil, errCannotJoin
+		}
 		f, err := os.Open(filepath.Join(d.procRoot, strconv.Itoa(pid), "ns", "net"))
 		if err != nil {
 			return nil, err
@@ -95,6 +106,11 @@ func (d *diag) conn(pid int, ns string) (*netlink.Conn, error) {
 		cfg.NetNS = int(f.Fd())
 	}
 	c, err := netlink.Dial(unix.NETLINK_SOCK_DIAG, cfg)
+	if cfg.NetNS != 0 && errors.Is(err, unix.EPERM) {
+		slog.Info("sock_diag cannot join other network namespaces without CAP_SYS_ADMIN: their TCP sockets are read from /proc/PID/net/tcp{,6}", "err", err)
+		d.refused = true
+		return nil, errCannotJoin
+	}
 	if err != nil {
 		return nil, fmt.Errorf("sock_diag: %w", err)
 	}

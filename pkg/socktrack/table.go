@@ -2,6 +2,7 @@ package socktrack
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -115,7 +116,8 @@ func (t *Tracker) sample(pid int, st *procState, kernel map[uint64]sockSockInfo,
 	if tcp == nil {
 		if t.diag != nil {
 			tcp, err = t.diag.tcp(pid, ns)
-		} else {
+		}
+		if t.diag == nil || errors.Is(err, errCannotJoin) {
 			tcp, err = t.proc.TCPSockets(pid)
 		}
 		if err != nil {
