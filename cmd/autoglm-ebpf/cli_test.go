@@ -77,6 +77,10 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"attach", "--pid", "1", "--bogus"}, exitUsage, "unknown flag"},
 		{[]string{"attach", "--pid", "1", "--fail-on", "nope"}, exitUsage, `unknown kind "nope"`},
 		{[]string{"attach", "--pid", "1", "--interval", "0s"}, exitUsage, "--interval must be positive"},
+		// Output paths are checked before anything is attached: an hour's
+		// run must not end in a report that cannot be written.
+		{[]string{"attach", "--pid", "1", "--json", "/no/such/dir/r.json", "--duration", "1h"}, exitUsage, "--json /no/such/dir/r.json: cannot create a file in /no/such/dir: no such file or directory"},
+		{[]string{"run", "--html", "/tmp", "--", "true"}, exitUsage, "--html /tmp: is a directory"},
 		{[]string{"attach", "--pid", "1", "--listen", "nohostport"}, exitUsage, "--listen"},
 		{[]string{"run"}, exitUsage, "requires at least 1 arg"},
 		{[]string{"attach", "--pid", "1", "--gpu-interval", "1ms"}, exitUsage, "--gpu-interval must be at least 10ms"},

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -75,6 +76,14 @@ func (f *watchFlags) validate() error {
 	if f.html == "-" {
 		return usagef("--html needs a file name, not -")
 	}
+	for _, o := range []struct{ flag, path string }{{"--json", f.json}, {"--html", f.html}} {
+		if o.path == "" || o.path == "-" {
+			continue
+		}
+		if err := writable(o.path); err != nil {
+			return usagef("%s %s: %v", o.flag, o.path, err)
+		}
+	}
 	if f.maxFDs == 0 {
 		return usagef("--max-fds must be positive")
 	}
@@ -98,6 +107,26 @@ func (f *watchFlags) validate() error {
 		}
 	}
 	return nil
+}
+
+// writable checks, before anything is attached, that a report can be
+// written to path at the end: its folder exists and takes a new file (the
+// report is written beside it and renamed over it), and path is no folder.
+// Finding out after an hour's run would lose the report.
+func writable(path string) error {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return errors.New("is a directory")
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".check*")
+	if err != nil {
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = fmt.Errorf("cannot create a file in %s: %w", filepath.Dir(path), pe.Err)
+		}
+		return err
+	}
+	f.Close()
+	return os.Remove(f.Name())
 }
 
 func requireRoot() error {

@@ -289,11 +289,16 @@ func copyInts(m map[string]int) map[string]int {
 }
 
 // writeAtomic writes data to a temporary file next to path and renames it
-// over path: a rename within one file system is atomic.
+// over path: a rename within one file system is atomic. An error names
+// path, not the temporary file.
 func writeAtomic(path string, data []byte) error {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
 	if err != nil {
-		return err
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err
+		}
+		return fmt.Errorf("writing %s: %w", path, err)
 	}
 	tmp := f.Name()
 	_, err = f.Write(data)
@@ -313,6 +318,7 @@ func writeAtomic(path string, data []byte) error {
 	}
 	if err != nil {
 		os.Remove(tmp)
+		return fmt.Errorf("writing %s: %w", path, err)
 	}
-	return err
+	return nil
 }

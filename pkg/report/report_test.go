@@ -318,10 +318,13 @@ func TestFileWrittenAtomically(t *testing.T) {
 	}
 }
 
+// A report that cannot be written says so with the path asked for, not the
+// temporary file beside it.
 func TestWriteError(t *testing.T) {
-	w := New("v1", Outputs{JSON: filepath.Join(t.TempDir(), "missing", "report.json")})
+	path := filepath.Join(t.TempDir(), "missing", "report.json")
+	w := New("v1", Outputs{JSON: path})
 	err := w.Close(nil)
-	if err == nil || !strings.Contains(err.Error(), "report:") {
-		t.Errorf("Close into a missing directory = %v, want an error", err)
+	if err == nil || !strings.Contains(err.Error(), "report: writing "+path+": ") {
+		t.Errorf("Close into a missing directory = %v, want an error naming %s", err, path)
 	}
 }
