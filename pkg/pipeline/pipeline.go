@@ -248,7 +248,7 @@ func (p *Pipeline) adopt(a arrival) error {
 		// The process may have exited since it was watched: the next poll
 		// notices that.
 		if err := a.c.Track(pid); err != nil {
-			p.trackFailed(a.name, pid, err)
+			p.trackFailed(a.c, pid, err)
 		}
 	}
 	i, _ := slices.BinarySearchFunc(p.concerns, a.rank, func(c ranked, r int) int { return c.rank - r })
@@ -315,9 +315,7 @@ func (p *Pipeline) watch(pid int) error {
 			continue
 		}
 		if c.Name() != "fd" {
-			// The other views go on watching it.
-			c.Untrack(pid)
-			p.trackFailed(c.Name(), pid, err)
+			p.trackFailed(c, pid, err)
 			continue
 		}
 		// Leave no half-tracked process behind in the kernel, in the
@@ -553,9 +551,11 @@ func (p *Pipeline) record(f model.Finding, now time.Time, active bool) {
 	p.findings = append(p.findings, f)
 }
 
-// trackFailed records that the concern name could not track pid: the
-// process is left to the other views.
-func (p *Pipeline) trackFailed(name string, pid int, err error) {
+// trackFailed records that concern c could not track pid and drops what c
+// set up for it: the process is left to the other views.
+func (p *Pipeline) trackFailed(c Concern, pid int, err error) {
+	c.Untrack(pid)
+	name := c.Name()
 	key := model.TrackFailure{View: name, Reason: failureReason(err)}
 	if p.trackFailures[key] == 0 {
 		slog.Warn("a view cannot follow a process; the other views go on watching it (logged once per view and reason)",

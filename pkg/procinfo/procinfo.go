@@ -275,11 +275,7 @@ func kernelThreadErr(pid int) error {
 // Alive reports whether pid exists and is not a zombie (or dead, state X):
 // a process in those states holds no fds and runs no code.
 func (fs FS) Alive(pid int) bool {
-	p, err := fs.process(pid)
-	if err != nil {
-		return false
-	}
-	st, err := p.Stat()
+	st, err := fs.stat(pid)
 	if err != nil {
 		return false
 	}
@@ -300,11 +296,7 @@ const pfExiting = 0x4
 // gone. The fds of such a process, or of one whose leader called
 // pthread_exit, are not the listing's to judge.
 func (fs FS) FDsGone(pid int) bool {
-	p, err := fs.process(pid)
-	if err != nil {
-		return true
-	}
-	st, err := p.Stat()
+	st, err := fs.stat(pid)
 	if err != nil {
 		return true
 	}
@@ -326,6 +318,14 @@ func (fs FS) StartTime(pid int) (uint64, error) {
 }
 
 // process opens pid, turning "not there" into ErrNoProcess.
+func (fs FS) stat(pid int) (procfs.ProcStat, error) {
+	p, err := fs.process(pid)
+	if err != nil {
+		return procfs.ProcStat{}, err
+	}
+	return p.Stat()
+}
+
 func (fs FS) process(pid int) (procfs.Proc, error) {
 	p, err := fs.proc.Proc(pid)
 	if err != nil {
