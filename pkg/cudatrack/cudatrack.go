@@ -7,6 +7,7 @@
 package cudatrack
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -205,6 +206,11 @@ func (t *Tracker) Refresh(pid int) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("reading the mappings of pid %d: %w", pid, err)
 	}
+	// Runtimes before drivers: while only the driver is hooked, a runtime
+	// call's inner driver calls would count on their own.
+	slices.SortStableFunc(files, func(a, b mappedFile) int {
+		return cmp.Compare(btoi(a.kind == kindDriver), btoi(b.kind == kindDriver))
+	})
 	hooked := false
 	present := make(map[fileKey]bool, len(files))
 	for _, mf := range files {
@@ -275,16 +281,17 @@ func (t *Tracker) attach(pid int, lib *Library) *hooked {
 		} else {
 			opts.Cookie = uint64(hk.API)
 		}
-		in, err := ex.Uprobe(a.Name, prog, opts)
-		if err != nil {
-			slog.Warn("hooking CUDA function", "pid", pid, "path", lib.Path, "func", a.Name, "err", err)
-			continue
-		}
-		// Without its return hook an entry hook would leave state behind.
+		// The return first, as in attachMulti; without it the entry would
+		// leave state behind.
 		out, err := ex.Uretprobe(a.Name, t.ret[a.Layer], &link.UprobeOptions{Address: hk.Offset, PID: pid})
 		if err != nil {
 			slog.Warn("hooking CUDA function return", "pid", pid, "path", lib.Path, "func", a.Name, "err", err)
-			_ = in.Close()
+			continue
+		}
+		in, err := ex.Uprobe(a.Name, prog, opts)
+		if err != nil {
+			slog.Warn("hooking CUDA function", "pid", pid, "path", lib.Path, "func", a.Name, "err", err)
+			_ = out.Close()
 			continue
 		}
 		h.links = append(h.links, in, out)
@@ -314,16 +321,11 @@ func (t *Tracker) attachMulti(ex *link.Executable, pid int, lib *Library) []link
 		}
 		r.Addresses = append(r.Addresses, hk.Offset)
 	}
+	// Returns first: an entry hooked while its return is not yet leaves
+	// state in flight that makes the thread's later calls look nested
+	// (and a runtime call's driver calls count on their own). A return
+	// without its entry is ignored.
 	var links []link.Link
-	for shape, o := range byShape {
-		l, err := ex.UprobeMulti(nil, t.byShape[shape], o)
-		if err != nil {
-			slog.Warn("hooking CUDA library", "pid", pid, "path", lib.Path, "err", err)
-			_ = closeLinks(links)
-			return nil
-		}
-		links = append(links, l)
-	}
 	for layer, r := range byLayer {
 		l, err := ex.UretprobeMulti(nil, t.ret[layer], r)
 		if err != nil {
@@ -333,8 +335,24 @@ func (t *Tracker) attachMulti(ex *link.Executable, pid int, lib *Library) []link
 		}
 		links = append(links, l)
 	}
+	for shape, o := range byShape {
+		l, err := ex.UprobeMulti(nil, t.byShape[shape], o)
+		if err != nil {
+			slog.Warn("hooking CUDA library", "pid", pid, "path", lib.Path, "err", err)
+			_ = closeLinks(links)
+			return nil
+		}
+		links = append(links, l)
+	}
 	slog.Debug("hooked CUDA library", "pid", pid, "path", lib.Path, "kind", lib.Kind, "functions", len(lib.Hooks))
 	return links
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // haveUprobeMulti tells whether this kernel has uprobe_multi links; a
