@@ -335,7 +335,7 @@ func daemonMaps(t *testing.T, pid int) map[string]int {
 	return out
 }
 
-func rssKiB(t *testing.T, pid int) int {
+func rssKiB(t testing.TB, pid int) int {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {

@@ -134,53 +134,6 @@ func Counters[K ~uint32](m *ebpf.Map, names map[K]string) (map[string]uint64, er
 	return out, nil
 }
 
-// DeleteWhere deletes the entries of a hash map for which drop is true,
-// such as the entries of a process gone. Keys are collected first: deleting
-// the walk's current key would restart it.
-func DeleteWhere[K, V any](m *ebpf.Map, drop func(K, V) bool) error {
-	var (
-		k    K
-		v    V
-		dead []K
-	)
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		if drop(k, v) {
-			dead = append(dead, k)
-		}
-	}
-	for _, k := range dead {
-		_ = m.Delete(k)
-	}
-	return it.Err()
-}
-
-// ReadAll reads every entry of a hash map that BPF programs update while we
-// read it. A walk whose current key is deleted restarts from the first
-// bucket, so keys can come twice (kept once here) and the walk can abort
-// (tried again, three times in all).
-func ReadAll[K comparable, V any](m *ebpf.Map) (map[K]V, error) {
-	var err error
-	for try := 0; try < 3; try++ {
-		out := map[K]V{}
-		var (
-			k K
-			v V
-		)
-		it := m.Iterate()
-		for it.Next(&k, &v) {
-			out[k] = v
-		}
-		if err = it.Err(); err == nil {
-			return out, nil
-		}
-		if !errors.Is(err, ebpf.ErrIterationAborted) {
-			break
-		}
-	}
-	return nil, err
-}
-
 // DropStacks deletes from a stack trace map every stack id for which keep
 // is false, and returns how many it deleted. A stack map is never emptied
 // by the kernel: without this, the stacks of closed fds, freed allocations

@@ -209,24 +209,3 @@ type testMaps struct {
 }
 
 func (m *testMaps) Close() error { return m.Errors.Close() }
-
-func TestReadAll(t *testing.T) {
-	testutil.RequireRoot(t)
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 8, MaxEntries: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	for k := uint32(1); k <= 40; k++ {
-		if err := m.Put(k, uint64(k)*10); err != nil {
-			t.Fatal(err)
-		}
-	}
-	got, err := ReadAll[uint32, uint64](m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != 40 || got[7] != 70 || got[40] != 400 {
-		t.Fatalf("ReadAll = %d entries, [7]=%d [40]=%d", len(got), got[7], got[40])
-	}
-}

@@ -71,6 +71,7 @@ type Tracker struct {
 	multi bool
 
 	procs map[int]*procState
+	live  *bpfobj.Table[cudaCudaAllocKey, cudaCudaAlloc] // each allocation a process's
 	// Parsed libraries, shared by every process mapping the same file; a nil
 	// value records an executable without CUDA.
 	files map[fileKey]*Library
@@ -139,6 +140,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 		t.Close()
 		return nil, err
 	}
+	t.live = bpfobj.NewTable(t.maps.LiveAllocs, func(k cudaCudaAllocKey, _ cudaCudaAlloc) uint32 { return k.Tgid })
 	if cookies {
 		t.byShape[shapeAlloc] = coll.Programs["cuda_alloc_enter"]
 		t.byShape[shapePitch] = coll.Programs["cuda_pitch_enter"]
@@ -173,6 +175,9 @@ func NewTracker(cfg Config) (*Tracker, error) {
 // existing entries), then the filter, then the CUDA libraries it has mapped.
 func (t *Tracker) Track(pid int) error {
 	tgid := uint32(pid)
+	if err := t.live.Claim(tgid, t.tracked); err != nil {
+		return fmt.Errorf("tracking pid %d: %w", pid, err)
+	}
 	zero := make([]cudaCudaCounts, ebpf.MustPossibleCPU())
 	if err := t.maps.CudaCounters.Update(tgid, zero, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
@@ -375,8 +380,14 @@ func (t *Tracker) Libraries(pid int) []*Library {
 	return out
 }
 
+// tracked reports whether tgid is tracked: a read of the live table drops
+// the allocations of the others.
+func (t *Tracker) tracked(tgid uint32) bool { return t.procs[int(tgid)] != nil }
+
 // Untrack stops tracking pid: its links are closed and its kernel state
-// dropped. Per-thread entry state is task storage: it goes with the threads.
+// dropped, the allocations made since the last poll at the next (see
+// bpfobj.Table). Per-thread entry state is task storage: it goes with the
+// threads.
 func (t *Tracker) Untrack(pid int) {
 	tgid := uint32(pid)
 	if ps := t.procs[pid]; ps != nil {
@@ -389,7 +400,7 @@ func (t *Tracker) Untrack(pid int) {
 	_ = t.maps.CudaCounters.Delete(tgid)
 	_ = t.maps.LiveBytes.Delete(tgid)
 	_ = t.maps.PeakBytes.Delete(tgid)
-	_ = bpfobj.DeleteWhere(t.maps.LiveAllocs, func(key cudaCudaAllocKey, _ cudaCudaAlloc) bool { return key.Tgid == tgid })
+	t.live.Forget(tgid)
 }
 
 // Alloc is one live allocation.
@@ -449,16 +460,15 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		out[pid] = s
 	}
 	toWall := wallClock()
-	live, err := bpfobj.ReadAll[cudaCudaAllocKey, cudaCudaAlloc](t.maps.LiveAllocs)
+	live, err := t.live.Read(t.tracked)
 	if err != nil {
 		return nil, fmt.Errorf("reading the live allocation table: %w", err)
 	}
-	for key, val := range live {
-		s := out[int(key.Tgid)]
-		if s == nil {
-			continue
+	for pid, s := range out {
+		for _, e := range live[uint32(pid)] {
+			key, val := e.Key, e.Val
+			s.Allocs = append(s.Allocs, Alloc{Addr: key.Addr, Size: val.Size, API: int(val.Api), StackID: t.unwinder.Canonical(val.StackId), Time: toWall(val.TimeNs), PyStack: val.PyStack})
 		}
-		s.Allocs = append(s.Allocs, Alloc{Addr: key.Addr, Size: val.Size, API: int(val.Api), StackID: t.unwinder.Canonical(val.StackId), Time: toWall(val.TimeNs), PyStack: val.PyStack})
 	}
 	if t.polls++; t.polls%bpfobj.StackGCEvery == 0 {
 		t.dropStacks(live)
@@ -469,11 +479,13 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 // dropStacks deletes the stacks that no live allocation (of any process)
 // refers to, keeping those of failures drained since the last time: they
 // are symbolized after Poll. The unwind rules of processes gone go too.
-func (t *Tracker) dropStacks(live map[cudaCudaAllocKey]cudaCudaAlloc) {
+func (t *Tracker) dropStacks(live map[uint32][]bpfobj.Entry[cudaCudaAllocKey, cudaCudaAlloc]) {
 	keep := t.failStacks
-	for _, val := range live {
-		keep[uint32(val.StackId)] = true
-		keep[uint32(t.unwinder.Canonical(val.StackId))] = true
+	for _, g := range live {
+		for _, e := range g {
+			keep[uint32(e.Val.StackId)] = true
+			keep[uint32(t.unwinder.Canonical(e.Val.StackId))] = true
+		}
 	}
 	kept := func(id uint32) bool { return keep[id] }
 	if _, err := bpfobj.DropStacks(t.maps.UnwoundStacks, kept); err != nil {

@@ -480,6 +480,10 @@ func TestUntrackAndClose(t *testing.T) {
 	_, pr := work(t, c, dynamic(t), "steady")
 	time.Sleep(100 * time.Millisecond)
 	c.Untrack(pr.PID)
+	// Allocations made since the last poll go at the next.
+	if _, err := c.Poll(nil); err != nil {
+		t.Fatal(err)
+	}
 	if libs := c.Libraries(pr.PID); len(libs) != 0 {
 		t.Errorf("libraries still hooked after Untrack: %v", libs)
 	}

@@ -158,16 +158,12 @@ func (f *Finder) drain(into map[int]bool) {
 	if f.events == nil {
 		return
 	}
-	for {
-		select {
-		case e, ok := <-f.events.Events():
-			if !ok {
-				return
-			}
-			into[e.PID] = true
-		default:
-			return
-		}
+	events, err := f.events.Drain()
+	if err != nil {
+		slog.Warn("draining discovery events", "err", err)
+	}
+	for _, e := range events {
+		into[e.PID] = true
 	}
 }
 

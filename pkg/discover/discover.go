@@ -9,7 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
+	"time"
 
 	"github.com/cilium/ebpf/ringbuf"
 
@@ -41,21 +41,20 @@ type Event struct {
 	Why Why
 }
 
-// Watcher owns the discovery BPF object and the goroutine reading its ring
-// buffer.
+// Watcher owns the discovery BPF object and its ring buffer, which the
+// daemon drains at each poll: the events wait there (16 384 of them fit),
+// and nothing wakes for each exec of a busy node.
 type Watcher struct {
 	obj    *bpfobj.Object
 	maps   discoverMaps
 	reader *ringbuf.Reader
-	events chan Event
-	done   sync.WaitGroup
+	rec    ringbuf.Record
 }
 
 // New loads and attaches the discovery programs (tp_btf where the kernel
-// allows, else classic tracepoints, or those when tracepoint is set) and
-// starts reading events.
+// allows, else classic tracepoints, or those when tracepoint is set).
 func New(tracepoint bool) (*Watcher, error) {
-	w := &Watcher{events: make(chan Event, 1024)}
+	w := &Watcher{}
 	var err error
 	w.obj, err = bpfobj.Open(loadDiscover, bpfobj.Options{What: "discovery BPF programs", Maps: &w.maps, Tracepoint: tracepoint})
 	if err != nil {
@@ -65,37 +64,31 @@ func New(tracepoint bool) (*Watcher, error) {
 		w.obj.Close()
 		return nil, fmt.Errorf("opening the discovery ring buffer: %w", err)
 	}
-	w.done.Add(1)
-	go w.read()
 	return w, nil
 }
 
-// read forwards events until the reader is closed. A full channel blocks
-// it, and the ring buffer then fills and counts what it drops.
-func (w *Watcher) read() {
-	defer w.done.Done()
-	defer close(w.events)
+// Drain returns the events the kernel sent since the last call, in order,
+// without waiting. A ring buffer that filled up in between counted what it
+// dropped (Lost).
+func (w *Watcher) Drain() ([]Event, error) {
+	w.reader.SetDeadline(time.Now())
 	var (
-		rec ringbuf.Record
+		out []Event
 		e   discoverDiscoverEvent
 	)
 	for {
-		if err := w.reader.ReadInto(&rec); err != nil {
-			if !errors.Is(err, os.ErrClosed) {
-				fmt.Fprintln(os.Stderr, "reading discovery events:", err)
+		if err := w.reader.ReadInto(&w.rec); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return out, nil
 			}
-			return
+			return out, fmt.Errorf("reading discovery events: %w", err)
 		}
-		if _, err := binary.Decode(rec.RawSample, binary.NativeEndian, &e); err != nil {
-			continue
+		if _, err := binary.Decode(w.rec.RawSample, binary.NativeEndian, &e); err != nil {
+			return out, fmt.Errorf("decoding a discovery event: %w", err)
 		}
-		w.events <- Event{PID: int(e.Pid), Why: Why(e.Why)}
+		out = append(out, Event{PID: int(e.Pid), Why: Why(e.Why)})
 	}
 }
-
-// Events delivers the events in the order the kernel sent them; it is
-// closed by Close.
-func (w *Watcher) Events() <-chan Event { return w.events }
 
 // Mode says how the programs are attached: bpfobj.ModeBTF or ModeTracepoint.
 func (w *Watcher) Mode() string { return w.obj.Mode }
@@ -114,14 +107,7 @@ func (w *Watcher) Lost() (map[string]uint64, error) {
 	return bpfobj.Counters(w.maps.Errors, errorNames)
 }
 
-// Close detaches everything and stops the reader; Events is then closed.
-// A reader blocked on a full channel is released by draining it.
+// Close detaches everything.
 func (w *Watcher) Close() error {
-	err := w.reader.Close()
-	go func() {
-		for range w.events {
-		}
-	}()
-	w.done.Wait()
-	return errors.Join(err, w.obj.Close())
+	return errors.Join(w.reader.Close(), w.obj.Close())
 }

@@ -40,13 +40,18 @@ func TestEvents(t *testing.T) {
 			defer cuda.Wait()
 			got := map[Event]bool{}
 			want := []Event{{plain.Process.Pid, Exec}, {cuda.Process.Pid, Exec}, {cuda.Process.Pid, CUDAMapped}}
-			deadline := time.After(10 * time.Second)
+			deadline := time.Now().Add(10 * time.Second)
 			for !all(got, want) {
-				select {
-				case e := <-w.Events():
-					got[e] = true
-				case <-deadline:
+				if time.Now().After(deadline) {
 					t.Fatalf("events %v, want %v among them", got, want)
+				}
+				time.Sleep(50 * time.Millisecond)
+				events, err := w.Drain()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, e := range events {
+					got[e] = true
 				}
 			}
 			if got[Event{plain.Process.Pid, CUDAMapped}] {

@@ -37,6 +37,9 @@ type Tracker struct {
 	obj  *bpfobj.Object
 	maps fdMaps
 	proc procinfo.FS
+	// The live fd table and the failure sites, each entry a process's.
+	table     *bpfobj.Table[fdFdKey, fdFdInfo]
+	failSites *bpfobj.Table[uint32, fdFdInfo]
 
 	// Per process: fds that vanished without a traced close (found by
 	// reconciling with /proc), added to the kernel's closed counters.
@@ -81,6 +84,8 @@ func New(cfg Config) (*Tracker, error) {
 	if err != nil {
 		return nil, err
 	}
+	t.table = bpfobj.NewTable(t.maps.FdTable, func(k fdFdKey, _ fdFdInfo) uint32 { return k.Tgid })
+	t.failSites = bpfobj.NewTable(t.maps.FailSites, func(tgid uint32, _ fdFdInfo) uint32 { return tgid })
 	sym := cfg.Symbolizer
 	if sym == nil {
 		sym = symbolize.New(cfg.ProcRoot)

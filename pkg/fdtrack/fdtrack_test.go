@@ -232,3 +232,45 @@ func TestExitedNotReapedKeepsTable(t *testing.T) {
 		}
 	}
 }
+
+// A process coming and going costs what it holds: with another process's
+// 10 000 fds in the table, tracking and forgetting a small one reads none
+// of them, and leaves them all in place.
+func TestTrackUntrackReadOwnEntriesOnly(t *testing.T) {
+	tr := newTracker(t)
+	bin := testutil.Fixture(t, "fdwork")
+	big := testutil.Start(t, bin, "startup", "10000", "60").Process.Pid
+	if err := tr.Track(big); err != nil {
+		t.Fatal(err)
+	}
+	if s := poll(t, tr, big); len(s.FDs) < 10000 {
+		t.Fatalf("the big process: %d fds in the table, want >= 10000", len(s.FDs))
+	}
+	small := testutil.Start(t, bin, "kinds", "30").Process.Pid
+	own := procCount(t, small)
+	fetched := tr.table.Fetched + tr.failSites.Fetched
+	if err := tr.Track(small); err != nil {
+		t.Fatal(err)
+	}
+	tr.Untrack(small)
+	if n := tr.table.Fetched + tr.failSites.Fetched - fetched; n > uint64(own) {
+		t.Errorf("tracking and forgetting a process with %d fds read %d table entries", own, n)
+	}
+	var (
+		k     fdFdKey
+		v     fdFdInfo
+		left  int
+		bigN int
+	)
+	for it := tr.maps.FdTable.Iterate(); it.Next(&k, &v); {
+		switch int(k.Tgid) {
+		case small:
+			left++
+		case big:
+			bigN++
+		}
+	}
+	if left > 0 || bigN < 10000 {
+		t.Errorf("after forgetting the small process: %d of its entries left, %d of the big one's", left, bigN)
+	}
+}

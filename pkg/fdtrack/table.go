@@ -51,6 +51,9 @@ const nFails = len(fdFdCounts{}.Failed)
 // reconciled once more to drop anything closed while seeding.
 func (t *Tracker) Track(pid int) error {
 	tgid := uint32(pid)
+	if err := t.table.Claim(tgid, t.tracked); err != nil {
+		return fmt.Errorf("tracking pid %d: %w", pid, err)
+	}
 	zero := make([]fdFdCounts, ebpf.MustPossibleCPU())
 	if err := t.maps.FdCounters.Update(tgid, zero, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
@@ -76,13 +79,14 @@ func (t *Tracker) Track(pid int) error {
 	return nil
 }
 
-// Untrack stops tracking pid and drops all its kernel state.
+// Untrack stops tracking pid and drops its kernel state, the fds opened
+// since the last poll at the next (see bpfobj.Table).
 func (t *Tracker) Untrack(pid int) {
 	tgid := uint32(pid)
 	_ = t.maps.TrackedPids.Delete(tgid)
 	_ = t.maps.FdCounters.Delete(tgid)
 	_ = t.maps.FailSites.Delete(tgid)
-	_ = bpfobj.DeleteWhere(t.maps.FdTable, func(key fdFdKey, _ fdFdInfo) bool { return key.Tgid == tgid })
+	t.table.Forget(tgid)
 	delete(t.started, tgid)
 	delete(t.atStart, tgid)
 	delete(t.drift, tgid)
@@ -90,9 +94,13 @@ func (t *Tracker) Untrack(pid int) {
 	delete(t.resyncs, tgid)
 }
 
-// reconcile makes the table of tgid match /proc/PID/fd: entries older than the
-// listing that /proc no longer has are dropped and counted as closed; fds that
-// /proc has and the table lacks are added without a stack.
+// reconcile makes the table of tgid match /proc/PID/fd, key by key: of the
+// entries user space knows for tgid (the last poll's and those seeded
+// since), those /proc no longer lists and that are older than the listing
+// are dropped and counted as closed; fds that /proc lists and the table
+// lacks are added without a stack. Other processes' entries are never read,
+// whatever they hold; Poll reads the table first, so that what the process
+// opened since the last poll is known, and the read is kept up to date.
 func (t *Tracker) reconcile(tgid uint32) error {
 	before := monoNow()
 	fds, err := t.proc.FDs(int(tgid))
@@ -109,41 +117,33 @@ func (t *Tracker) reconcile(tgid uint32) error {
 	for _, fd := range fds {
 		live[int32(fd.Num)] = fd.Kind
 	}
-	var (
-		key   fdFdKey
-		info  fdFdInfo
-		stale []fdFdKey
-		kinds []uint8
-	)
-	have := map[int32]bool{}
-	it := t.maps.FdTable.Iterate()
-	for it.Next(&key, &info) {
-		if key.Tgid != tgid {
-			continue
-		}
-		have[key.Fd] = true
-		if _, ok := live[key.Fd]; !ok && info.OpenNs < before {
-			stale = append(stale, key)
-			kinds = append(kinds, info.Kind)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("reading fd table: %w", err)
-	}
 	extra := t.extraClosed[tgid]
-	for i, k := range stale {
-		if t.maps.FdTable.Delete(k) == nil && extra != nil && int(kinds[i]) < nKinds {
-			extra[kinds[i]]++
-		}
-	}
-	for num, kind := range live {
-		if have[num] {
+	gone := map[fdFdKey]bool{}
+	for key := range t.table.Keys(tgid) {
+		if _, ok := live[key.Fd]; ok {
 			continue
 		}
-		v := fdFdInfo{StackId: -1, Kind: kind}
-		err := t.maps.FdTable.Update(fdFdKey{Tgid: tgid, Fd: num}, v, ebpf.UpdateNoExist)
+		info, ok := t.table.Lookup(key)
+		if ok && info.OpenNs >= before {
+			continue // opened since the listing
+		}
+		if ok && t.maps.FdTable.Delete(key) == nil && extra != nil && int(info.Kind) < nKinds {
+			extra[info.Kind]++
+		}
+		gone[key] = true
+	}
+	t.table.Drop(tgid, gone)
+	// Known or not, each listed fd is inserted unless there: one it holds
+	// may have come where no tracepoint sees (SCM_RIGHTS) after a close.
+	for num, kind := range live {
+		key := fdFdKey{Tgid: tgid, Fd: num}
+		seed := fdFdInfo{StackId: -1, Kind: kind}
+		err := t.maps.FdTable.Update(key, seed, ebpf.UpdateNoExist)
 		if err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 			return fmt.Errorf("seeding fd table for pid %d: %w", tgid, err)
+		}
+		if err == nil {
+			t.table.Put(tgid, key, seed)
 		}
 	}
 	return nil
@@ -153,6 +153,11 @@ func (t *Tracker) reconcile(tgid uint32) error {
 // A process whose fds vanished without close() since the last poll (exec,
 // close_range) is reconciled with /proc first.
 func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
+	nowWall, nowMono := time.Now(), monoNow()
+	table, err := t.table.Read(t.tracked)
+	if err != nil {
+		return nil, fmt.Errorf("reading fd table: %w", err)
+	}
 	out := make(map[int]*Sample, len(pids))
 	for _, pid := range pids {
 		tgid := uint32(pid)
@@ -185,12 +190,6 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		}
 		out[pid] = s
 	}
-
-	nowWall, nowMono := time.Now(), monoNow()
-	table, err := bpfobj.ReadAll[fdFdKey, fdFdInfo](t.maps.FdTable)
-	if err != nil {
-		return nil, fmt.Errorf("reading fd table: %w", err)
-	}
 	for pid, s := range out {
 		// The kernel keeps a failure site only once a call has failed.
 		var info fdFdInfo
@@ -199,16 +198,16 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 				Opened: nowWall.Add(-time.Duration(nowMono - info.OpenNs)), PyStack: info.PyStack}
 		}
 	}
-	for key, info := range table {
-		s := out[int(key.Tgid)]
-		if s == nil {
-			continue
+	for pid, s := range out {
+		g := table[uint32(pid)]
+		s.FDs = make([]FD, 0, len(g))
+		for _, e := range g {
+			opened := t.started[e.Key.Tgid]
+			if e.Val.OpenNs != 0 {
+				opened = nowWall.Add(-time.Duration(nowMono - e.Val.OpenNs))
+			}
+			s.FDs = append(s.FDs, FD{Num: e.Key.Fd, Kind: e.Val.Kind, StackID: t.unwinder.Canonical(e.Val.StackId), Opened: opened, PyStack: e.Val.PyStack})
 		}
-		opened := t.started[key.Tgid]
-		if info.OpenNs != 0 {
-			opened = nowWall.Add(-time.Duration(nowMono - info.OpenNs))
-		}
-		s.FDs = append(s.FDs, FD{Num: key.Fd, Kind: info.Kind, StackID: t.unwinder.Canonical(info.StackId), Opened: opened, PyStack: info.PyStack})
 	}
 	for pid, s := range out {
 		slices.SortFunc(s.FDs, func(a, b FD) int { return int(a.Num - b.Num) })
@@ -222,20 +221,24 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 
 // dropStacks deletes the stacks that no live fd (of any process) and no
 // failure site refers to, and the unwind rules of processes gone.
-func (t *Tracker) dropStacks(table map[fdFdKey]fdFdInfo) {
+func (t *Tracker) dropStacks(table map[uint32][]bpfobj.Entry[fdFdKey, fdFdInfo]) {
 	keep := map[uint32]bool{}
-	for _, info := range table {
-		keep[uint32(info.StackId)] = true
-		keep[uint32(t.unwinder.Canonical(info.StackId))] = true
+	for _, g := range table {
+		for _, e := range g {
+			keep[uint32(e.Val.StackId)] = true
+			keep[uint32(t.unwinder.Canonical(e.Val.StackId))] = true
+		}
 	}
-	sites, err := bpfobj.ReadAll[uint32, fdFdInfo](t.maps.FailSites)
+	sites, err := t.failSites.Read(t.tracked)
 	if err != nil {
 		slog.Warn("reading fd failure sites", "err", err)
 		return
 	}
-	for _, info := range sites {
-		keep[uint32(info.StackId)] = true
-		keep[uint32(t.unwinder.Canonical(info.StackId))] = true
+	for _, g := range sites {
+		for _, e := range g {
+			keep[uint32(e.Val.StackId)] = true
+			keep[uint32(t.unwinder.Canonical(e.Val.StackId))] = true
+		}
 	}
 	kept := func(id uint32) bool { return keep[id] }
 	if _, err := bpfobj.DropStacks(t.maps.UnwoundStacks, kept); err != nil {
@@ -243,6 +246,13 @@ func (t *Tracker) dropStacks(table map[fdFdKey]fdFdInfo) {
 	}
 	t.unwinder.Forget(kept)
 	t.dropRules()
+}
+
+// tracked reports whether tgid is tracked: a read of a table drops the
+// entries of the others.
+func (t *Tracker) tracked(tgid uint32) bool {
+	_, ok := t.started[tgid]
+	return ok
 }
 
 // checkDrift reconciles tgid with /proc when its table count has differed

@@ -43,6 +43,8 @@ type Tracker struct {
 	obj  *bpfobj.Object
 	maps schedMaps
 	pids map[uint32]bool // tracked tgids, from which tracked_bits is computed
+	// The threads' counts, by tid, each a tracked process's.
+	threads *bpfobj.Table[uint32, schedThreadSched]
 }
 
 // New loads the scheduler object and attaches it: tp_btf if this kernel
@@ -54,6 +56,7 @@ func New(cfg Config) (*Tracker, error) {
 	if err != nil {
 		return nil, err
 	}
+	t.threads = bpfobj.NewTable(t.maps.ThreadCounts, func(_ uint32, th schedThreadSched) uint32 { return th.Tgid })
 	return t, nil
 }
 
@@ -77,6 +80,9 @@ func (t *Tracker) Close() error {
 // existing ones), then the filter.
 func (t *Tracker) Track(pid int) error {
 	tgid := uint32(pid)
+	if err := t.threads.Claim(tgid, t.tracked); err != nil {
+		return fmt.Errorf("tracking pid %d: %w", pid, err)
+	}
 	zero := make([]schedProcSched, ebpf.MustPossibleCPU())
 	if err := t.maps.ProcCounts.Update(tgid, zero, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
@@ -107,26 +113,19 @@ func (t *Tracker) updateBits(tgid uint32) error {
 	return t.maps.TrackedBits.Update(word, w, ebpf.UpdateAny)
 }
 
-// Untrack stops counting pid and drops all its kernel state.
+// tracked reports whether tgid is tracked: a read of the thread table drops
+// the threads of the others.
+func (t *Tracker) tracked(tgid uint32) bool { return t.pids[tgid] }
+
+// Untrack stops counting pid and drops its kernel state, the threads first
+// seen since the last poll at the next (see bpfobj.Table).
 func (t *Tracker) Untrack(pid int) {
 	tgid := uint32(pid)
 	delete(t.pids, tgid)
 	_ = t.updateBits(tgid)
 	_ = t.maps.TrackedPids.Delete(tgid)
 	_ = t.maps.ProcCounts.Delete(tgid)
-	var (
-		tid  uint32
-		th   schedThreadSched
-		dead []uint32
-	)
-	for it := t.maps.ThreadCounts.Iterate(); it.Next(&tid, &th); {
-		if th.Tgid == tgid {
-			dead = append(dead, tid)
-		}
-	}
-	for _, k := range dead {
-		_ = t.maps.ThreadCounts.Delete(k)
-	}
+	t.threads.Forget(tgid)
 }
 
 // Forget drops the entry of one thread, for a thread that is gone without
@@ -171,14 +170,16 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		}
 		out[pid] = s
 	}
-	threads, err := bpfobj.ReadAll[uint32, schedThreadSched](t.maps.ThreadCounts)
+	threads, err := t.threads.Read(t.tracked)
 	if err != nil {
 		return nil, fmt.Errorf("reading sched thread table: %w", err)
 	}
-	for tid, th := range threads {
-		// A thread woken but not yet switched out has an entry and no counts.
-		if s := out[int(th.Tgid)]; s != nil && th.Voluntary+th.Involuntary > 0 {
-			s.Threads = append(s.Threads, Thread{TID: int(tid), Voluntary: th.Voluntary, Involuntary: th.Involuntary})
+	for pid, s := range out {
+		for _, e := range threads[uint32(pid)] {
+			// A thread woken but not yet switched out has an entry and no counts.
+			if th := e.Val; th.Voluntary+th.Involuntary > 0 {
+				s.Threads = append(s.Threads, Thread{TID: int(e.Key), Voluntary: th.Voluntary, Involuntary: th.Involuntary})
+			}
 		}
 	}
 	for _, s := range out {

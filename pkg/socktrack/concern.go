@@ -37,10 +37,15 @@ func (c *Concern) Untrack(pid int) {
 // its previous view and is not judged.
 func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Finding, error) {
 	pids := make([]int, len(procs))
+	marks := make(map[int]FDMark, len(procs))
 	for i, p := range procs {
 		pids[i] = p.PID
+		// The fd view ran first this poll (pipeline order).
+		if p.FD.Opened != nil {
+			marks[p.PID] = FDMark{SocketsOpened: p.FD.Opened["socket"], SocketsClosed: p.FD.Closed["socket"], Open: p.FD.Open}
+		}
 	}
-	samples, err := c.Poll(pids)
+	samples, err := c.Poll(pids, marks)
 	if err != nil {
 		return nil, err
 	}

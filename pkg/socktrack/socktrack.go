@@ -45,7 +45,9 @@ type Tracker struct {
 	procRoot string
 
 	pids map[int]*procState
-	diag *diag // nil: TCP sockets are read from /proc/PID/net/tcp{,6}
+	// The kernel's claimed sockets, each a tracked process's.
+	table *bpfobj.Table[uint64, sockSockInfo]
+	diag  *diag // nil: TCP sockets are read from /proc/PID/net/tcp{,6}
 	// Failed sock_inodes updates (map full): those sockets are dated by
 	// polling only.
 	inodesFailed uint64
@@ -92,6 +94,7 @@ func New(cfg Config) (*Tracker, error) {
 	if err != nil {
 		return nil, err
 	}
+	t.table = bpfobj.NewTable(t.maps.SockTable, func(_ uint64, info sockSockInfo) uint32 { return info.Tgid })
 	if !cfg.ProcTables {
 		if t.diag, err = newDiag(cfg.ProcRoot); err != nil {
 			slog.Warn("sock_diag unavailable: reading TCP sockets from /proc/PID/net/tcp, which costs more on hosts with many sockets", "err", err)

@@ -192,7 +192,7 @@ func TestLeakyServerFlagged(t *testing.T) {
 		t.Errorf("by kind %v, want tcp=%d (every TCP socket) udp=1 unix=2", k, tcp)
 	}
 
-	s, err := c.Poll([]int{pid})
+	s, err := c.Poll([]int{pid}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +270,7 @@ func TestUntrackAndClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * time.Second)
-	if _, err := c.Poll([]int{pid}); err != nil {
+	if _, err := c.Poll([]int{pid}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if n := entries(t, c.maps.SockTable) + entries(t, c.maps.SockInodes); n == 0 {

@@ -37,6 +37,25 @@ type Sample struct {
 type procState struct {
 	seen   map[uint64]seen // TCP sockets by inode, as of the last poll
 	inodes map[uint64]bool // inodes given to the kernel's sock_inodes map
+	// The socket fds of the last /proc/PID/fd listing and the FDMark
+	// then; the protocols of its non-TCP sockets, by inode.
+	socks  []sockFD
+	mark   FDMark
+	protos map[uint64]string
+}
+
+// FDMark is what the fd view counted of a process (its socket fds opened
+// and closed since tracking began, its live fds): while it stays the same,
+// the process holds the socket fds it held, and they are not listed again.
+// A process holding 15 000 fds otherwise costs 15 000 readlinks a poll.
+// Every traced way to gain or lose a socket fd (socket, accept, dup*,
+// close, exec, close_range) moves the socket counts; an fd that comes
+// where no tracepoint sees (SCM_RIGHTS) moves Open once the fd view's
+// drift check has taken it in. The zero mark says nothing: the fds are
+// listed.
+type FDMark struct {
+	SocketsOpened, SocketsClosed uint64
+	Open                         int
 }
 
 type seen struct {
@@ -46,25 +65,27 @@ type seen struct {
 
 // Track starts tracking pid: the filter first, so that its connect, listen
 // and accept calls are seen, then its TCP socket inodes, so that the kernel
-// recognises sockets it already held.
+// recognises sockets it already held. The kernel table is not read: what it
+// has of pid (claimed since the filter) dates its sockets from the next
+// poll on.
 func (t *Tracker) Track(pid int) error {
+	if err := t.table.Claim(uint32(pid), t.tracked); err != nil {
+		return fmt.Errorf("tracking pid %d: %w", pid, err)
+	}
 	if err := t.maps.TrackedPids.Update(uint32(pid), uint8(1), ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
 	st := &procState{seen: map[uint64]seen{}, inodes: map[uint64]bool{}}
 	t.pids[pid] = st
-	kernel, err := t.kernelTable()
-	if err == nil {
-		_, err = t.sample(pid, st, kernel, map[string]map[uint64]procinfo.Socket{})
-	}
-	if err != nil {
+	if _, err := t.sample(pid, st, nil, map[string]map[uint64]procinfo.Socket{}, FDMark{}); err != nil {
 		t.Untrack(pid)
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
 	return nil
 }
 
-// Untrack stops tracking pid and drops all its kernel state.
+// Untrack stops tracking pid and drops its kernel state, the sockets
+// claimed since the last poll at the next (see bpfobj.Table).
 func (t *Tracker) Untrack(pid int) {
 	_ = t.maps.TrackedPids.Delete(uint32(pid))
 	if st := t.pids[pid]; st != nil {
@@ -73,13 +94,14 @@ func (t *Tracker) Untrack(pid int) {
 		}
 	}
 	delete(t.pids, pid)
-	_ = bpfobj.DeleteWhere(t.maps.SockTable, func(_ uint64, info sockSockInfo) bool { return info.Tgid == uint32(pid) })
+	t.table.Forget(uint32(pid))
 }
 
 // Poll returns a sample for each pid in pids that is tracked and could be
 // read; a process that cannot be read (it exited) is left out. It also hands
-// the kernel the TCP socket inodes each process holds now.
-func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
+// the kernel the TCP socket inodes each process holds now. marks (nil: none)
+// are the fd view's, by pid, this poll.
+func (t *Tracker) Poll(pids []int, marks map[int]FDMark) (map[int]*Sample, error) {
 	kernel, err := t.kernelTable()
 	if err != nil {
 		return nil, err
@@ -91,7 +113,7 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		if st == nil {
 			continue
 		}
-		if s, err := t.sample(pid, st, kernel, tables); err == nil {
+		if s, err := t.sample(pid, st, kernel, tables, marks[pid]); err == nil {
 			out[pid] = s
 		}
 	}
@@ -101,40 +123,49 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 	return out, nil
 }
 
-// sample reads the sockets of pid, dates its TCP sockets from the
-// kernel table where it has them, and updates what user space remembers.
-func (t *Tracker) sample(pid int, st *procState, kernel map[uint64]sockSockInfo, tables map[string]map[uint64]procinfo.Socket) (*Sample, error) {
-	fds, err := t.proc.FDs(pid)
-	if err != nil {
-		return nil, err
-	}
-	ns, err := netns(t.procRoot, pid)
-	if err != nil {
-		return nil, err
-	}
-	tcp := tables[ns]
-	if tcp == nil {
-		if t.diag != nil {
-			tcp, err = t.diag.tcp(pid, ns)
-		}
-		if t.diag == nil || errors.Is(err, errCannotJoin) {
-			tcp, err = t.proc.TCPSockets(pid)
-		}
+// sample reads the sockets of pid (its socket fds listed again unless
+// mark says they are those of the last listing), dates its TCP sockets
+// from the kernel table where it has them, and updates what user space
+// remembers. The TCP table of its network namespace is read only if it
+// holds sockets: most processes that come and go hold none.
+func (t *Tracker) sample(pid int, st *procState, kernel map[uint64]sockSockInfo, tables map[string]map[uint64]procinfo.Socket, mark FDMark) (*Sample, error) {
+	if mark == (FDMark{}) || mark != st.mark {
+		fds, err := t.proc.FDs(pid)
 		if err != nil {
 			return nil, err
 		}
-		tables[ns] = tcp
+		st.socks, st.mark = sockets(fds), mark
+		protos := map[uint64]string{}
+		for _, s := range st.socks {
+			if p, ok := st.protos[s.inode]; ok {
+				protos[s.inode] = p
+			}
+		}
+		st.protos = protos
+	}
+	var tcp map[uint64]procinfo.Socket
+	if len(st.socks) > 0 {
+		var err error
+		if tcp, err = t.tcpTable(pid, tables); err != nil {
+			return nil, err
+		}
 	}
 	nowWall, nowMono := time.Now(), monoNow()
 	s := &Sample{ByKind: map[string]int{}}
 	held := map[uint64]bool{}
-	for _, sfd := range sockets(fds) {
+	for _, sfd := range st.socks {
 		ino := sfd.inode
 		row, ok := tcp[ino]
 		if !ok {
-			if proto, err := t.proc.SockProto(pid, sfd.num); err == nil {
-				s.ByKind[sockKind(proto)]++
+			proto, ok := st.protos[ino]
+			if !ok {
+				var err error
+				if proto, err = t.proc.SockProto(pid, sfd.num); err != nil {
+					continue
+				}
+				st.protos[ino] = proto
 			}
+			s.ByKind[sockKind(proto)]++
 			continue
 		}
 		s.ByKind["tcp"]++
@@ -167,21 +198,48 @@ func (t *Tracker) sample(pid int, st *procState, kernel map[uint64]sockSockInfo,
 	return s, nil
 }
 
-// kernelTable reads the kernel's claimed sockets, by inode.
-func (t *Tracker) kernelTable() (map[uint64]sockSockInfo, error) {
-	out := map[uint64]sockSockInfo{}
-	var (
-		key  uint64
-		info sockSockInfo
-	)
-	it := t.maps.SockTable.Iterate()
-	for it.Next(&key, &info) {
-		if info.Inode != 0 {
-			out[info.Inode] = info
-		}
+// tcpTable returns the TCP sockets of pid's network namespace, read once
+// per namespace per poll (tables).
+func (t *Tracker) tcpTable(pid int, tables map[string]map[uint64]procinfo.Socket) (map[uint64]procinfo.Socket, error) {
+	ns, err := netns(t.procRoot, pid)
+	if err != nil {
+		return nil, err
 	}
-	if err := it.Err(); err != nil {
+	if tcp := tables[ns]; tcp != nil {
+		return tcp, nil
+	}
+	var tcp map[uint64]procinfo.Socket
+	if t.diag != nil {
+		tcp, err = t.diag.tcp(pid, ns)
+	}
+	if t.diag == nil || errors.Is(err, errCannotJoin) {
+		tcp, err = t.proc.TCPSockets(pid)
+	}
+	if err != nil {
+		return nil, err
+	}
+	tables[ns] = tcp
+	return tcp, nil
+}
+
+// tracked reports whether tgid is tracked: a read of the socket table
+// drops the sockets of the others.
+func (t *Tracker) tracked(tgid uint32) bool { return t.pids[int(tgid)] != nil }
+
+// kernelTable reads the kernel's claimed sockets of tracked processes, by
+// inode.
+func (t *Tracker) kernelTable() (map[uint64]sockSockInfo, error) {
+	table, err := t.table.Read(t.tracked)
+	if err != nil {
 		return nil, fmt.Errorf("reading socket table: %w", err)
+	}
+	out := map[uint64]sockSockInfo{}
+	for _, g := range table {
+		for _, e := range g {
+			if e.Val.Inode != 0 {
+				out[e.Val.Inode] = e.Val
+			}
+		}
 	}
 	return out, nil
 }
