@@ -257,9 +257,9 @@ func TestTrackUntrackReadOwnEntriesOnly(t *testing.T) {
 		t.Errorf("tracking and forgetting a process with %d fds read %d table entries", own, n)
 	}
 	var (
-		k     fdFdKey
-		v     fdFdInfo
-		left  int
+		k    fdFdKey
+		v    fdFdInfo
+		left int
 		bigN int
 	)
 	for it := tr.maps.FdTable.Iterate(); it.Next(&k, &v); {
