@@ -56,11 +56,17 @@ int main(int argc, char **argv)
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = on_usr1;
 	sigaction(SIGUSR1, &sa, NULL);
+	/* SIGUSR1 is let in only inside sigsuspend: one that came between the
+	 * test of go and a pause() would be lost, and the test wait forever. */
+	sigset_t usr1, open_set;
+	sigemptyset(&usr1);
+	sigaddset(&usr1, SIGUSR1);
+	sigprocmask(SIG_BLOCK, &usr1, &open_set);
 	printf("ready\n");
 	fflush(stdout);
 	for (;;) {
 		while (!go)
-			pause();
+			sigsuspend(&open_set);
 		go = 0;
 		long r = serve(1);
 		printf("done %ld\n", r);

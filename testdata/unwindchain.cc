@@ -82,13 +82,19 @@ int main(int argc, char **argv)
 {
 	engine::fifo = argc > 1 ? argv[1] : nullptr;
 	std::signal(SIGUSR1, on_usr1);
+	// SIGUSR1 is let in only inside sigsuspend: one that came between the
+	// test of go and a pause() would be lost, and the test wait forever.
+	sigset_t usr1, open_set;
+	sigemptyset(&usr1);
+	sigaddset(&usr1, SIGUSR1);
+	sigprocmask(SIG_BLOCK, &usr1, &open_set);
 	std::printf("ready\n");
 	std::fflush(stdout);
 	engine::Block block;
 	engine::Block *volatile b = &block; // a real virtual call
 	for (;;) {
 		while (!go)
-			pause();
+			sigsuspend(&open_set);
 		go = 0;
 		long r = engine::load_checkpoint(*b, 1);
 		std::printf("done %ld\n", r);

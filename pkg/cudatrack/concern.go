@@ -29,13 +29,8 @@ type Concern struct {
 	det      Detector
 	topSites int
 	failures map[int][]model.CUDAFailure
-	frames   map[stackKey][]model.Frame
+	frames   map[int]map[int64][]model.Frame // by pid, then siteID: a process forgotten drops its own
 	py       *pyframes.Tracker
-}
-
-type stackKey struct {
-	pid int
-	id  int64 // siteID
 }
 
 // New loads the CUDA BPF object. det may be nil (no findings).
@@ -51,7 +46,7 @@ func New(cfg Config, det Detector, sym *symbolize.Symbolizer) (*Concern, error) 
 	if top <= 0 {
 		top = 64
 	}
-	return &Concern{Tracker: t, sym: sym, det: det, topSites: top, failures: map[int][]model.CUDAFailure{}, frames: map[stackKey][]model.Frame{}, py: t.newPy()}, nil
+	return &Concern{Tracker: t, sym: sym, det: det, topSites: top, failures: map[int][]model.CUDAFailure{}, frames: map[int]map[int64][]model.Frame{}, py: t.newPy()}, nil
 }
 
 // Name is the concern's name in logs and `check`.
@@ -76,11 +71,7 @@ func (c *Concern) Untrack(pid int) {
 		c.det.Forget(pid)
 	}
 	delete(c.failures, pid)
-	for k := range c.frames {
-		if k.pid == pid {
-			delete(c.frames, k)
-		}
-	}
+	delete(c.frames, pid)
 }
 
 // Observe hooks newly loaded CUDA libraries, fills the CUDA part of each
@@ -220,8 +211,7 @@ func (c *Concern) stack(pid int, id int64) []model.Frame {
 	if id < 0 {
 		return nil
 	}
-	k := stackKey{pid, id}
-	if fr, ok := c.frames[k]; ok {
+	if fr, ok := c.frames[pid][id]; ok {
 		return fr
 	}
 	native, py := splitSite(id)
@@ -230,6 +220,9 @@ func (c *Concern) stack(pid int, id int64) []model.Frame {
 		return nil
 	}
 	fr := pyframes.Merge(c.sym.Frames(pid, pcs), c.py.Frames(pid, py))
-	c.frames[k] = fr
+	if c.frames[pid] == nil {
+		c.frames[pid] = map[int64][]model.Frame{}
+	}
+	c.frames[pid][id] = fr
 	return fr
 }

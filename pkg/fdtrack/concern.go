@@ -21,7 +21,7 @@ type Concern struct {
 	exhaust  *fdexhaust.Detector
 	py       *pyframes.Tracker
 	topSites int
-	sites    map[siteKey]*site
+	sites    map[int]map[siteKey]*site // by pid: a process forgotten drops its own
 	nextSite int64
 	targets  map[findingKey]leakRead // what each fd leak's fds point at
 }
@@ -51,7 +51,7 @@ func NewConcern(cfg Config, det fdleak.Config, sym *symbolize.Symbolizer, topSit
 	if err != nil {
 		return nil, err
 	}
-	return &Concern{Tracker: t, sym: sym, det: fdleak.New(det), exhaust: fdexhaust.New(fdexhaust.Config{}), py: t.newPy(), topSites: topSites, sites: map[siteKey]*site{}, targets: map[findingKey]leakRead{}}, nil
+	return &Concern{Tracker: t, sym: sym, det: fdleak.New(det), exhaust: fdexhaust.New(fdexhaust.Config{}), py: t.newPy(), topSites: topSites, sites: map[int]map[siteKey]*site{}, targets: map[findingKey]leakRead{}}, nil
 }
 
 // Name is the concern's name in logs and `check`.
@@ -63,11 +63,7 @@ func (c *Concern) Untrack(pid int) {
 	c.det.Forget(pid)
 	c.exhaust.Forget(pid)
 	c.py.Untrack(pid)
-	for k := range c.sites {
-		if k.pid == pid {
-			delete(c.sites, k)
-		}
-	}
+	delete(c.sites, pid)
 	for k := range c.targets {
 		if k.pid == pid {
 			delete(c.targets, k)
@@ -161,11 +157,16 @@ func (c *Concern) keyOf(pid int, fd FD) siteKey {
 
 // site returns the call site of k, numbering new ones.
 func (c *Concern) site(k siteKey) *site {
-	st := c.sites[k]
+	of := c.sites[k.pid]
+	if of == nil {
+		of = map[siteKey]*site{}
+		c.sites[k.pid] = of
+	}
+	st := of[k]
 	if st == nil {
 		c.nextSite++
 		st = &site{id: c.nextSite, key: k}
-		c.sites[k] = st
+		of[k] = st
 	}
 	return st
 }

@@ -47,8 +47,9 @@ type Sample struct {
 const nFails = len(fdFdCounts{}.Failed)
 
 // Track starts tracking pid: counters first (the BPF side only updates
-// existing entries), then the filter, then the table seeded from /proc and
-// reconciled once more to drop anything closed while seeding.
+// existing entries), then the filter, then the table seeded from /proc and,
+// if the kernel saw fds go meanwhile, reconciled once more to drop anything
+// closed while seeding.
 func (t *Tracker) Track(pid int) error {
 	tgid := uint32(pid)
 	if err := t.table.Claim(tgid, t.tracked); err != nil {
@@ -63,20 +64,38 @@ func (t *Tracker) Track(pid int) error {
 	}
 	t.started[tgid] = time.Now()
 	t.extraClosed[tgid] = &[nKinds]uint64{}
-	if err := t.reconcile(tgid); err != nil {
-		return err
-	}
-	if err := t.reconcile(tgid); err != nil {
-		return err
+	gone, err := t.fdsGone(tgid)
+	if err != nil {
+		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
 	// A process at its fd limit already ran out before we could see a
 	// call fail: what it held then tells.
-	n, err := t.proc.FDCount(pid)
-	if err != nil {
+	if t.atStart[tgid], err = t.reconcile(tgid); err != nil {
 		return err
 	}
-	t.atStart[tgid] = n
+	if again, err := t.fdsGone(tgid); err != nil || again != gone {
+		if _, err := t.reconcile(tgid); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// fdsGone sums what the kernel counted of tgid's fds going: closes and
+// resyncs.
+func (t *Tracker) fdsGone(tgid uint32) (uint64, error) {
+	var per []fdFdCounts
+	if err := t.maps.FdCounters.Lookup(tgid, &per); err != nil {
+		return 0, err
+	}
+	var n uint64
+	for _, c := range per {
+		n += c.Resyncs
+		for _, k := range c.Closed {
+			n += k
+		}
+	}
+	return n, nil
 }
 
 // Untrack stops tracking pid and drops its kernel state, the fds opened
@@ -101,17 +120,18 @@ func (t *Tracker) Untrack(pid int) {
 // lacks are added without a stack. Other processes' entries are never read,
 // whatever they hold; Poll reads the table first, so that what the process
 // opened since the last poll is known, and the read is kept up to date.
-func (t *Tracker) reconcile(tgid uint32) error {
+// It returns how many fds /proc listed.
+func (t *Tracker) reconcile(tgid uint32) (int, error) {
 	before := monoNow()
 	fds, err := t.proc.FDs(int(tgid))
 	if err != nil {
-		return err
+		return 0, err
 	}
 	// A process exiting, or exited but not reaped yet, lists no fds (they
 	// go early in its exit): its table stays as it was, the leak it shows
 	// included. Checked after the listing, which the exit may have emptied.
 	if t.proc.FDsGone(int(tgid)) {
-		return fmt.Errorf("pid %d is exiting: /proc no longer lists its fds", tgid)
+		return 0, fmt.Errorf("pid %d is exiting: /proc no longer lists its fds", tgid)
 	}
 	live := make(map[int32]uint8, len(fds))
 	for _, fd := range fds {
@@ -140,13 +160,13 @@ func (t *Tracker) reconcile(tgid uint32) error {
 		seed := fdFdInfo{StackId: -1, Kind: kind}
 		err := t.maps.FdTable.Update(key, seed, ebpf.UpdateNoExist)
 		if err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
-			return fmt.Errorf("seeding fd table for pid %d: %w", tgid, err)
+			return 0, fmt.Errorf("seeding fd table for pid %d: %w", tgid, err)
 		}
 		if err == nil {
 			t.table.Put(tgid, key, seed)
 		}
 	}
-	return nil
+	return len(fds), nil
 }
 
 // Poll reads the table once and returns a sample for each tracked pid in pids.
@@ -179,7 +199,7 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		}
 		if resyncs != t.resyncs[tgid] {
 			// A process that has just exited cannot be listed; that is not an error.
-			if err := t.reconcile(tgid); err == nil {
+			if _, err := t.reconcile(tgid); err == nil {
 				t.resyncs[tgid] = resyncs
 			}
 		}
@@ -270,7 +290,7 @@ func (t *Tracker) checkDrift(tgid uint32, n int) {
 		return
 	}
 	delete(t.drift, tgid)
-	if err := t.reconcile(tgid); err != nil {
+	if _, err := t.reconcile(tgid); err != nil {
 		slog.Debug("reconciling fd table", "pid", tgid, "err", err)
 	}
 }

@@ -298,17 +298,11 @@ func (p *Pipeline) Watch(pid int) error {
 
 func (p *Pipeline) watch(pid int) error {
 	p.adoptArrived()
-	if err := p.proc.Check(pid); err != nil {
-		return err
-	}
-	comm, err := p.proc.Comm(pid)
+	id, err := p.proc.Identify(pid)
 	if err != nil {
 		return err
 	}
-	start, err := p.proc.StartTime(pid)
-	if err != nil {
-		return err
-	}
+	comm, start := id.Comm, id.Start
 	for i, c := range p.concerns {
 		err := c.Track(pid)
 		if err == nil {

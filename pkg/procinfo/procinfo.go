@@ -240,32 +240,47 @@ func (fs FS) Comm(pid int) (string, error) {
 // Check validates a pid given by the user: it must be positive, exist, and
 // be a user-space process, since kernel threads have nothing to trace.
 func (fs FS) Check(pid int) error {
+	_, err := fs.Identify(pid)
+	return err
+}
+
+// Identity is what names a process: pids are reused, so the pid and its
+// start time (clock ticks since boot) identify it.
+type Identity struct {
+	Comm  string
+	Start uint64
+}
+
+// Identify checks pid as Check does and returns its identity, from one read
+// of its stat: a daemon does this for every process that starts.
+func (fs FS) Identify(pid int) (Identity, error) {
 	if pid <= 0 {
-		return fmt.Errorf("pid must be a positive integer, got %d", pid)
+		return Identity{}, fmt.Errorf("pid must be a positive integer, got %d", pid)
 	}
 	p, err := fs.process(pid)
 	if err != nil {
-		return err
+		return Identity{}, err
 	}
 	st, err := p.Stat()
 	if err != nil {
-		return procErr(pid, err)
+		return Identity{}, procErr(pid, err)
 	}
+	id := Identity{Comm: st.Comm, Start: st.Starttime}
 	if st.Flags&pfKthread != 0 {
-		return kernelThreadErr(pid)
+		return Identity{}, kernelThreadErr(pid)
 	}
 	// Fallback for a stat without flags we trust: kernel threads have no
 	// command line and kthreadd as parent.
 	if st.PPID == kthreaddPID {
 		cmd, err := p.CmdLine()
 		if err != nil {
-			return procErr(pid, err)
+			return Identity{}, procErr(pid, err)
 		}
 		if len(cmd) == 0 {
-			return kernelThreadErr(pid)
+			return Identity{}, kernelThreadErr(pid)
 		}
 	}
-	return nil
+	return id, nil
 }
 
 func kernelThreadErr(pid int) error {
