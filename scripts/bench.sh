@@ -9,4 +9,9 @@ for s in scripts/bench-*.sh; do
 done
 # The node-wide daemon: RSS and CPU idle among ~1000 processes and with 20
 # CUDA processes at 500 allocations/s each; discovery latency.
-go test -count=1 -run '^$' -bench 'BenchmarkDaemon' -benchtime 1x -timeout 10m ./cmd/autoglm-ebpf/
+go test -count=1 -run '^$' -bench 'BenchmarkDaemon$' -benchtime 1x -timeout 10m ./cmd/autoglm-ebpf/
+# Its CPU under ~100 process starts a second, with and without a process
+# holding 15 000 fds (--all and the default mode), then a soak of
+# AUTOGLM_SOAK (30m) whose CPU and RSS per minute must stay flat.
+go test -count=1 -run '^$' -bench 'BenchmarkDaemonChurn$' -benchtime 1x -timeout 30m ./cmd/autoglm-ebpf/
+go test -count=1 -run '^$' -bench 'BenchmarkDaemonSoak$' -benchtime 1x -timeout 90m ./cmd/autoglm-ebpf/

@@ -11,6 +11,8 @@ import (
 	"runtime/debug"
 
 	"github.com/spf13/cobra"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/buildinfo"
 )
 
 // version is set at build time with -ldflags "-X main.version=..."; a plain
@@ -26,27 +28,17 @@ func init() {
 // buildVersion is the VCS revision the binary was built from ("+dirty" when
 // the tree had changes), or "dev" when the build recorded none.
 func buildVersion(info *debug.BuildInfo, ok bool) string {
-	if !ok {
-		return "dev"
-	}
-	var rev, dirty string
-	for _, s := range info.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-		case "vcs.modified":
-			if s.Value == "true" {
-				dirty = "+dirty"
-			}
-		}
-	}
+	rev, dirty := buildinfo.Revision(info, ok)
 	if rev == "" {
-		if v := info.Main.Version; v != "" && v != "(devel)" {
-			return v // go install module@version
+		if ok && info.Main.Version != "" && info.Main.Version != "(devel)" {
+			return info.Main.Version // go install module@version
 		}
 		return "dev"
 	}
-	return rev[:min(12, len(rev))] + dirty
+	if dirty {
+		return rev[:min(12, len(rev))] + "+dirty"
+	}
+	return rev[:min(12, len(rev))]
 }
 
 // Exit codes, documented in README.

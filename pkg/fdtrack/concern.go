@@ -116,7 +116,11 @@ func (c *Concern) fill(pr *model.Process, s *Sample) {
 		pr.FD.LastFailure = &model.FDFailure{Time: lf.Opened, Kind: kindName(lf.Kind), StackID: st.id, Stack: c.frames(pr.PID, st)}
 	}
 	bySite := map[*site]*model.FDSite{}
+	pr.FD.OpenSockets = 0
 	for _, fd := range s.FDs {
+		if kindName(fd.Kind) == "socket" {
+			pr.FD.OpenSockets++
+		}
 		if !fd.Known() {
 			continue
 		}

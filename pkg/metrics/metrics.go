@@ -7,6 +7,8 @@ package metrics
 
 import (
 	"net/http"
+	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,8 +16,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/buildinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/stack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
@@ -81,7 +85,8 @@ func newDescs(pods bool) *descs {
 		"Processes a view could not follow (the other views watched them on), by view and reason (an errno name, or other).",
 		[]string{"view", "reason"}, nil)
 	d.buildInfoDesc = prometheus.NewDesc("autoglm_build_info",
-		"Always 1; labelled with the version of autoglm-ebpf.", []string{"version"}, nil)
+		"Always 1; labelled with the version of autoglm-ebpf, the VCS revision it was built from, and the Go version and architecture it was built with.",
+		[]string{"version", "revision", "goversion", "goarch"}, nil)
 	d.cudaAllocBytesDesc = prometheus.NewDesc("autoglm_cuda_alloc_bytes_total",
 		"Bytes allocated through hooked CUDA calls since attach, by API.", names("api"), nil)
 	d.cudaFreeBytesDesc = prometheus.NewDesc("autoglm_cuda_free_bytes_total",
@@ -163,6 +168,19 @@ type Options struct {
 	RunqueueClassicBuckets bool
 }
 
+// Revision is the VCS revision the binary was built from, as the build
+// stamped it ("+dirty" when the tree had changes), or "unknown".
+func Revision() string {
+	rev, dirty := buildinfo.Revision(debug.ReadBuildInfo())
+	switch {
+	case rev == "":
+		return "unknown"
+	case dirty:
+		return rev + "+dirty"
+	}
+	return rev
+}
+
 // New creates the metrics and registers them on reg; it panics, like
 // prometheus.MustRegister, if reg already holds metrics of the same names.
 func New(reg prometheus.Registerer, version string, opts ...Options) *Metrics {
@@ -175,7 +193,7 @@ func New(reg prometheus.Registerer, version string, opts ...Options) *Metrics {
 		d:         d,
 		pods:      o.Pods,
 		classic:   o.RunqueueClassicBuckets,
-		buildInfo: prometheus.MustNewConstMetric(d.buildInfoDesc, prometheus.GaugeValue, 1, label(version)),
+		buildInfo: prometheus.MustNewConstMetric(d.buildInfoDesc, prometheus.GaugeValue, 1, label(version), Revision(), runtime.Version(), runtime.GOARCH),
 		opened:    map[int]map[string]uint64{},
 		closed:    map[int]map[string]uint64{},
 		failed:    map[int]map[string]uint64{},
@@ -191,7 +209,9 @@ func New(reg prometheus.Registerer, version string, opts ...Options) *Metrics {
 		m.total[k] = 0
 	}
 	m.series = m.build(nil)
-	reg.MustRegister(collector{m})
+	// The agent's own health beside what it watches, as every exporter
+	// serves it: go_* (heap, GC, goroutines) and process_* (CPU, RSS, fds).
+	reg.MustRegister(collector{m}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 

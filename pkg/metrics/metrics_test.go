@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http/httptest"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -76,9 +77,9 @@ autoglm_finding{comm="fdwork",kind="fd_leak",pid="100",severity="warning",site="
 # HELP autoglm_bpf_events_lost_total Lost BPF events and failed map updates, by source.
 # TYPE autoglm_bpf_events_lost_total counter
 autoglm_bpf_events_lost_total{source="fd_events"} 3
-# HELP autoglm_build_info Always 1; labelled with the version of autoglm-ebpf.
+# HELP autoglm_build_info Always 1; labelled with the version of autoglm-ebpf, the VCS revision it was built from, and the Go version and architecture it was built with.
 # TYPE autoglm_build_info gauge
-autoglm_build_info{version="v1.2.3"} 1
+autoglm_build_info{goarch="` + runtime.GOARCH + `",goversion="` + runtime.Version() + `",revision="` + Revision() + `",version="v1.2.3"} 1
 `
 	names := []string{"autoglm_open_fds", "autoglm_fd_limit", "autoglm_fds_opened_total", "autoglm_fds_closed_total",
 		"autoglm_finding", "autoglm_bpf_events_lost_total", "autoglm_build_info"}
@@ -543,5 +544,16 @@ autoglm_track_failures_total{reason="EPERM",view="sock"} 2
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "autoglm_track_failures_total"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The agent's own Go runtime and process series are served beside the
+// watched processes', as by every exporter.
+func TestOwnRuntimeAndProcessSeries(t *testing.T) {
+	_, reg := newMetrics(t)
+	for _, name := range []string{"go_goroutines", "go_memstats_heap_alloc_bytes", "process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"} {
+		if len(matching(t, reg, name, nil)) != 1 {
+			t.Errorf("no %s", name)
+		}
 	}
 }

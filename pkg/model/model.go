@@ -73,11 +73,13 @@ type FDSite struct {
 
 // FDStats is the fd view of one process at one instant.
 type FDStats struct {
-	Open   int               // live fds in the kernel table
-	Limit  uint64            // soft RLIMIT_NOFILE
-	Opened map[string]uint64 // fds created since attach, by kind (monotonic)
-	Closed map[string]uint64 // fds released since attach, by kind (monotonic)
-	Sites  []FDSite          // live fds by opening stack; sites with a known stack only
+	Open int // live fds in the kernel table
+	// OpenSockets is how many of them are sockets.
+	OpenSockets int
+	Limit       uint64            // soft RLIMIT_NOFILE
+	Opened      map[string]uint64 // fds created since attach, by kind (monotonic)
+	Closed      map[string]uint64 // fds released since attach, by kind (monotonic)
+	Sites       []FDSite          // live fds by opening stack; sites with a known stack only
 	// Failed counts the fd-creating calls that failed because the process
 	// (EMFILE) or the system (ENFILE) was out of fds, since attach, by
 	// errno name (FDErrnos; monotonic).

@@ -42,7 +42,7 @@ func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Findin
 		pids[i] = p.PID
 		// The fd view ran first this poll (pipeline order).
 		if p.FD.Opened != nil {
-			marks[p.PID] = FDMark{SocketsOpened: p.FD.Opened["socket"], SocketsClosed: p.FD.Closed["socket"], Open: p.FD.Open}
+			marks[p.PID] = FDMark{Opened: p.FD.Opened["socket"], Closed: p.FD.Closed["socket"], Live: p.FD.OpenSockets}
 		}
 	}
 	samples, err := c.Poll(pids, marks)

@@ -38,24 +38,25 @@ type procState struct {
 	seen   map[uint64]seen // TCP sockets by inode, as of the last poll
 	inodes map[uint64]bool // inodes given to the kernel's sock_inodes map
 	// The socket fds of the last /proc/PID/fd listing and the FDMark
-	// then; the protocols of its non-TCP sockets, by inode.
+	// then (marked: there was one); the protocols of its non-TCP sockets,
+	// by inode.
 	socks  []sockFD
 	mark   FDMark
+	marked bool
 	protos map[uint64]string
 }
 
-// FDMark is what the fd view counted of a process (its socket fds opened
-// and closed since tracking began, its live fds): while it stays the same,
-// the process holds the socket fds it held, and they are not listed again.
-// A process holding 15 000 fds otherwise costs 15 000 readlinks a poll.
-// Every traced way to gain or lose a socket fd (socket, accept, dup*,
-// close, exec, close_range) moves the socket counts; an fd that comes
-// where no tracepoint sees (SCM_RIGHTS) moves Open once the fd view's
-// drift check has taken it in. The zero mark says nothing: the fds are
-// listed.
+// FDMark is what the fd view counted of a process's socket fds (opened and
+// closed since tracking began, live now): while it stays the same, the
+// process holds the socket fds it held, and they are not listed again. A
+// process holding 15 000 fds otherwise costs 15 000 readlinks a poll, and
+// one leaking files more each poll. Every traced way to gain or lose a
+// socket fd (socket, accept, dup*, close, exec, close_range) moves the
+// counts; a socket that comes where no tracepoint sees (SCM_RIGHTS) moves
+// the live count once the fd view's drift check has taken it in.
 type FDMark struct {
-	SocketsOpened, SocketsClosed uint64
-	Open                         int
+	Opened, Closed uint64
+	Live           int
 }
 
 type seen struct {
@@ -77,7 +78,7 @@ func (t *Tracker) Track(pid int) error {
 	}
 	st := &procState{seen: map[uint64]seen{}, inodes: map[uint64]bool{}}
 	t.pids[pid] = st
-	if _, err := t.sample(pid, st, nil, map[string]map[uint64]procinfo.Socket{}, FDMark{}); err != nil {
+	if _, err := t.sample(pid, st, nil, map[string]map[uint64]procinfo.Socket{}, nil); err != nil {
 		t.Untrack(pid)
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
@@ -113,7 +114,11 @@ func (t *Tracker) Poll(pids []int, marks map[int]FDMark) (map[int]*Sample, error
 		if st == nil {
 			continue
 		}
-		if s, err := t.sample(pid, st, kernel, tables, marks[pid]); err == nil {
+		var mark *FDMark
+		if m, ok := marks[pid]; ok {
+			mark = &m
+		}
+		if s, err := t.sample(pid, st, kernel, tables, mark); err == nil {
 			out[pid] = s
 		}
 	}
@@ -124,17 +129,20 @@ func (t *Tracker) Poll(pids []int, marks map[int]FDMark) (map[int]*Sample, error
 }
 
 // sample reads the sockets of pid (its socket fds listed again unless
-// mark says they are those of the last listing), dates its TCP sockets
+// mark, when not nil, says they are those of the last listing), dates its TCP sockets
 // from the kernel table where it has them, and updates what user space
 // remembers. The TCP table of its network namespace is read only if it
 // holds sockets: most processes that come and go hold none.
-func (t *Tracker) sample(pid int, st *procState, kernel map[uint64]sockSockInfo, tables map[string]map[uint64]procinfo.Socket, mark FDMark) (*Sample, error) {
-	if mark == (FDMark{}) || mark != st.mark {
+func (t *Tracker) sample(pid int, st *procState, kernel map[uint64]sockSockInfo, tables map[string]map[uint64]procinfo.Socket, mark *FDMark) (*Sample, error) {
+	if mark == nil || !st.marked || *mark != st.mark {
 		fds, err := t.proc.FDs(pid)
 		if err != nil {
 			return nil, err
 		}
-		st.socks, st.mark = sockets(fds), mark
+		st.socks, st.marked = sockets(fds), mark != nil
+		if mark != nil {
+			st.mark = *mark
+		}
 		protos := map[uint64]string{}
 		for _, s := range st.socks {
 			if p, ok := st.protos[s.inode]; ok {
