@@ -8,6 +8,17 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
 
+// hashMap is a hash map of uint64 values, closed when the test ends.
+func hashMap(t *testing.T, keySize, entries uint32) *ebpf.Map {
+	t.Helper()
+	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: keySize, ValueSize: 8, MaxEntries: entries})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
 type ownedKey struct {
 	Owner, N uint32
 }
@@ -23,11 +34,7 @@ func TestTable(t *testing.T) {
 		chunk   int
 	}{{"batch", false, 1024}, {"batch, chunk of one", false, 1}, {"key by key", true, 0}} {
 		t.Run(tc.name, func(t *testing.T) {
-			m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 8, ValueSize: 8, MaxEntries: 16384})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer m.Close()
+			m := hashMap(t, 8, 16384)
 			put := func(owner, n uint32) {
 				if err := m.Put(ownedKey{owner, n}, uint64(owner)<<32|uint64(n)); err != nil {
 					t.Fatal(err)
@@ -113,11 +120,7 @@ func TestTable(t *testing.T) {
 
 func TestDeleteWhere(t *testing.T) {
 	testutil.RequireRoot(t)
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: 8, MaxEntries: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := hashMap(t, 4, 64)
 	for k := uint32(1); k <= 40; k++ {
 		if err := m.Put(k, uint64(k)*10); err != nil {
 			t.Fatal(err)
@@ -139,11 +142,7 @@ func TestDeleteWhere(t *testing.T) {
 // costs nothing.
 func TestTableClaim(t *testing.T) {
 	testutil.RequireRoot(t)
-	m, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 8, ValueSize: 8, MaxEntries: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := hashMap(t, 8, 64)
 	tab := NewTable(m, func(k ownedKey, _ uint64) uint32 { return k.Owner })
 	all := func(uint32) bool { return true }
 	for _, k := range []ownedKey{{1, 0}, {2, 0}} {
