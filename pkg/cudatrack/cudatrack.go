@@ -45,8 +45,8 @@ type Config struct {
 	Symbolizer *symbolize.Symbolizer
 }
 
-// Tracker owns the loaded CUDA BPF object and the uprobe links of each
-// tracked process.
+// Tracker owns the loaded CUDA BPF object and the uprobe links of the
+// libraries that tracked processes map.
 type Tracker struct {
 	procRoot string
 	proc     procinfo.FS
@@ -71,6 +71,12 @@ type Tracker struct {
 	multi bool
 
 	procs map[int]*procState
+	// hooks: the links of each library file a tracked process maps,
+	// attached for every process and filtered in the kernel by
+	// tracked_pids. Attaching and detaching take milliseconds (detaching
+	// waits for an RCU grace period): processes that come and go, such as
+	// DataLoader workers, would pay both each time with per-process links.
+	hooks map[inodeKey]*attached
 	live  *bpfobj.Table[cudaCudaAllocKey, cudaCudaAlloc] // each allocation a process's
 	// Parsed libraries, shared by every process mapping the same file; a nil
 	// value records an executable without CUDA.
@@ -88,13 +94,30 @@ type Tracker struct {
 // procState is what one tracked process has attached.
 type procState struct {
 	libs map[fileKey]*hooked
+	// counted: its kernel entries (counters, live bytes, peaks, the
+	// tracked_pids filter) exist. They are made when it first maps a
+	// hooked library: in --all most processes never do, and each entry
+	// costs a syscall to make and one to delete.
+	counted bool
 }
 
-// hooked is one library of one process with its links; a file without
-// hooks is kept (without links) so that it is not inspected again.
+// hooked is one library of one process; a file without hooks is kept
+// (without links) so that it is not inspected again.
 type hooked struct {
-	lib   *Library
+	lib *Library
+	at  *attached
+}
+
+// inodeKey names a file as the kernel places uprobes: by inode. The same
+// library seen at other paths (another mount namespace, a link) shares its
+// hooks; two links on one inode would count each call twice.
+type inodeKey struct{ dev, inode uint64 }
+
+// attached is one library file's links and how many tracked processes map
+// it; the last one gone detaches them.
+type attached struct {
 	links []link.Link
+	refs  int
 }
 
 // NewTracker loads the CUDA object. Nothing is attached until Track.
@@ -134,7 +157,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	if sym == nil {
 		sym = symbolize.New(cfg.ProcRoot)
 	}
-	t := &Tracker{procRoot: cfg.ProcRoot, proc: proc.WithMapsCache(cfg.Maps), coll: coll, multi: multi, procs: map[int]*procState{}, files: map[fileKey]*Library{}, failStacks: map[uint32]bool{},
+	t := &Tracker{procRoot: cfg.ProcRoot, proc: proc.WithMapsCache(cfg.Maps), coll: coll, multi: multi, procs: map[int]*procState{}, hooks: map[inodeKey]*attached{}, files: map[fileKey]*Library{}, failStacks: map[uint32]bool{},
 		sym: sym}
 	if err := coll.Assign(&t.maps); err != nil {
 		t.Close()
@@ -171,13 +194,22 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	return t, nil
 }
 
-// Track starts watching pid: counters first (the BPF side only updates
-// existing entries), then the filter, then the CUDA libraries it has mapped.
+// Track starts watching pid and hooks the CUDA libraries it has mapped.
 func (t *Tracker) Track(pid int) error {
-	tgid := uint32(pid)
-	if err := t.live.Claim(tgid, t.tracked); err != nil {
+	if err := t.live.Claim(uint32(pid), t.tracked); err != nil {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
+	if t.procs[pid] == nil {
+		t.procs[pid] = &procState{libs: map[fileKey]*hooked{}}
+	}
+	_, err := t.Refresh(pid)
+	return err
+}
+
+// count makes pid's kernel entries: counters first (the BPF side only
+// updates existing entries), then the filter.
+func (t *Tracker) count(pid int) error {
+	tgid := uint32(pid)
 	zero := make([]cudaCudaCounts, ebpf.MustPossibleCPU())
 	if err := t.maps.CudaCounters.Update(tgid, zero, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
@@ -192,11 +224,7 @@ func (t *Tracker) Track(pid int) error {
 	if err := t.maps.TrackedPids.Update(tgid, uint8(1), ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
-	if t.procs[pid] == nil {
-		t.procs[pid] = &procState{libs: map[fileKey]*hooked{}}
-	}
-	_, err := t.Refresh(pid)
-	return err
+	return nil
 }
 
 // Refresh attaches to the CUDA libraries pid has mapped since the last call
@@ -216,7 +244,7 @@ func (t *Tracker) Refresh(pid int) (bool, error) {
 	slices.SortStableFunc(files, func(a, b mappedFile) int {
 		return cmp.Compare(btoi(a.kind == kindDriver), btoi(b.kind == kindDriver))
 	})
-	hooked := false
+	added := false
 	present := make(map[fileKey]bool, len(files))
 	for _, mf := range files {
 		present[mf.key] = true
@@ -229,16 +257,57 @@ func (t *Tracker) Refresh(pid int) (bool, error) {
 			slog.Debug("inspecting CUDA library", "pid", pid, "path", mf.path, "err", err)
 			continue
 		}
-		ps.libs[mf.key] = t.attach(pid, lib)
-		hooked = true
+		if lib != nil && !ps.counted {
+			if err := t.count(pid); err != nil {
+				t.uncount(uint32(pid))
+				return added, err
+			}
+			ps.counted = true
+		}
+		ps.libs[mf.key] = &hooked{lib: lib, at: t.hold(pid, mf.key, lib)}
+		added = true
 	}
 	for k, h := range ps.libs {
 		if !present[k] {
-			_ = closeLinks(h.links)
+			t.release(k, h)
 			delete(ps.libs, k)
 		}
 	}
-	return hooked, nil
+	return added, nil
+}
+
+// hold returns the links of the file behind key, attaching them for the
+// first process that maps it; nil for a file without hooks or that could
+// not be hooked.
+func (t *Tracker) hold(pid int, key fileKey, lib *Library) *attached {
+	if lib == nil {
+		return nil
+	}
+	ik := inodeKey{key.dev, key.inode}
+	at := t.hooks[ik]
+	if at == nil {
+		at = &attached{links: t.attach(pid, lib)}
+		if len(at.links) == 0 && len(lib.Hooks) > 0 {
+			// Failed (the process may have exited meanwhile): the next
+			// process mapping the file tries again.
+			return nil
+		}
+		t.hooks[ik] = at
+	}
+	at.refs++
+	return at
+}
+
+// release drops one process's hold on a file; the last one detaches it.
+func (t *Tracker) release(key fileKey, h *hooked) {
+	if h.at == nil {
+		return
+	}
+	if h.at.refs--; h.at.refs > 0 {
+		return
+	}
+	_ = closeLinks(h.at.links)
+	delete(t.hooks, inodeKey{key.dev, key.inode})
 }
 
 // library returns the parsed hooks of a mapped file, from the cache when
@@ -255,15 +324,16 @@ func (t *Tracker) library(pid int, mf mappedFile) (*Library, error) {
 	return lib, nil
 }
 
-// attach puts a uprobe and a uretprobe on each hooked function of lib,
-// restricted to pid. A function that cannot be hooked is logged and skipped.
-func (t *Tracker) attach(pid int, lib *Library) *hooked {
-	h := &hooked{lib: lib}
+// attach puts a uprobe and a uretprobe on each hooked function of lib (as
+// pid sees it), for every process: the programs return at once for a
+// process not in tracked_pids. A function that cannot be hooked is logged
+// and skipped.
+func (t *Tracker) attach(pid int, lib *Library) []link.Link {
 	if lib == nil || len(lib.Hooks) == 0 {
 		if lib != nil {
 			slog.Warn("CUDA library defines none of the hooked functions", "pid", pid, "path", lib.Path)
 		}
-		return h
+		return nil
 	}
 	if len(lib.Missing) > 0 {
 		slog.Info("CUDA library lacks some hooked functions (older version?)", "pid", pid, "path", lib.Path, "missing", lib.Missing)
@@ -271,15 +341,15 @@ func (t *Tracker) attach(pid int, lib *Library) *hooked {
 	ex, err := link.OpenExecutable(t.rootPath(pid, lib.Path))
 	if err != nil {
 		slog.Warn("hooking CUDA library", "pid", pid, "path", lib.Path, "err", err)
-		return h
+		return nil
 	}
 	if t.multi {
-		h.links = t.attachMulti(ex, pid, lib)
-		return h
+		return t.attachMulti(ex, pid, lib)
 	}
+	var links []link.Link
 	for _, hk := range lib.Hooks {
 		a := APIs[hk.API]
-		opts := &link.UprobeOptions{Address: hk.Offset, PID: pid}
+		opts := &link.UprobeOptions{Address: hk.Offset}
 		prog := t.byShape[a.Shape]
 		if t.byAPI != nil {
 			prog = t.byAPI[hk.API]
@@ -288,7 +358,7 @@ func (t *Tracker) attach(pid int, lib *Library) *hooked {
 		}
 		// The return first, as in attachMulti; without it the entry would
 		// leave state behind.
-		out, err := ex.Uretprobe(a.Name, t.ret[a.Layer], &link.UprobeOptions{Address: hk.Offset, PID: pid})
+		out, err := ex.Uretprobe(a.Name, t.ret[a.Layer], &link.UprobeOptions{Address: hk.Offset})
 		if err != nil {
 			slog.Warn("hooking CUDA function return", "pid", pid, "path", lib.Path, "func", a.Name, "err", err)
 			continue
@@ -299,10 +369,10 @@ func (t *Tracker) attach(pid int, lib *Library) *hooked {
 			_ = out.Close()
 			continue
 		}
-		h.links = append(h.links, in, out)
+		links = append(links, in, out)
 	}
-	slog.Debug("hooked CUDA library", "pid", pid, "path", lib.Path, "kind", lib.Kind, "functions", len(h.links)/2)
-	return h
+	slog.Debug("hooked CUDA library", "pid", pid, "path", lib.Path, "kind", lib.Kind, "functions", len(links)/2)
+	return links
 }
 
 // attachMulti hooks lib with one uprobe_multi link per entry program (one
@@ -314,14 +384,14 @@ func (t *Tracker) attachMulti(ex *link.Executable, pid int, lib *Library) []link
 		a := APIs[hk.API]
 		o := byShape[a.Shape]
 		if o == nil {
-			o = &link.UprobeMultiOptions{PID: uint32(pid)}
+			o = &link.UprobeMultiOptions{}
 			byShape[a.Shape] = o
 		}
 		o.Addresses = append(o.Addresses, hk.Offset)
 		o.Cookies = append(o.Cookies, uint64(hk.API))
 		r := byLayer[a.Layer]
 		if r == nil {
-			r = &link.UprobeMultiOptions{PID: uint32(pid)}
+			r = &link.UprobeMultiOptions{}
 			byLayer[a.Layer] = r
 		}
 		r.Addresses = append(r.Addresses, hk.Offset)
@@ -372,7 +442,7 @@ func (t *Tracker) Libraries(pid int) []*Library {
 	}
 	var out []*Library
 	for _, h := range ps.libs {
-		if len(h.links) > 0 {
+		if h.at != nil && len(h.at.links) > 0 {
 			out = append(out, h.lib)
 		}
 	}
@@ -384,23 +454,32 @@ func (t *Tracker) Libraries(pid int) []*Library {
 // the allocations of the others.
 func (t *Tracker) tracked(tgid uint32) bool { return t.procs[int(tgid)] != nil }
 
-// Untrack stops tracking pid: its links are closed and its kernel state
-// dropped, the allocations made since the last poll at the next (see
+// Untrack stops tracking pid: the links of libraries no other tracked
+// process maps are closed and its kernel state dropped, the allocations made since the last poll at the next (see
 // bpfobj.Table). Per-thread entry state is task storage: it goes with the
 // threads.
 func (t *Tracker) Untrack(pid int) {
 	tgid := uint32(pid)
-	if ps := t.procs[pid]; ps != nil {
-		for _, h := range ps.libs {
-			_ = closeLinks(h.links)
-		}
-		delete(t.procs, pid)
+	ps := t.procs[pid]
+	if ps == nil {
+		return
 	}
+	for k, h := range ps.libs {
+		t.release(k, h)
+	}
+	delete(t.procs, pid)
+	if ps.counted {
+		t.uncount(tgid)
+	}
+	t.live.Forget(tgid)
+}
+
+// uncount deletes what count made, the filter first.
+func (t *Tracker) uncount(tgid uint32) {
 	_ = t.maps.TrackedPids.Delete(tgid)
 	_ = t.maps.CudaCounters.Delete(tgid)
 	_ = t.maps.LiveBytes.Delete(tgid)
 	_ = t.maps.PeakBytes.Delete(tgid)
-	t.live.Forget(tgid)
 }
 
 // Alloc is one live allocation.
@@ -436,6 +515,10 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 	}
 	out := make(map[int]*Sample, len(pids))
 	for _, pid := range pids {
+		if ps := t.procs[pid]; ps == nil || !ps.counted {
+			out[pid] = &Sample{} // no CUDA library mapped yet
+			continue
+		}
 		var per []cudaCudaCounts
 		if err := t.maps.CudaCounters.Lookup(uint32(pid), &per); err != nil {
 			return nil, fmt.Errorf("reading cuda counters of pid %d: %w", pid, err)
@@ -559,12 +642,11 @@ func (t *Tracker) Lost() (map[string]uint64, error) {
 // Close detaches and unloads everything; safe to call more than once.
 func (t *Tracker) Close() error {
 	var errs []error
-	for pid, ps := range t.procs {
-		for _, h := range ps.libs {
-			errs = append(errs, closeLinks(h.links))
-		}
-		delete(t.procs, pid)
+	for k, at := range t.hooks {
+		errs = append(errs, closeLinks(at.links))
+		delete(t.hooks, k)
 	}
+	clear(t.procs)
 	if t.reader != nil {
 		errs = append(errs, t.reader.Close())
 		t.reader = nil

@@ -2,6 +2,7 @@ package cudatrack
 
 import (
 	"errors"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -452,6 +453,90 @@ func TestSteady(t *testing.T) {
 	noLoss(t, c)
 }
 
+// Processes mapping the same library share its hooks: a process that
+// comes or goes attaches or detaches nothing while another one maps it, an
+// untracked process that calls it is not counted, and the last one gone
+// detaches it.
+func TestSharedHooks(t *testing.T) {
+	c := newConcern(t)
+	tg := dynamic(t)
+	_, a := work(t, c, tg, "steady")
+	hooks := maps.Clone(c.hooks)
+	if len(hooks) != 2 {
+		t.Fatalf("%d files hooked, want the runtime and the driver", len(hooks))
+	}
+	_, b := work(t, c, tg, "steady")
+	if !maps.Equal(c.hooks, hooks) {
+		t.Fatal("a second process mapping the same files attached them again")
+	}
+	// Running the same library, never tracked.
+	u := testutil.StartProc(t, []string{"CUDAWORK_STEP=1"}, tg.bin, tg.lib, "steady", "60")
+	u.Signal(t)
+	u.Wait(t, "loaded", 10*time.Second)
+	c.Untrack(a.PID)
+	if !maps.Equal(c.hooks, hooks) {
+		t.Fatal("forgetting one of two processes detached the library")
+	}
+	start := b.CUDA.AllocCalls["cudaMalloc"]
+	waitCalls := func(pr *model.Process, from uint64) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("pid %d: cudaMalloc calls stayed at %d", pr.PID, from)
+			}
+			if observe(t, c, pr); pr.CUDA.AllocCalls["cudaMalloc"] > from {
+				return
+			}
+		}
+	}
+	waitCalls(b, start)
+	// The untracked process allocated meanwhile; none of it is kept.
+	live, err := c.live.Read(c.tracked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range []int{a.PID, u.Cmd.Process.Pid} {
+		if n := len(live[uint32(pid)]); n != 0 {
+			t.Errorf("pid %d (not tracked): %d live allocations kept", pid, n)
+		}
+	}
+	c.Untrack(b.PID)
+	if len(c.hooks) != 0 {
+		t.Errorf("%d files still hooked after the last process went", len(c.hooks))
+	}
+	noLoss(t, c)
+}
+
+// A tracked process has kernel entries only once it maps a CUDA library:
+// in --all most never do.
+func TestCountedOnceMapped(t *testing.T) {
+	c := newConcern(t)
+	tg := dynamic(t)
+	p := testutil.StartProc(t, []string{"CUDAWORK_STEP=1"}, tg.bin, tg.lib, "steady", "60")
+	pr := &model.Process{PID: p.Cmd.Process.Pid}
+	if err := c.Track(pr.PID); err != nil {
+		t.Fatal(err)
+	}
+	observe(t, c, pr)
+	var v uint8
+	if err := c.maps.TrackedPids.Lookup(uint32(pr.PID), &v); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Fatalf("kernel entries before the runtime was loaded: %v", err)
+	}
+	if pr.CUDA.AllocCalls["cudaMalloc"] != 0 || pr.CUDA.LiveBytes != 0 {
+		t.Errorf("a process without CUDA: %+v", pr.CUDA)
+	}
+	p.Signal(t)
+	p.Wait(t, "loaded", 10*time.Second)
+	observe(t, c, pr)
+	if err := c.maps.TrackedPids.Lookup(uint32(pr.PID), &v); err != nil {
+		t.Fatalf("no kernel entries once the runtime is loaded: %v", err)
+	}
+	c.Untrack(pr.PID)
+	if err := c.maps.CudaCounters.Lookup(uint32(pr.PID), &[]cudaCudaCounts{}); !errors.Is(err, ebpf.ErrKeyNotExist) {
+		t.Errorf("counters left after Untrack: %v", err)
+	}
+}
+
 // A library unloaded with dlclose is unhooked at the next poll.
 func TestUnload(t *testing.T) {
 	c := newConcern(t)
@@ -462,10 +547,8 @@ func TestUnload(t *testing.T) {
 	if len(pr.CUDA.Libraries) != 0 {
 		t.Errorf("libraries still hooked after dlclose: %v", pr.CUDA.Libraries)
 	}
-	for k, h := range c.procs[pr.PID].libs {
-		if len(h.links) != 0 {
-			t.Errorf("%s still has %d links after dlclose", k.path, len(h.links))
-		}
+	if len(c.hooks) != 0 {
+		t.Errorf("%d files still hooked after dlclose", len(c.hooks))
 	}
 }
 

@@ -125,10 +125,15 @@ func (f *Finder) Discover(p *pipeline.Pipeline) {
 			continue
 		}
 		if ok, err := f.matches(pid); err != nil || !ok {
+			f.proc.DropMaps(pid)
 			delete(f.overCap, pid)
 			continue
 		}
 		if p.Live() >= f.rules.Max {
+			if f.proc.Check(pid) != nil {
+				delete(f.overCap, pid) // gone, or a kernel thread
+				continue
+			}
 			if !f.overCap[pid] {
 				f.overCap[pid] = true
 				f.OverCap.Add(1)
@@ -175,14 +180,13 @@ func (f *Finder) Lost() (map[string]uint64, error) {
 	return f.events.Lost()
 }
 
-// matches applies the rules to pid.
+// matches applies the rules to pid. Whether it is a user-space process
+// still there is left to the pipeline's Watch, which reads its identity
+// anyway: each read saved counts at a hundred process starts a second.
 func (f *Finder) matches(pid int) (bool, error) {
-	if err := f.proc.Check(pid); err != nil {
-		return false, err // gone, or a kernel thread
-	}
 	if f.rules.Comm != nil {
-		comm, err := f.proc.Comm(pid)
-		if err != nil || !f.rules.Comm.MatchString(comm) {
+		id, err := f.proc.Identify(pid)
+		if err != nil || !f.rules.Comm.MatchString(id.Comm) {
 			return false, err
 		}
 	}

@@ -24,7 +24,23 @@ type Concern struct {
 	sites    map[int]map[siteKey]*site // by pid: a process forgotten drops its own
 	nextSite int64
 	targets  map[findingKey]leakRead // what each fd leak's fds point at
+	limits   map[int]limitRead
 }
+
+// limitRead is a process's RLIMIT_NOFILE as last read from /proc.
+type limitRead struct {
+	limit  uint64
+	polls  int    // since it was read
+	failed uint64 // EMFILE failures when it was read
+}
+
+// limitEvery is how many polls a read RLIMIT_NOFILE is used before
+// /proc/PID/limits is read again: a limit rarely changes after start
+// (prlimit from outside), while reading and parsing the file each poll for
+// each long-lived process cost more than its fd table. Close to the limit,
+// and when fds fail with EMFILE (a process may lower its own limit), it is
+// read each poll.
+const limitEvery = 10
 
 // siteKey identifies an opening call site of one process: its native stack
 // and its Python frames.
@@ -51,7 +67,7 @@ func NewConcern(cfg Config, det fdleak.Config, sym *symbolize.Symbolizer, topSit
 	if err != nil {
 		return nil, err
 	}
-	return &Concern{Tracker: t, sym: sym, det: fdleak.New(det), exhaust: fdexhaust.New(fdexhaust.Config{}), py: t.newPy(), topSites: topSites, sites: map[int]map[siteKey]*site{}, targets: map[findingKey]leakRead{}}, nil
+	return &Concern{Tracker: t, sym: sym, det: fdleak.New(det), exhaust: fdexhaust.New(fdexhaust.Config{}), py: t.newPy(), topSites: topSites, sites: map[int]map[siteKey]*site{}, targets: map[findingKey]leakRead{}, limits: map[int]limitRead{}}, nil
 }
 
 // Name is the concern's name in logs and `check`.
@@ -64,6 +80,7 @@ func (c *Concern) Untrack(pid int) {
 	c.exhaust.Forget(pid)
 	c.py.Untrack(pid)
 	delete(c.sites, pid)
+	delete(c.limits, pid)
 	for k := range c.targets {
 		if k.pid == pid {
 			delete(c.targets, k)
@@ -85,10 +102,8 @@ func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Findin
 	}
 	var out []model.Finding
 	for _, p := range procs {
-		if limit, err := c.proc.NoFileLimit(p.PID); err == nil {
-			p.FD.Limit = limit
-		}
 		c.fill(p, samples[p.PID])
+		p.FD.Limit = c.limit(p)
 		for _, f := range c.det.Observe(now, p) {
 			c.leakedTargets(p, &f)
 			out = append(out, f)
@@ -96,6 +111,24 @@ func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Findin
 		out = append(out, c.exhaust.Observe(now, p)...)
 	}
 	return out, nil
+}
+
+// limit returns the soft RLIMIT_NOFILE of p: read again every limitEvery
+// polls, and at each poll once p holds over half of it or fails with
+// EMFILE. 0 when it cannot be read.
+func (c *Concern) limit(p *model.Process) uint64 {
+	l, ok := c.limits[p.PID]
+	failed := p.FD.Failed["EMFILE"]
+	if !ok || l.polls >= limitEvery || uint64(p.FD.Open) > l.limit/2 || failed != l.failed {
+		n, err := c.proc.NoFileLimit(p.PID)
+		if err != nil {
+			return l.limit
+		}
+		l = limitRead{limit: n, failed: failed}
+	}
+	l.polls++
+	c.limits[p.PID] = l
+	return l.limit
 }
 
 // fill turns a kernel sample into the model view.

@@ -11,6 +11,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
+	"golang.org/x/sys/unix"
 )
 
 func newConcern(t *testing.T) *Concern {
@@ -155,5 +156,48 @@ func TestNearLimitQuiet(t *testing.T) {
 	}
 	if p.FD.Opened["file"] < 50 {
 		t.Errorf("opened %v: the fixture is not churning", p.FD.Opened)
+	}
+}
+
+// RLIMIT_NOFILE is read again every limitEvery polls, and at each poll once
+// the process holds over half of it: a limit lowered from outside (prlimit)
+// shows within limitEvery polls, and near the limit at the next poll.
+func TestLimitRead(t *testing.T) {
+	c := newConcern(t)
+	bin := testutil.Fixture(t, "fdwork", "-pthread")
+	pid := testutil.Start(t, bin, "startup", "10", "30").Process.Pid
+	if err := c.Track(pid); err != nil {
+		t.Fatal(err)
+	}
+	p := &model.Process{PID: pid, Comm: "fdwork", Started: time.Now()}
+	observe := func() {
+		t.Helper()
+		if _, err := c.Observe(time.Now(), []*model.Process{p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	observe()
+	if p.FD.Limit < 64 {
+		t.Fatalf("limit %d: the fixture should start with a large one", p.FD.Limit)
+	}
+	setLimit := func(n uint64) {
+		t.Helper()
+		if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: n, Max: n}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setLimit(16)
+	polls := 0
+	for ; p.FD.Limit != 16 && polls <= limitEvery; polls++ {
+		observe()
+	}
+	if p.FD.Limit != 16 {
+		t.Fatalf("limit lowered to 16 still read as %d after %d polls", p.FD.Limit, polls)
+	}
+	// 10 of 16 open: read at each poll.
+	setLimit(12)
+	observe()
+	if p.FD.Limit != 12 {
+		t.Errorf("near the limit, lowered to 12: read as %d at the next poll", p.FD.Limit)
 	}
 }

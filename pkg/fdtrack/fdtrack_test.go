@@ -214,7 +214,8 @@ func TestExitedNotReapedKeepsTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); proc.Alive(pid); time.Sleep(20 * time.Millisecond) {
+	running := func() bool { id, err := proc.Identify(pid); return err == nil && id.Running }
+	for deadline := time.Now().Add(10 * time.Second); running(); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("fdwork did not exit")
 		}

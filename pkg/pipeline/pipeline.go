@@ -63,6 +63,10 @@ type Config struct {
 	CtxStorm ctxstorm.Config
 	SockLeak sockleak.Config
 	GPUAlloc gpualloc.Config
+	// Maps, when set, is the poll's cache of /proc/PID/maps reads, shared
+	// with a Source that reads them to choose processes (nil: the
+	// pipeline's own).
+	Maps *procinfo.MapsCache
 	// SockProcTables reads TCP sockets from /proc/PID/net/tcp{,6} rather
 	// than sock_diag: the agent-cost benchmark's baseline.
 	SockProcTables bool
@@ -141,15 +145,19 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 	if err != nil {
 		return nil, err
 	}
+	maps := cfg.Maps
+	if maps == nil {
+		maps = procinfo.NewMapsCache()
+	}
 	p := &Pipeline{
 		cfg:    cfg,
 		proc:   proc,
-		sym:    symbolize.New(cfg.ProcRoot),
+		sym:    symbolize.New(cfg.ProcRoot).ShareMaps(proc.WithMapsCache(maps)),
 		sinks:  sinks,
 		start:  time.Now(),
 		procs:  map[int]*model.Process{},
 		starts: map[int]uint64{},
-		maps:   procinfo.NewMapsCache(),
+		maps:   maps,
 		link:   causes.New(causes.DefaultGrace),
 
 		untracked:     map[string]map[int]bool{},
@@ -411,11 +419,11 @@ func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 		if pr.Exited {
 			continue
 		}
-		if !p.alive(pid) {
+		if id, ok := p.alive(pid); !ok {
 			exiting = append(exiting, pr)
-		} else if comm, err := p.proc.Comm(pid); err == nil {
+		} else {
 			// comm changes at exec (run starts the command through a shell).
-			pr.Comm = comm
+			pr.Comm = id.Comm
 		}
 		if p.cfg.Pod != nil && pr.Pod.UID != "" && pr.Pod.Name == "" {
 			pr.Pod = p.cfg.Pod(pid)
@@ -494,11 +502,12 @@ func (p *Pipeline) Live() int {
 	return n
 }
 
-// alive reports whether the process watched as pid still runs: a pid that
-// died and was reused by another process within one interval is not it.
-func (p *Pipeline) alive(pid int) bool {
-	start, err := p.proc.StartTime(pid)
-	return err == nil && start == p.starts[pid] && p.proc.Alive(pid)
+// alive reports whether the process watched as pid still runs, with its
+// identity now, from one read of its stat: a pid that died and was reused
+// by another process within one interval is not it.
+func (p *Pipeline) alive(pid int) (procinfo.Identity, bool) {
+	id, err := p.proc.Identify(pid)
+	return id, err == nil && id.Start == p.starts[pid] && id.Running
 }
 
 // adoptChildren starts watching descendants of the live watched processes

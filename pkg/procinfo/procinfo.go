@@ -100,6 +100,17 @@ func (fs FS) Maps(pid int) ([]*procfs.ProcMap, error) {
 	return maps, err
 }
 
+// DropMaps forgets this poll's read of pid's mappings, for a reader that
+// found the process of no interest: a walk of every process on the node
+// need not hold all their mappings until the next poll.
+func (fs FS) DropMaps(pid int) {
+	if c := fs.maps; c != nil {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		delete(c.read, pid)
+	}
+}
+
 // Root is the proc mount fs reads.
 func (fs FS) Root() string { return fs.root }
 
@@ -249,10 +260,15 @@ func (fs FS) Check(pid int) error {
 type Identity struct {
 	Comm  string
 	Start uint64
+	// Running: not a zombie (or dead, state X); a process in those states
+	// holds no fds and runs no code. A leader that called pthread_exit
+	// shows Z while its other threads run on ("Zl" in ps): it runs.
+	Running bool
 }
 
 // Identify checks pid as Check does and returns its identity, from one read
-// of its stat: a daemon does this for every process that starts.
+// of its stat: a daemon does this for every process that starts, and for
+// every process it watches at each poll.
 func (fs FS) Identify(pid int) (Identity, error) {
 	if pid <= 0 {
 		return Identity{}, fmt.Errorf("pid must be a positive integer, got %d", pid)
@@ -265,7 +281,8 @@ func (fs FS) Identify(pid int) (Identity, error) {
 	if err != nil {
 		return Identity{}, procErr(pid, err)
 	}
-	id := Identity{Comm: st.Comm, Start: st.Starttime}
+	id := Identity{Comm: st.Comm, Start: st.Starttime,
+		Running: st.State != "X" && (st.State != "Z" || st.NumThreads > 1)}
 	if st.Flags&pfKthread != 0 {
 		return Identity{}, kernelThreadErr(pid)
 	}
@@ -287,21 +304,6 @@ func kernelThreadErr(pid int) error {
 	return fmt.Errorf("pid %d is a %w (kthreadd child); nothing to trace in user space", pid, ErrKernelThread)
 }
 
-// Alive reports whether pid exists and is not a zombie (or dead, state X):
-// a process in those states holds no fds and runs no code.
-func (fs FS) Alive(pid int) bool {
-	st, err := fs.stat(pid)
-	if err != nil {
-		return false
-	}
-	// A leader that called pthread_exit shows Z while its other threads
-	// run on ("Zl" in ps): the process is still alive.
-	if st.State == "Z" && st.NumThreads > 1 {
-		return true
-	}
-	return st.State != "Z" && st.State != "X"
-}
-
 // pfExiting is PF_EXITING in a task's flags (include/linux/sched.h): set
 // when the task starts to exit, before its fds are released.
 const pfExiting = 0x4
@@ -316,20 +318,6 @@ func (fs FS) FDsGone(pid int) bool {
 		return true
 	}
 	return st.Flags&pfExiting != 0 || st.State == "Z" || st.State == "X"
-}
-
-// StartTime returns when pid started, in clock ticks since boot: with the pid
-// it identifies a process, since pids are reused.
-func (fs FS) StartTime(pid int) (uint64, error) {
-	p, err := fs.process(pid)
-	if err != nil {
-		return 0, err
-	}
-	st, err := p.Stat()
-	if err != nil {
-		return 0, procErr(pid, err)
-	}
-	return st.Starttime, nil
 }
 
 // process opens pid, turning "not there" into ErrNoProcess.

@@ -270,7 +270,7 @@ func TestCheck(t *testing.T) {
 	}
 }
 
-func TestAlive(t *testing.T) {
+func TestRunning(t *testing.T) {
 	zombie := worker
 	zombie.pid, zombie.state = 300, "Z"
 	fs := newFixture(t, worker, zombie)
@@ -283,8 +283,9 @@ func TestAlive(t *testing.T) {
 		{999, false},
 	}
 	for _, tt := range tests {
-		if got := fs.Alive(tt.pid); got != tt.want {
-			t.Errorf("Alive(%d) = %v, want %v", tt.pid, got, tt.want)
+		id, err := fs.Identify(tt.pid)
+		if got := err == nil && id.Running; got != tt.want {
+			t.Errorf("Identify(%d) = %+v, %v: running %v, want %v", tt.pid, id, err, got, tt.want)
 		}
 	}
 }
@@ -360,6 +361,12 @@ func TestMapsCache(t *testing.T) {
 	c.Next()
 	if n := count(cached); n != 2 {
 		t.Errorf("next poll: %d mappings, want 2", n)
+	}
+	// Dropped (a process of no interest): the next reader reads the file.
+	write(one)
+	cached.DropMaps(100)
+	if n := count(cached); n != 1 {
+		t.Errorf("after DropMaps: %d mappings, want the file's 1", n)
 	}
 	if _, err := cached.Maps(999); !errors.Is(err, ErrNoProcess) {
 		t.Errorf("missing process: %v", err)

@@ -43,8 +43,8 @@ func TestRealSelf(t *testing.T) {
 	if err := fs.Check(pid); err != nil {
 		t.Errorf("Check(self) = %v, want nil", err)
 	}
-	if !fs.Alive(pid) {
-		t.Error("Alive(self) = false, want true")
+	if id, err := fs.Identify(pid); err != nil || !id.Running {
+		t.Errorf("Identify(self) = %+v, %v; want running", id, err)
 	}
 
 	var rl unix.Rlimit
@@ -175,13 +175,19 @@ func TestAliveAfterLeaderExit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !fs.Alive(cmd.Process.Pid) {
-		t.Fatal("process with a running thread reported dead")
+	// Wait for the leader's exit: until then the test proves nothing.
+	for deadline := time.Now().Add(10 * time.Second); !fs.FDsGone(cmd.Process.Pid); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the leader did not exit")
+		}
+	}
+	if id, err := fs.Identify(cmd.Process.Pid); err != nil || !id.Running {
+		t.Fatalf("process with a running thread: %+v, %v; want running", id, err)
 	}
 	_ = cmd.Process.Kill()
 	_, _ = cmd.Process.Wait()
-	if fs.Alive(cmd.Process.Pid) {
-		t.Fatal("reaped process reported alive")
+	if _, err := fs.Identify(cmd.Process.Pid); !errors.Is(err, ErrNoProcess) {
+		t.Fatalf("reaped process: %v", err)
 	}
 }
 
@@ -215,15 +221,15 @@ func TestStartTime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	self, err := fs.StartTime(os.Getpid())
-	if err != nil || self == 0 {
-		t.Fatalf("StartTime(self) = %d, %v", self, err)
+	self, err := fs.Identify(os.Getpid())
+	if err != nil || self.Start == 0 {
+		t.Fatalf("Identify(self) = %+v, %v", self, err)
 	}
-	init, err := fs.StartTime(1)
-	if err != nil || init >= self {
-		t.Fatalf("StartTime(1) = %d, %v; want before ours (%d)", init, err, self)
+	init, err := fs.Identify(1)
+	if err != nil || init.Start >= self.Start {
+		t.Fatalf("Identify(1) = %+v, %v; want started before ours (%d)", init, err, self.Start)
 	}
-	if _, err := fs.StartTime(1 << 30); !errors.Is(err, ErrNoProcess) {
-		t.Fatalf("StartTime of a missing pid: %v", err)
+	if _, err := fs.Identify(1 << 30); !errors.Is(err, ErrNoProcess) {
+		t.Fatalf("Identify of a missing pid: %v", err)
 	}
 }

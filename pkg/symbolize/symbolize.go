@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/procfs"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 )
 
 // deletedSuffix is what the kernel appends to a mapped file's path once the
@@ -43,6 +44,10 @@ type Symbolizer struct {
 	tick    uint64        // counts uses, to find the least recently used
 
 	maxBytes, maxFiles int
+
+	// shared reads mappings through the poll's cache for Refresh (see
+	// ShareMaps); nil: Refresh reads the file itself.
+	shared *procinfo.FS
 }
 
 // mapping is one line of /proc/PID/maps.
@@ -119,12 +124,27 @@ func (pm *procMaps) find(addr uint64) *mapping {
 	return m
 }
 
+// ShareMaps makes Refresh read mappings through fs, whose cache the views
+// of one poll share (procinfo.MapsCache): a process tracked this poll has
+// them read once, not once per reader. Reads on a miss (an address in a
+// library loaded since) still go to the file. It returns s.
+func (s *Symbolizer) ShareMaps(fs procinfo.FS) *Symbolizer {
+	s.shared = &fs
+	return s
+}
+
 // Refresh re-reads and caches the mappings of pid now, e.g. right after it
 // loaded a library, so that its addresses can be symbolized after it exits.
 func (s *Symbolizer) Refresh(pid int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.loadMaps(pid)
+	if s.shared == nil {
+		s.loadMaps(pid)
+		return
+	}
+	if pms, err := s.shared.Maps(pid); err == nil {
+		s.maps[pid] = s.mappings(pid, pms)
+	}
 }
 
 // Forget drops the cached maps of pid (call when the process exits).
@@ -159,6 +179,11 @@ func (s *Symbolizer) readMaps(pid int) ([]mapping, error) {
 	if err != nil {
 		return nil, err
 	}
+	return s.mappings(pid, pms), nil
+}
+
+// mappings converts the lines of /proc/PID/maps.
+func (s *Symbolizer) mappings(pid int, pms []*procfs.ProcMap) []mapping {
 	maps := make([]mapping, 0, len(pms))
 	for _, pm := range pms {
 		m := mapping{start: uint64(pm.StartAddr), end: uint64(pm.EndAddr), offset: uint64(pm.Offset)}
@@ -175,7 +200,7 @@ func (s *Symbolizer) readMaps(pid int) ([]mapping, error) {
 	}
 	// The kernel lists mappings in address order; sorting guards the binary search.
 	slices.SortFunc(maps, func(a, b mapping) int { return cmp.Compare(a.start, b.start) })
-	return maps, nil
+	return maps
 }
 
 func findMapping(maps []mapping, addr uint64) *mapping {

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 )
 
 // lookTool finds a build tool. Developers without it may skip; CI must not
@@ -356,4 +358,38 @@ func TestFramesFakeProcRoot(t *testing.T) {
 			t.Errorf("frames = %q, want [0x1234]", got)
 		}
 	})
+}
+
+// With ShareMaps, Refresh takes the poll's read of /proc/PID/maps (another
+// view read it first); an address outside it (a library loaded since) is
+// looked up in the file again.
+func TestRefreshSharedMaps(t *testing.T) {
+	pie := buildTarget(t, "target", "-fPIE", "-pie")
+	root := t.TempDir()
+	fs, err := procinfo.New(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := newExecMapping(t, pie, 0x55d0c0de0000)
+	second := newExecMapping(t, pie, 0x7f3000000000)
+	put(t, filepath.Join(root, "100", "root", "opt", "target"), nil, pie)
+	put(t, filepath.Join(root, "100", "stat"), []byte("100 (target) S 1 100 100 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 1 0 0\n"), "")
+	mapsFile := filepath.Join(root, "100", "maps")
+	put(t, mapsFile, []byte(first.line("08:01 1234", "/opt/target")), "")
+	shared := fs.WithMapsCache(procinfo.NewMapsCache())
+	if _, err := shared.Maps(100); err != nil { // the view that read first
+		t.Fatal(err)
+	}
+	both := first.line("08:01 1234", "/opt/target") + second.line("08:01 1234", "/opt/target")
+	put(t, mapsFile, []byte(both), "")
+	s := New(root).ShareMaps(shared)
+	s.Refresh(100)
+	if got := len(s.maps[100]); got != 1 {
+		t.Fatalf("Refresh kept %d mappings; want the poll's read (1)", got)
+	}
+	leaky := symbolValue(t, pie, "leakyfn")
+	frames := s.Frames(100, []uint64{second.addr(leaky + 4)})
+	if got := frames[0].String(); got != "leakyfn+0x4 (target)" {
+		t.Errorf("an address mapped since the poll's read: %q", got)
+	}
 }
