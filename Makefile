@@ -9,7 +9,7 @@ CFLAGS  := -O1 -g -fno-omit-frame-pointer -Wall -pthread
 FIXTURES := testdata/bin/fdwork testdata/bin/demo testdata/bin/schedwork testdata/bin/sockwork testdata/bin/cudawork testdata/bin/realcuda testdata/bin/leaderexit
 GOSRC   := $(shell find cmd pkg -name '*.go' -o -name '*.o') go.mod go.sum
 
-.PHONY: build deps test-deps generate-deps generate check-generate fixtures test demo screenshot bench kernels clean
+.PHONY: build deps test-deps generate-deps generate check-generate fixtures test demo screenshot bench kernels image clean
 
 build: $(BIN)
 
@@ -86,6 +86,15 @@ KERNELS ?=
 kernels: deps build fixtures
 	@scripts/install-deps.sh kernels
 	scripts/kernels.sh $(KERNELS)
+
+# The container image, built offline from bin/autoglm-ebpf and the glibc it
+# links against (deploy/image): an OCI layout archive with Docker's
+# manifest.json, for `docker load`, `podman load` or
+# `ctr -n k8s.io images import`. IMAGE_REPO names it (tag: VERSION).
+IMAGE_REPO ?= ghcr.io/open-autoglm/autoglm-ebpf
+image: deps build
+	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) $(GO) run ./deploy/image -binary $(BIN) \
+		-version $(VERSION) -revision $$(git rev-parse HEAD 2>/dev/null) -repository $(IMAGE_REPO) -o bin/autoglm-ebpf-image.tar
 
 clean:
 	rm -rf bin testdata/bin

@@ -8,7 +8,8 @@
 # stacks), g++, readelf (binutils) and eu-stack (elfutils) (stacks of
 # code without frame pointers, held to elfutils' and binutils' unwind
 # tables), Chromium (the HTML report is rendered in
-# it); with "screenshot" Chromium and pngquant (README's picture of the
+# it), podman and runc (the image `make image` builds is loaded and run);
+# with "screenshot" Chromium and pngquant (README's picture of the
 # HTML report); with "kernels" what scripts/kernels.sh needs to boot
 # Debian's kernels under qemu (qemu, a static busybox and cpio for the
 # initramfs, kmod's depmod, xz for the modules, jq, Debian's archive keys
@@ -32,6 +33,8 @@ if [ "${1:-}" = test ]; then
 	command -v g++ >/dev/null || need+=(g++)
 	command -v readelf >/dev/null || need+=(binutils)
 	command -v eu-stack >/dev/null || need+=(elfutils)
+	command -v podman >/dev/null || need+=(podman)
+	command -v runc >/dev/null || need+=(runc)
 fi
 if [ "${1:-}" = test ] || [ "${1:-}" = screenshot ]; then
 	command -v chromium >/dev/null || need+=(chromium)

@@ -15,7 +15,7 @@ func newCheck() *cobra.Command {
 	return &cobra.Command{
 		Use:   "check",
 		Short: "Report what this kernel and machine offer, and whether the tool can run",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			rs := features.Check()
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	"golang.org/x/sys/unix"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/report"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
@@ -81,7 +83,14 @@ func TestUsageErrors(t *testing.T) {
 		// run must not end in a report that cannot be written.
 		{[]string{"attach", "--pid", "1", "--json", "/no/such/dir/r.json", "--duration", "1h"}, exitUsage, "--json /no/such/dir/r.json: cannot create a file in /no/such/dir: no such file or directory"},
 		{[]string{"run", "--html", "/tmp", "--", "true"}, exitUsage, "--html /tmp: is a directory"},
-		{[]string{"attach", "--pid", "1", "--listen", "nohostport"}, exitUsage, "--listen"},
+		{[]string{"attach", "--pid", "1", "--listen", "nohostport"}, exitUsage, `--web.listen-address "nohostport"`},
+		{[]string{"attach", "--pid", "1", "--web.listen-address", "nohostport"}, exitUsage, `--web.listen-address "nohostport"`},
+		{[]string{"attach", "--pid", "1", "--web.config.file", "web.yml"}, exitUsage, "--web.config.file needs --web.listen-address"},
+		{[]string{"attach", "--pid", "1", "--log.level", "loud"}, exitUsage, "--log.level must be debug, info, warn or error"},
+		{[]string{"attach", "--pid", "1", "--log.format", "xml"}, exitUsage, "--log.format must be logfmt or json"},
+		// pflag takes a bare boolean flag as true and leaves the value.
+		{[]string{"daemon", "--runqueue-classic-buckets", "false"}, exitUsage, "a boolean flag takes its value after =, e.g. --runqueue-classic-buckets=false"},
+		{[]string{"check", "extra"}, exitUsage, `unexpected argument "extra"`},
 		{[]string{"run"}, exitUsage, "requires at least 1 arg"},
 		{[]string{"attach", "--pid", "1", "--gpu-interval", "1ms"}, exitUsage, "--gpu-interval must be at least 10ms"},
 		{[]string{"attach", "--pid", "1", "--ctx-switch-floor", "0"}, exitUsage, "--ctx-switch-floor must be positive"},
@@ -146,11 +155,55 @@ func TestBuildVersion(t *testing.T) {
 	}
 }
 
+// Privileges are capabilities, not a uid: root without one fails naming it,
+// a user without any fails naming them all, and a user granted the four
+// runs.
 func TestNoPrivileges(t *testing.T) {
 	testutil.RequireRoot(t) // to drop privileges we must have them
-	out, code := cli(t, &syscall.Credential{Uid: 65534, Gid: 65534}, "attach", "--pid", strconv.Itoa(os.Getpid()), "--duration", "1s")
-	if code != exitRuntime || !strings.Contains(out, "needs root") {
-		t.Fatalf("exit %d, output %q", code, out)
+	self := strconv.Itoa(os.Getpid())
+	out, code := cli(t, &syscall.Credential{Uid: 65534, Gid: 65534}, "attach", "--pid", self, "--duration", "1s")
+	if code != exitRuntime || !strings.Contains(out, "missing CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH") {
+		t.Fatalf("nobody: exit %d, output %q", code, out)
+	}
+	run := func(args ...string) (string, int) {
+		t.Helper()
+		cmd := exec.Command("setpriv", append(args, "--", binary, "attach", "--pid", self, "--duration", "1s")...)
+		b, err := cmd.CombinedOutput()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatal(err)
+		}
+		return string(b), cmd.ProcessState.ExitCode()
+	}
+	if out, code := run("--bounding-set=-sys_ptrace"); code != exitRuntime || !strings.Contains(out, "missing CAP_SYS_PTRACE (") {
+		t.Errorf("root without CAP_SYS_PTRACE: exit %d, output %q", code, out)
+	}
+	caps := "+bpf,+perfmon,+sys_ptrace,+dac_read_search"
+	if out, code := run("--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps="+caps, "--ambient-caps="+caps); code != exitOK {
+		t.Errorf("nobody with the four capabilities: exit %d, output %q", code, out)
+	}
+}
+
+func TestMissingCaps(t *testing.T) {
+	bit := func(caps ...uint) (m uint64) {
+		for _, c := range caps {
+			m |= 1 << c
+		}
+		return m
+	}
+	for _, tc := range []struct {
+		eff  uint64
+		want []string
+	}{
+		{0, []string{"CAP_BPF", "CAP_PERFMON", "CAP_SYS_PTRACE", "CAP_DAC_READ_SEARCH"}},
+		{bit(unix.CAP_BPF, unix.CAP_PERFMON, unix.CAP_SYS_PTRACE, unix.CAP_DAC_READ_SEARCH), nil},
+		// Before 5.8, CAP_SYS_ADMIN held the BPF and perf rights.
+		{bit(unix.CAP_SYS_ADMIN, unix.CAP_SYS_PTRACE, unix.CAP_DAC_READ_SEARCH), nil},
+		{bit(unix.CAP_BPF, unix.CAP_PERFMON, unix.CAP_DAC_READ_SEARCH), []string{"CAP_SYS_PTRACE"}},
+	} {
+		if got := missingCaps(tc.eff); !slices.Equal(got, tc.want) {
+			t.Errorf("missingCaps(%#x) = %v, want %v", tc.eff, got, tc.want)
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"strings"
 	"syscall"
 	"time"
 
@@ -41,6 +42,8 @@ type daemonFlags struct {
 	ctxFloor    float64
 	gpuBudget   gpualloc.Bytes
 	classic     bool
+	requireList string
+	require     []string // parsed from requireList
 }
 
 func newDaemon() *cobra.Command {
@@ -54,21 +57,20 @@ library (or has the runtime linked in), found as it execs or loads the library
 /readyz. In a Kubernetes pod with hostPID, processes are labelled with their
 pod (from their cgroup, and names from the API server). SIGTERM detaches
 everything and exits 0.`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			rules, err := f.rules()
 			if err != nil {
 				return err
 			}
-			if err := requireRoot(); err != nil {
+			if err := requirePrivileges(); err != nil {
 				return err
 			}
 			return runDaemon(&f, rules)
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.listen, "listen", ":9464", "serve /metrics, /healthz and /readyz on ADDR (a bare :port binds every interface: Prometheus scrapes from outside the node)")
-	fl.StringVar(&f.webConfig, "web.config.file", "", "exporter-toolkit web config (TLS, basic auth), as node_exporter takes it")
+	addWebFlags(fl, &f.listen, &f.webConfig, ":9464", "/metrics, /healthz and /readyz")
 	fl.DurationVar(&f.interval, "interval", time.Second, "how often maps are read, detectors run and new processes are watched")
 	fl.DurationVar(&f.resync, "resync", time.Minute, "how often /proc is walked for processes the kernel events missed")
 	fl.StringVar(&f.matchComm, "match-comm", "", "watch only processes whose name (comm) matches REGEX")
@@ -84,7 +86,8 @@ everything and exits 0.`,
 	// On by default here, unlike attach: the shipped dashboard and many
 	// Prometheus servers (native histograms need a feature flag before 3.0)
 	// read the classic buckets.
-	fl.BoolVar(&f.classic, "runqueue-classic-buckets", true, "give the run-queue histogram a few classic buckets besides the native ones")
+	fl.BoolVar(&f.classic, "runqueue-classic-buckets", true, "give the run-queue histogram a few classic buckets besides the native ones (--runqueue-classic-buckets=false: native only)")
+	fl.StringVar(&f.requireList, "require-views", "fd,cuda", "views that must be up for /readyz to answer 200, comma-separated (of "+strings.Join(model.Views, ", ")+"; empty: none). autoglm_view_up shows each")
 	fl.Var(&f.gpuBudget, "gpu-memory-budget", "device memory each process may use (e.g. 80GiB): a GPU leak's time to exhaustion is also judged against it (needed without NVML)")
 	return cmd
 }
@@ -97,6 +100,10 @@ func (f *daemonFlags) rules() (daemon.Rules, error) {
 	}
 	if f.interval <= 0 || f.resync <= 0 {
 		return r, usagef("--interval and --resync must be positive")
+	}
+	var err error
+	if f.require, err = daemon.ParseViews(f.requireList); err != nil {
+		return r, usagef("--require-views: %v", err)
 	}
 	if f.gpuEvery < nvml.MinInterval {
 		return r, usagef("--gpu-interval must be at least %s, got %s", nvml.MinInterval, f.gpuEvery)
@@ -162,7 +169,7 @@ func runDaemon(f *daemonFlags, rules daemon.Rules) error {
 			Help: "Processes that matched but were not watched because --max-processes was reached."},
 			func() float64 { return float64(finder.OverCap.Load()) }),
 	)
-	health := &daemon.Health{}
+	health := &daemon.Health{Require: f.require}
 	sinks := []pipeline.Sink{sink, health}
 	if f.findingsLog {
 		sinks = append(sinks, daemon.NewFindingsLog(os.Stdout))
@@ -187,7 +194,6 @@ func runDaemon(f *daemonFlags, rules daemon.Rules) error {
 	}
 	defer p.Close()
 	p.Ready()
-	srv.SetReady()
 	slog.Info("daemon started", "max_processes", rules.Max, "all", rules.All, "node", f.node)
 	if _, err := p.Run(ctx); err != nil {
 		return err

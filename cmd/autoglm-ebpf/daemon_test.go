@@ -35,7 +35,7 @@ type daemonProc struct {
 func startDaemon(t testing.TB, args ...string) *daemonProc {
 	t.Helper()
 	d := &daemonProc{addr: freeAddr(t), out: &strings.Builder{}}
-	d.cmd = exec.Command(binary, append([]string{"daemon", "--listen", d.addr}, args...)...)
+	d.cmd = exec.Command(binary, append([]string{"daemon", "--web.listen-address", d.addr}, args...)...)
 	d.cmd.Stdout = d.out
 	d.cmd.Stderr = os.Stderr
 	if err := d.cmd.Start(); err != nil {
@@ -270,6 +270,7 @@ func TestDaemonBadInput(t *testing.T) {
 		{"daemon", "--match-cgroup", "kubepods[x"},
 		{"daemon", "--max-processes", "0"},
 		{"daemon", "--log-format", "xml"},
+		{"daemon", "--require-views", "fd,gpu"},
 	} {
 		out, code := cli(t, nil, args...)
 		if code != exitUsage {
@@ -285,6 +286,48 @@ func TestDaemonBadInput(t *testing.T) {
 	out, code := cli(t, nil, "daemon", "--listen", ln.Addr().String())
 	if code != exitRuntime || !strings.Contains(out, "address already in use") {
 		t.Errorf("port in use: exit %d, output %q", code, out)
+	}
+}
+
+// A view that cannot load shows as autoglm_view_up 0, and /readyz answers
+// 503 naming it while it is required (the default: fd and cuda), 200 once
+// it is not. The cuda view is made to fail for real: a live allocation
+// table of 4e9 entries is refused by the kernel (E2BIG).
+func TestDaemonViewDown(t *testing.T) {
+	testutil.RequireRoot(t)
+	for _, tc := range []struct {
+		require string
+		ready   bool
+	}{{"fd,cuda", false}, {"fd", true}} {
+		d := &daemonProc{addr: freeAddr(t), out: &strings.Builder{}}
+		d.cmd = exec.Command(binary, "daemon", "--listen", d.addr, "--max-allocs", "4000000000", "--require-views", tc.require)
+		d.cmd.Stdout = d.out
+		d.cmd.Stderr = os.Stderr
+		if err := d.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = d.cmd.Process.Kill(); _ = d.cmd.Wait() })
+		waitFor(t, 20*time.Second, "the first poll", func() bool {
+			code, body := get(d.addr, "/metrics")
+			return code == http.StatusOK && strings.Contains(body, "autoglm_view_up{")
+		})
+		mf := d.scrape(t)
+		for view, want := range map[string]float64{"fd": 1, "sched": 1, "sock": 1, "cuda": 0, "python": 1} {
+			s := series(mf, "autoglm_view_up", map[string]string{"view": view})
+			if len(s) != 1 || s[0].GetGauge().GetValue() != want {
+				t.Errorf("--require-views %s: autoglm_view_up{view=%q} = %v, want %v", tc.require, view, s, want)
+			}
+		}
+		code, body := get(d.addr, "/readyz")
+		if tc.ready && code != http.StatusOK {
+			t.Errorf("--require-views %s: /readyz %d %q, want 200", tc.require, code, body)
+		}
+		if !tc.ready && (code != http.StatusServiceUnavailable || !strings.Contains(body, "cuda: loading cuda BPF programs")) {
+			t.Errorf("--require-views %s: /readyz %d %q, want 503 naming the cuda view and why", tc.require, code, body)
+		}
+		if code, _ := get(d.addr, "/healthz"); code != http.StatusOK {
+			t.Errorf("--require-views %s: /healthz %d: the loop runs", tc.require, code)
+		}
 	}
 }
 

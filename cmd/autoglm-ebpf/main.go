@@ -6,7 +6,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"log/slog"
 	"os"
 	"runtime/debug"
 
@@ -60,36 +59,21 @@ func (e failOnError) Error() string { return fmt.Sprintf("found %v (--fail-on)",
 func usagef(format string, a ...any) error { return usageError{fmt.Errorf(format, a...)} }
 
 func newRoot() *cobra.Command {
-	var verbose bool
-	var logFormat string
+	var logs logFlags
 	root := &cobra.Command{
-		Use:           "autoglm-ebpf",
-		Short:         "Find why a GPU inference or training process blows up: fd leaks, context-switch storms, socket leaks, GPU allocation bursts, leaks and failures (eBPF, no changes to the process)",
-		SilenceUsage:  true,
-		SilenceErrors: true,
-		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
-			opts := &slog.HandlerOptions{Level: slog.LevelInfo}
-			if verbose {
-				opts.Level = slog.LevelDebug
-			}
-			switch logFormat {
-			case "text":
-				slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, opts)))
-			case "json":
-				slog.SetDefault(slog.New(slog.NewJSONHandler(os.Stderr, opts)))
-			default:
-				return usagef("--log-format must be text or json, got %q", logFormat)
-			}
-			return nil
-		},
+		Use:               "autoglm-ebpf",
+		Short:             "Find why a GPU inference or training process blows up: fd leaks, context-switch storms, socket leaks, GPU allocation bursts, leaks and failures (eBPF, no changes to the process)",
+		SilenceUsage:      true,
+		SilenceErrors:     true,
+		PersistentPreRunE: func(*cobra.Command, []string) error { return logs.setup() },
 	}
-	root.PersistentFlags().BoolVarP(&verbose, "verbose", "v", false, "debug logging")
-	root.PersistentFlags().StringVar(&logFormat, "log-format", "text", "log format on stderr: text or json")
+	logs.register(root.PersistentFlags())
+	root.SetGlobalNormalizationFunc(normalizeFlag)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(newAttach(), newRun(), newDaemon(), newCheck(), newReport(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), "autoglm-ebpf", version) },
 	})
 	return root

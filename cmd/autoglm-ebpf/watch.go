@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -20,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/daemon"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ctxstorm"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpualloc"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/launch"
@@ -39,6 +39,7 @@ type watchFlags struct {
 	json     string
 	html     string
 	listen   string
+	web      string // --web.config.file
 	failOn   []string
 	classic  bool // the run-queue histogram gets classic buckets too
 	maxFDs   uint32
@@ -55,8 +56,8 @@ func (f *watchFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.interval, "interval", time.Second, "how often maps are read and detectors run")
 	fl.StringVar(&f.json, "json", "", "write a JSON report to FILE at the end (- for stdout)")
 	fl.StringVar(&f.html, "html", "", "write the report as a self-contained HTML page with charts to FILE at the end")
-	fl.StringVar(&f.listen, "listen", "", "serve Prometheus metrics on ADDR (a bare :port binds 127.0.0.1)")
-	fl.BoolVar(&f.classic, "runqueue-classic-buckets", false, "give the run-queue histogram on /metrics a few classic buckets too, for scrapers without native histograms")
+	addWebFlags(fl, &f.listen, &f.web, "", "Prometheus metrics (/metrics)")
+	fl.BoolVar(&f.classic, "runqueue-classic-buckets", false, "give the run-queue histogram on /metrics a few classic buckets too, for scrapers without native histograms (--runqueue-classic-buckets=true)")
 	fl.StringSliceVar(&f.failOn, "fail-on", nil, "exit 3 if a finding of KIND[,KIND...] is made: "+strings.Join(model.Kinds, ", "))
 	fl.Uint32Var(&f.maxFDs, "max-fds", 1<<16, "capacity of the kernel's live fd table, all targets together")
 	fl.BoolVar(&f.children, "children", false, "also watch the targets' child processes (found every interval), like strace -f")
@@ -103,8 +104,11 @@ func (f *watchFlags) validate() error {
 	}
 	if f.listen != "" {
 		if _, _, err := net.SplitHostPort(f.listen); err != nil {
-			return usagef("--listen %q: %v", f.listen, err)
+			return usagef("--web.listen-address %q: %v", f.listen, err)
 		}
+	}
+	if f.web != "" && f.listen == "" {
+		return usagef("--web.config.file needs --web.listen-address")
 	}
 	return nil
 }
@@ -129,20 +133,13 @@ func writable(path string) error {
 	return os.Remove(f.Name())
 }
 
-func requireRoot() error {
-	if os.Geteuid() != 0 {
-		return errors.New("permission denied: loading BPF programs needs root (try: sudo autoglm-ebpf ...)")
-	}
-	return nil
-}
-
 func newAttach() *cobra.Command {
 	var f watchFlags
 	var pids string
 	cmd := &cobra.Command{
 		Use:   "attach --pid PID[,PID...]",
 		Short: "Watch running processes until Ctrl-C, --duration or they exit",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if pids == "" {
 				return usagef("--pid is required")
@@ -163,7 +160,7 @@ func newAttach() *cobra.Command {
 					return err
 				}
 			}
-			if err := requireRoot(); err != nil {
+			if err := requirePrivileges(); err != nil {
 				return err
 			}
 			return watch(cmd, &f, func(p *pipeline.Pipeline) (func(), error) {
@@ -191,7 +188,7 @@ func newRun() *cobra.Command {
 			if err := f.validate(); err != nil {
 				return err
 			}
-			if err := requireRoot(); err != nil {
+			if err := requirePrivileges(); err != nil {
 				return err
 			}
 			return watch(cmd, &f, func(p *pipeline.Pipeline) (func(), error) {
@@ -263,15 +260,15 @@ func watch(cmd *cobra.Command, f *watchFlags, start func(*pipeline.Pipeline) (fu
 	if f.json != "" || f.html != "" {
 		sinks = append(sinks, report.New(version, report.Outputs{JSON: f.json, HTML: f.html}))
 	}
-	var srv *http.Server
 	if f.listen != "" {
-		reg := prometheus.NewRegistry()
-		sinks = append(sinks, metrics.New(reg, version, metrics.Options{RunqueueClassicBuckets: f.classic}))
-		var err error
-		if srv, err = serve(f.listen, metrics.Handler(reg)); err != nil {
+		srv, err := daemon.Listen(f.listen, f.web)
+		if err != nil {
 			return err
 		}
 		defer srv.Close()
+		reg := prometheus.NewRegistry()
+		sinks = append(sinks, metrics.New(reg, version, metrics.Options{RunqueueClassicBuckets: f.classic}))
+		srv.Serve(reg, nil, 0, f.web)
 	}
 
 	cfg := pipeline.DefaultConfig()
@@ -315,21 +312,4 @@ func watch(cmd *cobra.Command, f *watchFlags, start func(*pipeline.Pipeline) (fu
 		return failOnError{hit}
 	}
 	return nil
-}
-
-// serve listens on addr (":port" means loopback only) and serves h.
-func serve(addr string, h http.Handler) (*http.Server, error) {
-	if strings.HasPrefix(addr, ":") {
-		addr = "127.0.0.1" + addr
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("--listen: %w", err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", h)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = srv.Serve(ln) }()
-	slog.Info("serving metrics", "url", "http://"+ln.Addr().String()+"/metrics")
-	return srv, nil
 }

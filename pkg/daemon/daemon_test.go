@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -94,5 +95,29 @@ func TestHealth(t *testing.T) {
 	h.Update(nil)
 	if ago, ok := h.Since(); !ok || ago > time.Minute {
 		t.Fatalf("Since = %v, %v after a tick", ago, ok)
+	}
+}
+
+// /readyz waits for a poll, then for the views it requires.
+func TestHealthReady(t *testing.T) {
+	h := Health{Require: []string{"fd", "cuda"}}
+	if err := h.Ready(); err == nil {
+		t.Fatal("ready before the first poll")
+	}
+	views := map[string]string{"fd": "", "sched": "", "sock": "", "cuda": "loading cuda BPF programs: map live_allocs: map create: argument list too long", "python": "", "nvml": "NVML unavailable"}
+	h.Update(&model.Snapshot{Views: views})
+	err := h.Ready()
+	if err == nil || !strings.Contains(err.Error(), "cuda: loading cuda BPF programs") || strings.Contains(err.Error(), "nvml") {
+		t.Errorf("cuda down, fd and cuda required: %v", err)
+	}
+	h.Require = []string{"fd"}
+	if err := h.Ready(); err != nil {
+		t.Errorf("fd up, only fd required: %v", err)
+	}
+	if got, err := ParseViews(" fd, sock,,"); err != nil || !slices.Equal(got, []string{"fd", "sock"}) {
+		t.Errorf("ParseViews = %v, %v", got, err)
+	}
+	if _, err := ParseViews("fd,gpu"); err == nil || !strings.Contains(err.Error(), `"gpu"`) {
+		t.Errorf("an unknown view: %v", err)
 	}
 }

@@ -3,7 +3,6 @@ package daemon
 import (
 	"encoding/json"
 	"io"
-	"sync/atomic"
 	"time"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/stack"
@@ -104,24 +103,4 @@ func (l *FindingsLog) Close(final *model.Snapshot) error {
 		l.Update(final)
 	}
 	return nil
-}
-
-// Health is a sink that records when the loop last ticked, for /healthz.
-type Health struct {
-	last atomic.Int64 // UnixNano of the last snapshot
-}
-
-// Update records the tick.
-func (h *Health) Update(*model.Snapshot) { h.last.Store(time.Now().UnixNano()) }
-
-// Close does nothing: the loop has stopped.
-func (h *Health) Close(*model.Snapshot) error { return nil }
-
-// Since is how long ago the loop last ticked; false before the first tick.
-func (h *Health) Since() (time.Duration, bool) {
-	n := h.last.Load()
-	if n == 0 {
-		return 0, false
-	}
-	return time.Since(time.Unix(0, n)), true
 }

@@ -6,21 +6,20 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/exporter-toolkit/web"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/metrics"
 )
 
 // Server serves /metrics, /healthz and /readyz, with TLS and basic auth
 // from an exporter-toolkit web config file as node_exporter does.
 type Server struct {
-	srv   *http.Server
-	ln    net.Listener
-	ready atomic.Bool
-	done  chan error
+	srv  *http.Server
+	ln   net.Listener
+	done chan error
 }
 
 // Listen binds addr now, so that a port in use is an error at start, and
@@ -33,7 +32,7 @@ func Listen(addr, webConfig string) (*Server, error) {
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("--listen %s: %w", addr, err)
+		return nil, fmt.Errorf("--web.listen-address %s: %w", addr, err)
 	}
 	return &Server{ln: ln, done: make(chan error, 1)}, nil
 }
@@ -42,32 +41,15 @@ func Listen(addr, webConfig string) (*Server, error) {
 func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 
 // Serve starts serving in the background: metrics gathered from g (text,
-// OpenMetrics or protobuf, as the scraper asks), /healthz healthy while the
-// loop ticked within stale, /readyz ready once SetReady was called.
+// OpenMetrics or protobuf, as the scraper asks) and, with h (the daemon),
+// /healthz healthy while the loop ticked within stale and /readyz ready once
+// a poll saw the views h requires up.
 func (s *Server) Serve(g prometheus.Gatherer, h *Health, stale time.Duration, webConfig string) {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{
-		ErrorHandling:     promhttp.ContinueOnError,
-		EnableOpenMetrics: true,
-	}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		ago, ok := h.Since()
-		switch {
-		case !ok:
-			http.Error(w, "the loop has not ticked yet", http.StatusServiceUnavailable)
-		case ago > stale:
-			http.Error(w, fmt.Sprintf("the loop last ticked %s ago", ago.Round(time.Millisecond)), http.StatusServiceUnavailable)
-		default:
-			fmt.Fprintf(w, "ok: last tick %s ago\n", ago.Round(time.Millisecond))
-		}
-	})
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !s.ready.Load() {
-			http.Error(w, "BPF programs not loaded yet", http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ok")
-	})
+	mux.Handle("/metrics", metrics.Handler(g))
+	if h != nil {
+		healthHandlers(mux, h, stale)
+	}
 	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	flags := &web.FlagConfig{WebListenAddresses: &[]string{s.ln.Addr().String()}, WebConfigFile: &webConfig}
 	go func() {
@@ -80,9 +62,6 @@ func (s *Server) Serve(g prometheus.Gatherer, h *Health, stale time.Duration, we
 	slog.Info("serving", "metrics", "http://"+s.ln.Addr().String()+"/metrics")
 }
 
-// SetReady marks the BPF side loaded.
-func (s *Server) SetReady() { s.ready.Store(true) }
-
 // Close stops serving.
 func (s *Server) Close() error {
 	if s.srv == nil {
@@ -93,4 +72,26 @@ func (s *Server) Close() error {
 		err = errors.Join(err, serr)
 	}
 	return err
+}
+
+// healthHandlers adds /healthz and /readyz.
+func healthHandlers(mux *http.ServeMux, h *Health, stale time.Duration) {
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		ago, ok := h.Since()
+		switch {
+		case !ok:
+			http.Error(w, "the loop has not ticked yet", http.StatusServiceUnavailable)
+		case ago > stale:
+			http.Error(w, fmt.Sprintf("the loop last ticked %s ago", ago.Round(time.Millisecond)), http.StatusServiceUnavailable)
+		default:
+			fmt.Fprintf(w, "ok: last tick %s ago\n", ago.Round(time.Millisecond))
+		}
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := h.Ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
 }

@@ -39,6 +39,7 @@ type descs struct {
 	findingsTotalDesc  *prometheus.Desc
 	lostDesc           *prometheus.Desc
 	trackFailuresDesc  *prometheus.Desc
+	viewUpDesc         *prometheus.Desc
 	buildInfoDesc      *prometheus.Desc
 	cudaAllocBytesDesc *prometheus.Desc
 	cudaFreeBytesDesc  *prometheus.Desc
@@ -84,6 +85,9 @@ func newDescs(pods bool) *descs {
 	d.trackFailuresDesc = prometheus.NewDesc("autoglm_track_failures_total",
 		"Processes a view could not follow (the other views watched them on), by view and reason (an errno name, or other).",
 		[]string{"view", "reason"}, nil)
+	d.viewUpDesc = prometheus.NewDesc("autoglm_view_up",
+		"1 when the view runs, 0 when it is down (failed to load, or still loading): fd, sched, sock, cuda, python, nvml. The log says why.",
+		[]string{"view"}, nil)
 	d.buildInfoDesc = prometheus.NewDesc("autoglm_build_info",
 		"Always 1; labelled with the version of autoglm-ebpf, the VCS revision it was built from, and the Go version and architecture it was built with.",
 		[]string{"version", "revision", "goversion", "goarch"}, nil)
@@ -118,7 +122,7 @@ func newDescs(pods bool) *descs {
 
 // all lists every description, for Describe.
 func (d *descs) all() []*prometheus.Desc {
-	return []*prometheus.Desc{d.openFDsDesc, d.fdLimitDesc, d.openedDesc, d.closedDesc, d.fdFailuresDesc, d.socketsDesc, d.socketFDsDesc, d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.trackFailuresDesc, d.buildInfoDesc, d.cudaAllocBytesDesc, d.cudaFreeBytesDesc, d.cudaAllocCallsDesc, d.cudaLiveBytesDesc, d.cudaFailuresDesc, d.cudaUntrackedDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.ctxSwitchesDesc, d.runqLatencyDesc}
+	return []*prometheus.Desc{d.openFDsDesc, d.fdLimitDesc, d.openedDesc, d.closedDesc, d.fdFailuresDesc, d.socketsDesc, d.socketFDsDesc, d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.trackFailuresDesc, d.viewUpDesc, d.buildInfoDesc, d.cudaAllocBytesDesc, d.cudaFreeBytesDesc, d.cudaAllocCallsDesc, d.cudaLiveBytesDesc, d.cudaFailuresDesc, d.cudaUntrackedDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.ctxSwitchesDesc, d.runqLatencyDesc}
 }
 
 // Metrics is a sink that serves the latest snapshot to Prometheus.
@@ -298,6 +302,13 @@ func (m *Metrics) build(s *model.Snapshot) []prometheus.Metric {
 	if s != nil {
 		for f, n := range s.TrackFailures {
 			out = append(out, constMetric(m.d.trackFailuresDesc, prometheus.CounterValue, float64(n), f.View, f.Reason))
+		}
+		for view, down := range s.Views {
+			up := 0.0
+			if down == "" {
+				up = 1
+			}
+			out = append(out, constMetric(m.d.viewUpDesc, prometheus.GaugeValue, up, view))
 		}
 	}
 	for kind, n := range m.total {
@@ -485,8 +496,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// Handler serves the metrics gathered from g in the Prometheus text format.
+// Handler serves the metrics gathered from g in the format the scraper
+// asks for (text, OpenMetrics or protobuf, which native histograms need).
 // A series that fails to collect is left out instead of failing the scrape.
 func Handler(g prometheus.Gatherer) http.Handler {
-	return promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+	return promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError, EnableOpenMetrics: true})
 }

@@ -156,4 +156,12 @@ type Snapshot struct {
 	// others watched them on), by view and reason; monotonic.
 	TrackFailures map[TrackFailure]uint64
 	GPUs          []GPU // devices as NVML last reported them; nil without NVML
+	// Views says, for each view (Views lists them), why it is down: ""
+	// when it runs, "loading" while its BPF side loads.
+	Views map[string]string
 }
+
+// Views are the parts of the tool that can be up or down on their own: the
+// BPF concerns, Python frames (carried by the fd and cuda objects), and
+// NVML.
+var Views = []string{"fd", "sched", "sock", "cuda", "python", "nvml"}

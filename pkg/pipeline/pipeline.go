@@ -133,6 +133,10 @@ type Pipeline struct {
 	// per view and reason.
 	untracked     map[string]map[int]bool
 	trackFailures map[model.TrackFailure]uint64
+
+	// views: why each view is down ("" when up), for the health series
+	// and readiness.
+	views map[string]string
 }
 
 // New starts loading every concern's BPF side, all at once: each concern is
@@ -162,14 +166,20 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 
 		untracked:     map[string]map[int]bool{},
 		trackFailures: map[model.TrackFailure]uint64{},
+		views:         map[string]string{},
+	}
+	for _, v := range model.Views {
+		p.views[v] = "loading"
 	}
 
 	// NVML is optional: without a driver the sampler reports one clear
 	// error and the GPU join is skipped.
 	ctx, cancel := context.WithCancel(context.Background())
 	p.gpu, p.stopGPU = nvml.New(gonvml.New()), cancel
+	p.views["nvml"] = ""
 	if err := p.gpu.Start(ctx, cfg.GPUInterval); err != nil {
 		slog.Warn(err.Error())
+		p.views["nvml"] = err.Error()
 	}
 
 	// Concerns other than fd are optional: a kernel that cannot host one
@@ -238,11 +248,18 @@ func (p *Pipeline) adopt(a arrival) error {
 		// back over minutes; the tool runs beside the workload, so now.
 		defer debug.FreeOSMemory()
 	}
+	p.views[a.name] = ""
+	if a.name == "fd" {
+		// The fd object carries the Python frame walker.
+		p.views["python"] = ""
+	}
 	if a.err != nil {
+		p.views[a.name] = a.err.Error()
 		if a.name == "fd" {
+			p.views["python"] = "the fd view is down"
 			return a.err
 		}
-		slog.Warn("concern unavailable on this machine; continuing without it", "concern", a.name, "err", a.err)
+		slog.Warn("concern unavailable on this machine; continuing without it (autoglm_view_up 0)", "concern", a.name, "err", a.err)
 		return nil
 	}
 	if p.closed {
@@ -591,7 +608,7 @@ func failureReason(err error) string {
 
 func (p *Pipeline) snapshot(now time.Time) *model.Snapshot {
 	s := &model.Snapshot{Time: now, Start: p.start, Targets: p.targets, Findings: slices.Clone(p.findings), Lost: map[string]uint64{},
-		TrackFailures: maps.Clone(p.trackFailures)}
+		TrackFailures: maps.Clone(p.trackFailures), Views: maps.Clone(p.views)}
 	for _, pid := range p.order {
 		pr := *p.procs[pid]
 		s.Processes = append(s.Processes, &pr)

@@ -1,0 +1,308 @@
+// Command image builds the autoglm-ebpf container image from a built binary,
+// without a registry, a base image or a container daemon (`make image`).
+//
+// The binary is linked against glibc (go-nvml is a cgo package), so the one
+// layer holds it and the shared libraries it loads, taken from this machine
+// as ldd lists them: nothing is pulled, and the image runs the glibc the
+// binary was linked with. The archive is an OCI image layout with Docker's
+// manifest.json beside it (what `docker save` writes since Docker 25), so
+// `docker load`, `podman load` and `ctr images import` all take it.
+//
+//	go run ./deploy/image -binary bin/autoglm-ebpf -version v1.2.3 -revision $(git rev-parse HEAD) -o bin/autoglm-ebpf-image.tar
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// binaryPath is where the image keeps the tool (the Dockerfile's path too).
+const binaryPath = "/usr/local/bin/autoglm-ebpf"
+
+func main() {
+	var o options
+	flag.StringVar(&o.binary, "binary", "bin/autoglm-ebpf", "the built tool")
+	flag.StringVar(&o.version, "version", "", "the version label and tag (required)")
+	flag.StringVar(&o.revision, "revision", "", "the VCS revision label")
+	flag.StringVar(&o.source, "source", "https://github.com/open-autoglm/autoglm-ebpf", "the source label")
+	flag.StringVar(&o.repo, "repository", "ghcr.io/open-autoglm/autoglm-ebpf", "the image's name, without tag")
+	flag.StringVar(&o.out, "o", "bin/autoglm-ebpf-image.tar", "the archive to write")
+	created := flag.Int64("created", 0, "creation time and file times, seconds since the epoch (default: SOURCE_DATE_EPOCH, else 0), so that a build is reproducible")
+	flag.Parse()
+	o.created = time.Unix(*created, 0).UTC()
+	if *created == 0 {
+		if s := os.Getenv("SOURCE_DATE_EPOCH"); s != "" {
+			var sec int64
+			if _, err := fmt.Sscan(s, &sec); err != nil {
+				fail(fmt.Errorf("SOURCE_DATE_EPOCH %q: %w", s, err))
+			}
+			o.created = time.Unix(sec, 0).UTC()
+		}
+	}
+	if err := build(o); err != nil {
+		fail(err)
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "image:", err)
+	os.Exit(1)
+}
+
+type options struct {
+	binary, version, revision, source, repo, out string
+	created                                      time.Time
+}
+
+func build(o options) error {
+	if o.version == "" {
+		return errors.New("-version is required")
+	}
+	tag, err := name.NewTag(o.repo + ":" + o.version)
+	if err != nil {
+		return fmt.Errorf("image name: %w", err)
+	}
+	files, err := runtimeFiles(o.binary)
+	if err != nil {
+		return err
+	}
+	layerTar, err := layer(files, o.created)
+	if err != nil {
+		return err
+	}
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(layerTar)), nil },
+		tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		return err
+	}
+	img, err := mutate.AppendLayers(mutate.MediaType(mutate.ConfigMediaType(empty.Image, types.OCIConfigJSON), types.OCIManifestSchema1), l)
+	if err != nil {
+		return err
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		return err
+	}
+	cf = cf.DeepCopy()
+	cf.Architecture, cf.OS = "amd64", "linux"
+	cf.Created = v1.Time{Time: o.created}
+	cf.Config.Entrypoint = []string{binaryPath}
+	cf.Config.Cmd = []string{"daemon"}
+	cf.Config.Env = []string{"PATH=/usr/local/bin:/usr/bin:/bin"}
+	// The daemon serves /metrics, /healthz and /readyz here.
+	cf.Config.ExposedPorts = map[string]struct{}{"9464/tcp": {}}
+	cf.Config.Labels = map[string]string{
+		"org.opencontainers.image.title":    "autoglm-ebpf",
+		"org.opencontainers.image.version":  o.version,
+		"org.opencontainers.image.revision": o.revision,
+		"org.opencontainers.image.source":   o.source,
+		"org.opencontainers.image.created":  o.created.Format(time.RFC3339),
+	}
+	if img, err = mutate.ConfigFile(img, cf); err != nil {
+		return err
+	}
+	return writeArchive(o.out, tag, img)
+}
+
+// file is one file of the layer: src on this machine at dst in the image.
+type file struct{ src, dst string }
+
+// lddLine matches "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)"
+// and "/lib64/ld-linux-x86-64.so.2 (0x...)".
+var lddLine = regexp.MustCompile(`(?:=>\s*)?(/\S+)\s+\(0x[0-9a-f]+\)`)
+
+// runtimeFiles lists the binary and the shared libraries it loads, each at
+// the path the dynamic loader looks for it.
+func runtimeFiles(binary string) ([]file, error) {
+	out, err := exec.Command("ldd", binary).Output()
+	if err != nil {
+		return nil, fmt.Errorf("ldd %s: %w", binary, err)
+	}
+	files := []file{{binary, binaryPath}}
+	for _, line := range strings.Split(string(out), "\n") {
+		if m := lddLine.FindStringSubmatch(line); m != nil {
+			files = append(files, file{m[1], m[1]})
+		}
+	}
+	if len(files) == 1 {
+		return nil, fmt.Errorf("ldd %s listed no libraries: a static binary needs no image of this kind", binary)
+	}
+	return files, nil
+}
+
+// layer returns the uncompressed tar of files, with their parent folders,
+// owned by root, every time set to mtime: the same inputs give the same
+// layer digest.
+func layer(files []file, mtime time.Time) ([]byte, error) {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	dirs := map[string]bool{}
+	var addDirs func(dir string) error
+	addDirs = func(dir string) error {
+		if dir == "/" || dir == "." || dirs[dir] {
+			return nil
+		}
+		if err := addDirs(path.Dir(dir)); err != nil {
+			return err
+		}
+		dirs[dir] = true
+		return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: strings.TrimPrefix(dir, "/") + "/", Mode: 0o755, ModTime: mtime, Format: tar.FormatPAX})
+	}
+	// /tmp for what the tool writes (the DaemonSet mounts an emptyDir on it).
+	if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: "tmp/", Mode: 0o1777, ModTime: mtime, Format: tar.FormatPAX}); err != nil {
+		return nil, err
+	}
+	dirs["/tmp"] = true
+	slices.SortFunc(files, func(a, b file) int { return strings.Compare(a.dst, b.dst) })
+	for _, f := range files {
+		data, err := os.ReadFile(f.src) // through symlinks: the loader wants the file
+		if err != nil {
+			return nil, err
+		}
+		if err := addDirs(path.Dir(f.dst)); err != nil {
+			return nil, err
+		}
+		h := &tar.Header{Typeflag: tar.TypeReg, Name: strings.TrimPrefix(f.dst, "/"), Mode: 0o755, Size: int64(len(data)), ModTime: mtime, Format: tar.FormatPAX}
+		if err := tw.WriteHeader(h); err != nil {
+			return nil, err
+		}
+		if _, err := tw.Write(data); err != nil {
+			return nil, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// writeArchive writes img as an OCI image layout (oci-layout, index.json,
+// blobs/sha256/...) plus Docker's manifest.json naming the same blobs, to
+// a file beside out renamed over it.
+func writeArchive(out string, tag name.Tag, img v1.Image) error {
+	manifest, err := img.RawManifest()
+	if err != nil {
+		return err
+	}
+	mdigest, err := img.Digest()
+	if err != nil {
+		return err
+	}
+	config, err := img.RawConfigFile()
+	if err != nil {
+		return err
+	}
+	cdigest, err := img.ConfigName()
+	if err != nil {
+		return err
+	}
+	layers, err := img.Layers()
+	if err != nil {
+		return err
+	}
+	blob := func(h v1.Hash) string { return "blobs/" + h.Algorithm + "/" + h.Hex }
+	type entry struct {
+		name string
+		data []byte
+	}
+	entries := []entry{{"oci-layout", []byte(`{"imageLayoutVersion":"1.0.0"}`)}, {blob(mdigest), manifest}, {blob(cdigest), config}}
+	var layerNames []string
+	for _, l := range layers {
+		d, err := l.Digest()
+		if err != nil {
+			return err
+		}
+		rc, err := l.Compressed()
+		if err != nil {
+			return err
+		}
+		data, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			return err
+		}
+		entries = append(entries, entry{blob(d), data})
+		layerNames = append(layerNames, blob(d))
+	}
+	index, err := json.Marshal(map[string]any{
+		"schemaVersion": 2,
+		"mediaType":     types.OCIImageIndex,
+		"manifests": []map[string]any{{
+			"mediaType": types.OCIManifestSchema1,
+			"digest":    mdigest.String(),
+			"size":      len(manifest),
+			"annotations": map[string]string{
+				// containerd (ctr images import) names the image from this,
+				"io.containerd.image.name": tag.Name(),
+				// the OCI tools from this.
+				"org.opencontainers.image.ref.name": tag.TagStr(),
+			},
+		}},
+	})
+	if err != nil {
+		return err
+	}
+	docker, err := json.Marshal([]map[string]any{{"Config": blob(cdigest), "RepoTags": []string{tag.Name()}, "Layers": layerNames}})
+	if err != nil {
+		return err
+	}
+	entries = append(entries, entry{"index.json", index}, entry{"manifest.json", docker})
+
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	tw := tar.NewWriter(tmp)
+	written := map[string]bool{}
+	for _, e := range entries {
+		for _, dir := range []string{"blobs/", "blobs/sha256/"} {
+			if strings.HasPrefix(e.name, dir) && !written[dir] {
+				written[dir] = true
+				if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: dir, Mode: 0o755}); err != nil {
+					return err
+				}
+			}
+		}
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: e.name, Mode: 0o644, Size: int64(len(e.data))}); err != nil {
+			return err
+		}
+		if _, err := tw.Write(e.data); err != nil {
+			return err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), out); err != nil {
+		return err
+	}
+	fmt.Printf("%s: %s (%s)\n", out, tag.Name(), mdigest)
+	return nil
+}

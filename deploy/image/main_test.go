@@ -1,0 +1,190 @@
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+)
+
+// tool builds the autoglm-ebpf binary with version v.
+func tool(t *testing.T, v string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "autoglm-ebpf")
+	cmd := exec.Command("go", "build", "-ldflags", "-X main.version="+v, "-o", bin, "../../cmd/autoglm-ebpf")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// untar extracts archive into a new folder.
+func untar(t *testing.T, archive string) string {
+	t.Helper()
+	dir := t.TempDir()
+	f, err := os.Open(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return dir
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, h.Name)
+		if h.Typeflag == tar.TypeDir {
+			if err := os.MkdirAll(p, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		data, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// The archive is an OCI layout and a Docker archive at once, holds the
+// tool and the glibc it loads, carries the OCI labels, and is the same
+// bytes when built twice from the same inputs. Where podman is installed
+// (CI installs it), `podman load` takes it and the image runs `version`.
+func TestImage(t *testing.T) {
+	const version = "imagetest"
+	bin := tool(t, version)
+	o := options{binary: bin, version: version, revision: "0123abc", source: "https://example.com/src", repo: "localhost/autoglm-ebpf-test",
+		out: filepath.Join(t.TempDir(), "image.tar"), created: time.Unix(1700000000, 0).UTC()}
+	if err := build(o); err != nil {
+		t.Fatal(err)
+	}
+	first, err := os.ReadFile(o.out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := build(o); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := os.ReadFile(o.out); !bytes.Equal(first, again) {
+		t.Error("two builds from the same inputs differ")
+	}
+
+	// As an OCI image layout.
+	dir := untar(t, o.out)
+	idx, err := layout.ImageIndexFromPath(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := idx.IndexManifest()
+	if err != nil || len(im.Manifests) != 1 {
+		t.Fatalf("index: %+v, %v", im, err)
+	}
+	ann := im.Manifests[0].Annotations
+	if ann["io.containerd.image.name"] != "localhost/autoglm-ebpf-test:imagetest" || ann["org.opencontainers.image.ref.name"] != version {
+		t.Errorf("index annotations %v", ann)
+	}
+	img, err := idx.Image(im.Manifests[0].Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	labels := cf.Config.Labels
+	if labels["org.opencontainers.image.version"] != version || labels["org.opencontainers.image.revision"] != "0123abc" ||
+		labels["org.opencontainers.image.source"] != "https://example.com/src" {
+		t.Errorf("labels %v", labels)
+	}
+	if !slices.Equal(cf.Config.Entrypoint, []string{binaryPath}) || !slices.Equal(cf.Config.Cmd, []string{"daemon"}) || cf.Architecture != "amd64" || cf.OS != "linux" {
+		t.Errorf("config %+v", cf)
+	}
+	layers, err := img.Layers()
+	if err != nil || len(layers) != 1 {
+		t.Fatalf("%d layers, %v", len(layers), err)
+	}
+	rc, err := layers[0].Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	var names []string
+	for tr := tar.NewReader(rc); ; {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, h.Name)
+	}
+	for _, want := range []string{"usr/local/bin/autoglm-ebpf", "lib64/ld-linux-x86-64.so.2", "tmp/"} {
+		if !slices.Contains(names, want) {
+			t.Errorf("layer lacks %s: %v", want, names)
+		}
+	}
+	if !slices.ContainsFunc(names, func(n string) bool { return strings.HasSuffix(n, "/libc.so.6") }) {
+		t.Errorf("layer lacks libc.so.6: %v", names)
+	}
+
+	// As a Docker archive (manifest.json).
+	if _, err := tarball.ImageFromPath(o.out, nil); err != nil {
+		t.Errorf("not a Docker archive: %v", err)
+	}
+	var docker []struct{ RepoTags []string }
+	if b, err := os.ReadFile(filepath.Join(dir, "manifest.json")); err != nil || json.Unmarshal(b, &docker) != nil ||
+		len(docker) != 1 || !slices.Equal(docker[0].RepoTags, []string{"localhost/autoglm-ebpf-test:imagetest"}) {
+		t.Errorf("manifest.json: %+v, %v", docker, err)
+	}
+
+	runInPodman(t, o.out, "localhost/autoglm-ebpf-test:imagetest", "autoglm-ebpf "+version)
+}
+
+// runInPodman loads archive and runs the image's entrypoint with `version`.
+func runInPodman(t *testing.T, archive, ref, want string) {
+	if _, err := exec.LookPath("podman"); err != nil || os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("CI needs podman and root (scripts/install-deps.sh test)")
+		}
+		t.Skip("podman as root needed to load and run the image")
+	}
+	podman := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command("podman", args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("podman %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	if out := podman("load", "-i", archive); !strings.Contains(out, ref) {
+		t.Fatalf("podman load: %s", out)
+	}
+	t.Cleanup(func() { _ = exec.Command("podman", "rmi", "-f", ref).Run() })
+	// runc rather than Debian's default crun, which refuses hybrid
+	// cgroups (v1 controllers, v2 mounted beside them) as this machine
+	// has; limits lowered because root here may not raise them (no
+	// CAP_SYS_RESOURCE), which podman's defaults would.
+	out := podman("--runtime", "runc", "run", "--rm", "--network=none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", ref, "version")
+	if strings.TrimSpace(out) != want {
+		t.Errorf("the image's entrypoint with `version`: %q, want %q", out, want)
+	}
+}
