@@ -21,6 +21,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -86,10 +87,10 @@ var manifestTypes = map[string]func() any{
 	"v1/Namespace":      func() any { return &corev1.Namespace{} },
 	"v1/ServiceAccount": func() any { return &corev1.ServiceAccount{} },
 	"v1/Service":        func() any { return &corev1.Service{} },
-	"v1/ResourceQuota":  func() any { return &corev1.ResourceQuota{} },
 	"rbac.authorization.k8s.io/v1/ClusterRole":        func() any { return &rbacv1.ClusterRole{} },
 	"rbac.authorization.k8s.io/v1/ClusterRoleBinding": func() any { return &rbacv1.ClusterRoleBinding{} },
 	"apps/v1/DaemonSet":                               func() any { return &appsv1.DaemonSet{} },
+	"scheduling.k8s.io/v1/PriorityClass":              func() any { return &schedulingv1.PriorityClass{} },
 	"monitoring.coreos.com/v1/ServiceMonitor":         func() any { return &serviceMonitor{} },
 	"monitoring.coreos.com/v1/PrometheusRule":         func() any { return &prometheusRule{} },
 }
@@ -311,7 +312,7 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 		names[key] = m.String()
 		// Everything namespaced lives in the agent's namespace.
 		switch m.obj.(type) {
-		case *corev1.Namespace, *rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding:
+		case *corev1.Namespace, *rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding, *schedulingv1.PriorityClass:
 			if meta.Namespace != "" {
 				t.Errorf("%s: cluster-scoped object with namespace %q", m, meta.Namespace)
 			}
@@ -324,7 +325,7 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 			t.Errorf("%s: label app.kubernetes.io/name = %q, want %q", m, meta.Labels["app.kubernetes.io/name"], appName)
 		}
 	}
-	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "DaemonSet", "Service", "ServiceMonitor", "PrometheusRule"} {
+	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "DaemonSet", "Service", "ServiceMonitor", "PrometheusRule"} {
 		if kinds[k] != 1 {
 			t.Errorf("%d %s objects, want 1", kinds[k], k)
 		}
@@ -332,6 +333,13 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 	ns := only[*corev1.Namespace](t, ms)
 	if ns.Name != namespace {
 		t.Errorf("Namespace %q, want %q", ns.Name, namespace)
+	}
+	// The base makes no Namespace: put into another namespace by an
+	// overlay, it must not relabel that namespace (PSA) or make one.
+	for _, m := range ms {
+		if _, ok := m.obj.(*corev1.Namespace); ok && strings.HasPrefix(m.file, "kubernetes/base/") {
+			t.Errorf("%s: a Namespace in the base", m)
+		}
 	}
 	// hostPID, hostPath and the added capabilities are beyond "baseline".
 	if got := ns.Labels["pod-security.kubernetes.io/enforce"]; got != "privileged" {
@@ -379,8 +387,15 @@ func TestDaemonSetSecurity(t *testing.T) {
 	if pod.HostNetwork || pod.HostIPC {
 		t.Errorf("hostNetwork=%v hostIPC=%v: neither is needed", pod.HostNetwork, pod.HostIPC)
 	}
-	if pod.PriorityClassName != "system-node-critical" {
-		t.Errorf("priorityClassName = %q, want system-node-critical", pod.PriorityClassName)
+	// Its own class: evicted last, but never preempting a workload (the
+	// system classes preempt).
+	pc := only[*schedulingv1.PriorityClass](t, ms)
+	if pod.PriorityClassName != pc.Name {
+		t.Errorf("priorityClassName = %q, want the shipped PriorityClass %q", pod.PriorityClassName, pc.Name)
+	}
+	if pc.PreemptionPolicy == nil || *pc.PreemptionPolicy != corev1.PreemptNever || pc.GlobalDefault || pc.Value > 1000000000 || pc.Value < 1000000 {
+		t.Errorf("PriorityClass %s: preemptionPolicy %v, globalDefault %v, value %d: want Never, false, high but not a system value",
+			pc.Name, pc.PreemptionPolicy, pc.GlobalDefault, pc.Value)
 	}
 	sa := only[*corev1.ServiceAccount](t, ms)
 	if pod.ServiceAccountName != sa.Name {
@@ -401,6 +416,11 @@ func TestDaemonSetSecurity(t *testing.T) {
 	}
 	if pod.NodeSelector["nvidia.com/gpu.present"] != "true" {
 		t.Errorf("nodeSelector %v: want nvidia.com/gpu.present=true", pod.NodeSelector)
+	}
+	// The BPF objects are x86-64 only: arm64 GPU nodes (GH200, GB200) must
+	// not get the pod.
+	if pod.NodeSelector["kubernetes.io/arch"] != "amd64" {
+		t.Errorf("nodeSelector %v: want kubernetes.io/arch=amd64", pod.NodeSelector)
 	}
 	if !slices.ContainsFunc(pod.Tolerations, func(tl corev1.Toleration) bool {
 		return (tl.Key == "nvidia.com/gpu" || tl.Key == "") && tl.Operator == corev1.TolerationOpExists
@@ -673,8 +693,10 @@ func TestServiceAndServiceMonitor(t *testing.T) {
 	if sel.Empty() || !sel.Matches(labels.Set(svc.Labels)) {
 		t.Errorf("ServiceMonitor selector %v does not select the Service (labels %v)", sel, svc.Labels)
 	}
-	if !sm.Spec.NamespaceSelector.Any && !slices.Contains(sm.Spec.NamespaceSelector.MatchNames, svc.Namespace) {
-		t.Errorf("ServiceMonitor namespaceSelector %+v misses %s", sm.Spec.NamespaceSelector, svc.Namespace)
+	// Without a namespaceSelector the operator looks in the ServiceMonitor's
+	// own namespace: it follows an overlay's `namespace:` with the Service.
+	if sm.Spec.NamespaceSelector.Any || len(sm.Spec.NamespaceSelector.MatchNames) > 0 {
+		t.Errorf("ServiceMonitor namespaceSelector %+v: want none (its own namespace, wherever it is applied)", sm.Spec.NamespaceSelector)
 	}
 	if len(sm.Spec.Endpoints) != 1 {
 		t.Fatalf("ServiceMonitor endpoints: %d, want 1", len(sm.Spec.Endpoints))
@@ -804,8 +826,9 @@ func TestKustomizeBuild(t *testing.T) {
 		t.Skip("neither kustomize nor kubectl installed")
 	}
 	for dir, want := range map[string][]string{
-		"kubernetes":                     {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ResourceQuota", "DaemonSet", "Service"},
-		"kubernetes/prometheus-operator": {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ResourceQuota", "DaemonSet", "Service", "ServiceMonitor", "PrometheusRule"},
+		"kubernetes":                     {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "DaemonSet", "Service"},
+		"kubernetes/base":                {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "DaemonSet", "Service"},
+		"kubernetes/prometheus-operator": {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "DaemonSet", "Service", "ServiceMonitor", "PrometheusRule"},
 	} {
 		out, err := exec.Command(cmd[0], append(cmd[1:], dir)...).CombinedOutput()
 		if err != nil {
