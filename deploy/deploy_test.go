@@ -939,6 +939,10 @@ func findingKind(r rule) string {
 
 func TestRulesContent(t *testing.T) {
 	rf := loadRules(t)
+	runbooks, err := os.ReadFile("../docs/runbooks.md")
+	if err != nil {
+		t.Fatal(err)
+	}
 	alerts := map[string]rule{}
 	byKind := map[string][]string{}
 	for _, g := range rf.Groups {
@@ -955,6 +959,14 @@ func TestRulesContent(t *testing.T) {
 				if strings.TrimSpace(r.Annotations[a]) == "" {
 					t.Errorf("%s: no %s annotation", r.Alert, a)
 				}
+			}
+			// Each alert's runbook: a section of docs/runbooks.md of its name.
+			const runbookBase = "https://github.com/open-autoglm/autoglm-ebpf/blob/main/docs/runbooks.md#"
+			if got, want := r.Annotations["runbook_url"], runbookBase+strings.ToLower(r.Alert); got != want {
+				t.Errorf("%s: runbook_url %q, want %q", r.Alert, got, want)
+			}
+			if !regexp.MustCompile(`(?m)^## ` + r.Alert + `$`).Match(runbooks) {
+				t.Errorf("%s: no section \"## %s\" in docs/runbooks.md", r.Alert, r.Alert)
 			}
 			all := r.Annotations["summary"] + r.Annotations["description"]
 			// node with a fallback to instance, never node alone.
@@ -1215,7 +1227,7 @@ func TestDashboard(t *testing.T) {
 	if ds == nil || ds["type"] != "datasource" || ds["query"] != "prometheus" {
 		t.Errorf("templating: want a datasource variable `datasource` of type prometheus, got %v", ds)
 	}
-	for _, name := range []string{"node", "namespace", "pod"} {
+	for _, name := range []string{"cluster", "node", "namespace", "pod"} {
 		v := vars[name]
 		if v == nil {
 			t.Errorf("templating: no %s variable", name)
@@ -1281,6 +1293,11 @@ func TestDashboard(t *testing.T) {
 				refs[ref] = true
 				if tds, ok := tg["datasource"].(map[string]any); ok && tds["uid"] != "${datasource}" {
 					t.Errorf("panel %q target %s: datasource %v", title, ref, tds["uid"])
+				}
+				// A Prometheus (Thanos, Mimir) holding several clusters:
+				// every selector is narrowed by cluster too.
+				if n := strings.Count(expr, `cluster=~"$cluster"`); n == 0 || n != strings.Count(expr, "{") {
+					t.Errorf("panel %q target %s: %d selectors, %d with cluster=~\"$cluster\": %s", title, ref, strings.Count(expr, "{"), n, expr)
 				}
 				// Dashboard variables only as regex matcher values.
 				rest := matcher.ReplaceAllStringFunc(expr, func(m string) string {
@@ -1439,11 +1456,12 @@ func TestDashboardQueriesReturnData(t *testing.T) {
 }
 
 // dashboardSeries are 10 minutes of what two agents export: one with the
-// node label (ServiceMonitor) watching a pod's process and a host process,
-// one without (plain scrape job).
+// node label (ServiceMonitor) and a cluster label (as a Prometheus, Thanos
+// or Mimir holding several clusters adds) watching a pod's process, one
+// with neither (a plain scrape job) watching a host process.
 func dashboardSeries() []map[string]string {
 	const (
-		agent1 = `instance="10.0.0.5:9464",job="autoglm-ebpf",node="gpu-node-1"`
+		agent1 = `cluster="gpu-east",instance="10.0.0.5:9464",job="autoglm-ebpf",node="gpu-node-1"`
 		agent2 = `instance="10.0.0.6:9464",job="autoglm-ebpf"`
 		inPod  = `pid="4242",comm="trainer",pod_uid="7d3c2a8e-0001",container_id="containerd://4f1e",namespace="ml",pod="trainer-0",container="trainer",` + agent1
 		onHost = `pid="77",comm="nginx",` + agent2
