@@ -87,6 +87,7 @@ var manifestTypes = map[string]func() any{
 	"v1/Namespace":      func() any { return &corev1.Namespace{} },
 	"v1/ServiceAccount": func() any { return &corev1.ServiceAccount{} },
 	"v1/Service":        func() any { return &corev1.Service{} },
+	"v1/ConfigMap":      func() any { return &corev1.ConfigMap{} },
 	"rbac.authorization.k8s.io/v1/ClusterRole":        func() any { return &rbacv1.ClusterRole{} },
 	"rbac.authorization.k8s.io/v1/ClusterRoleBinding": func() any { return &rbacv1.ClusterRoleBinding{} },
 	"apps/v1/DaemonSet":                               func() any { return &appsv1.DaemonSet{} },
@@ -257,24 +258,32 @@ func loadManifests(t *testing.T) []manifest {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for i, doc := range splitDocuments(data) {
-			var tm metav1.TypeMeta
-			if err := yaml.Unmarshal(doc, &tm); err != nil {
-				t.Fatalf("%s#%d: %v", f, i, err)
-			}
-			newObj, ok := manifestTypes[tm.APIVersion+"/"+tm.Kind]
-			if !ok {
-				t.Fatalf("%s#%d: unexpected apiVersion/kind %q/%q (add it to manifestTypes with its type)", f, i, tm.APIVersion, tm.Kind)
-			}
-			obj := newObj()
-			if err := decodeStrict(doc, obj); err != nil {
-				t.Fatalf("%s#%d (%s): %v", f, i, tm.Kind, err)
-			}
-			out = append(out, manifest{file: f, doc: i, kind: tm.Kind, obj: obj})
-		}
+		out = append(out, decodeManifests(t, f, data)...)
 	}
 	if len(out) == 0 {
 		t.Fatal("no manifests under kubernetes/")
+	}
+	return out
+}
+
+// decodeManifests decodes the YAML documents of one file strictly.
+func decodeManifests(t *testing.T, file string, data []byte) []manifest {
+	t.Helper()
+	var out []manifest
+	for i, doc := range splitDocuments(data) {
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal(doc, &tm); err != nil {
+			t.Fatalf("%s#%d: %v", file, i, err)
+		}
+		newObj, ok := manifestTypes[tm.APIVersion+"/"+tm.Kind]
+		if !ok {
+			t.Fatalf("%s#%d: unexpected apiVersion/kind %q/%q (add it to manifestTypes with its type)", file, i, tm.APIVersion, tm.Kind)
+		}
+		obj := newObj()
+		if err := decodeStrict(doc, obj); err != nil {
+			t.Fatalf("%s#%d (%s): %v", file, i, tm.Kind, err)
+		}
+		out = append(out, manifest{file: file, doc: i, kind: tm.Kind, obj: obj})
 	}
 	return out
 }
@@ -377,7 +386,13 @@ func TestDecodeStrictRejectsUnknownFields(t *testing.T) {
 // ------------------------------------------------------------- the DaemonSet
 
 func TestDaemonSetSecurity(t *testing.T) {
-	ms := loadManifests(t)
+	checkDaemonSet(t, loadManifests(t))
+}
+
+// checkDaemonSet holds the DaemonSet of ms (the kustomize manifests, or
+// what the Helm chart renders) to what the agent needs and no more.
+func checkDaemonSet(t *testing.T, ms []manifest) {
+	t.Helper()
 	ds := only[*appsv1.DaemonSet](t, ms)
 	pod := ds.Spec.Template.Spec
 
