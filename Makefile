@@ -9,7 +9,7 @@ CFLAGS  := -O1 -g -fno-omit-frame-pointer -Wall -pthread
 FIXTURES := testdata/bin/fdwork testdata/bin/demo testdata/bin/schedwork testdata/bin/sockwork testdata/bin/cudawork testdata/bin/realcuda testdata/bin/leaderexit
 GOSRC   := $(shell find cmd pkg -name '*.go' -o -name '*.o') go.mod go.sum
 
-.PHONY: build deps test-deps generate-deps generate check-generate fixtures test demo screenshot bench kernels image clean
+.PHONY: build deps test-deps generate-deps generate check-generate fixtures test demo screenshot bench kernels image image-root clean
 
 build: $(BIN)
 
@@ -95,6 +95,10 @@ IMAGE_REPO ?= ghcr.io/open-autoglm/autoglm-ebpf
 image: deps build
 	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) $(GO) run ./deploy/image -binary $(BIN) \
 		-version $(VERSION) -revision $$(git rev-parse HEAD 2>/dev/null) -repository $(IMAGE_REPO) -o bin/autoglm-ebpf-image.tar
+
+# The same files in bin/image-root, for deploy/Dockerfile (FROM scratch).
+image-root: deps build
+	$(GO) run ./deploy/image -binary $(BIN) -rootfs bin/image-root
 
 clean:
 	rm -rf bin testdata/bin

@@ -1,5 +1,5 @@
 // Package deploy holds what runs autoglm-ebpf in a cluster: the image
-// (Dockerfile), the Kubernetes manifests (kubernetes/), the Prometheus alert
+// (image/, Dockerfile), the Kubernetes manifests (kubernetes/), the Prometheus alert
 // rules (prometheus/) and the Grafana dashboard (grafana/), with the tests
 // that keep them consistent (deploy_test.go).
 //

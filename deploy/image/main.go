@@ -6,9 +6,12 @@
 // as ldd lists them: nothing is pulled, and the image runs the glibc the
 // binary was linked with. The archive is an OCI image layout with Docker's
 // manifest.json beside it (what `docker save` writes since Docker 25), so
-// `docker load`, `podman load` and `ctr images import` all take it.
+// `docker load`, `podman load` and `ctr images import` all take it. With
+// -rootfs it writes the layer's files to a folder instead, for
+// deploy/Dockerfile, which copies them into an image FROM scratch.
 //
 //	go run ./deploy/image -binary bin/autoglm-ebpf -version v1.2.3 -revision $(git rev-parse HEAD) -o bin/autoglm-ebpf-image.tar
+//	go run ./deploy/image -binary bin/autoglm-ebpf -rootfs bin/image-root
 package main
 
 import (
@@ -47,6 +50,7 @@ func main() {
 	flag.StringVar(&o.source, "source", "https://github.com/open-autoglm/autoglm-ebpf", "the source label")
 	flag.StringVar(&o.repo, "repository", "ghcr.io/open-autoglm/autoglm-ebpf", "the image's name, without tag")
 	flag.StringVar(&o.out, "o", "bin/autoglm-ebpf-image.tar", "the archive to write")
+	rootfs := flag.String("rootfs", "", "write the image's files to this folder (made anew) instead of an archive")
 	created := flag.Int64("created", 0, "creation time and file times, seconds since the epoch (default: SOURCE_DATE_EPOCH, else 0), so that a build is reproducible")
 	flag.Parse()
 	o.created = time.Unix(*created, 0).UTC()
@@ -59,9 +63,47 @@ func main() {
 			o.created = time.Unix(sec, 0).UTC()
 		}
 	}
+	if *rootfs != "" {
+		if err := writeRootfs(o.binary, *rootfs); err != nil {
+			fail(err)
+		}
+		return
+	}
 	if err := build(o); err != nil {
 		fail(err)
 	}
+}
+
+// writeRootfs writes the files of the image's layer under dir.
+func writeRootfs(binary, dir string) error {
+	files, err := runtimeFiles(binary)
+	if err != nil {
+		return err
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o755); err != nil {
+		return err
+	}
+	if err := os.Chmod(filepath.Join(dir, "tmp"), 0o1777|os.ModeSticky); err != nil {
+		return err
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f.src) // through symlinks: the loader wants the file
+		if err != nil {
+			return err
+		}
+		dst := filepath.Join(dir, f.dst)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(dst, data, 0o755); err != nil {
+			return err
+		}
+	}
+	fmt.Printf("%s: %d files\n", dir, len(files))
+	return nil
 }
 
 func fail(err error) {

@@ -156,34 +156,72 @@ func TestImage(t *testing.T) {
 		t.Errorf("manifest.json: %+v, %v", docker, err)
 	}
 
-	runInPodman(t, o.out, "localhost/autoglm-ebpf-test:imagetest", "autoglm-ebpf "+version)
+	requirePodman(t)
+	if out := podman(t, "load", "-i", o.out); !strings.Contains(out, "localhost/autoglm-ebpf-test:imagetest") {
+		t.Fatalf("podman load: %s", out)
+	}
+	runInPodman(t, "localhost/autoglm-ebpf-test:imagetest", "autoglm-ebpf "+version)
 }
 
-// runInPodman loads archive and runs the image's entrypoint with `version`.
-func runInPodman(t *testing.T, archive, ref, want string) {
+// deploy/Dockerfile builds offline from the files -rootfs writes (podman
+// build here, as docker build would), with the labels given as build
+// arguments, and the image runs.
+func TestDockerfileBuild(t *testing.T) {
+	const version = "dockerfiletest"
+	requirePodman(t)
+	bin := tool(t, version)
+	ctx := t.TempDir()
+	if err := writeRootfs(bin, filepath.Join(ctx, "bin", "image-root")); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"usr/local/bin/autoglm-ebpf", "lib64/ld-linux-x86-64.so.2"} {
+		if _, err := os.Stat(filepath.Join(ctx, "bin", "image-root", name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const ref = "localhost/autoglm-ebpf-dockerfile-test:" + version
+	podman(t, "build", "-q", "-f", "../Dockerfile", "--ignorefile", "../Dockerfile.dockerignore",
+		"--build-arg", "VERSION="+version, "--build-arg", "REVISION=0123abc", "-t", ref, ctx)
+	t.Cleanup(func() { _ = exec.Command("podman", "rmi", "-f", ref).Run() })
+	labels := podman(t, "inspect", "--format", "{{json .Config.Labels}}", ref)
+	for _, want := range []string{`"org.opencontainers.image.version":"` + version + `"`, `"org.opencontainers.image.revision":"0123abc"`} {
+		if !strings.Contains(labels, want) {
+			t.Errorf("labels %s: want %s", labels, want)
+		}
+	}
+	runInPodman(t, ref, "autoglm-ebpf "+version)
+}
+
+// requirePodman skips without podman and root, except in CI.
+func requirePodman(t *testing.T) {
+	t.Helper()
 	if _, err := exec.LookPath("podman"); err != nil || os.Geteuid() != 0 {
 		if os.Getenv("CI") != "" {
 			t.Fatal("CI needs podman and root (scripts/install-deps.sh test)")
 		}
-		t.Skip("podman as root needed to load and run the image")
+		t.Skip("podman as root needed to load, build and run the image")
 	}
-	podman := func(args ...string) string {
-		t.Helper()
-		out, err := exec.Command("podman", args...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("podman %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-		return string(out)
+}
+
+func podman(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("podman", args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("podman %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
-	if out := podman("load", "-i", archive); !strings.Contains(out, ref) {
-		t.Fatalf("podman load: %s", out)
-	}
+	return string(out)
+}
+
+// runInPodman runs the image's entrypoint with `version`, and removes the
+// image at the end of the test.
+func runInPodman(t *testing.T, ref, want string) {
+	t.Helper()
 	t.Cleanup(func() { _ = exec.Command("podman", "rmi", "-f", ref).Run() })
 	// runc rather than Debian's default crun, which refuses hybrid
 	// cgroups (v1 controllers, v2 mounted beside them) as this machine
 	// has; limits lowered because root here may not raise them (no
 	// CAP_SYS_RESOURCE), which podman's defaults would.
-	out := podman("--runtime", "runc", "run", "--rm", "--network=none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", ref, "version")
+	out := podman(t, "--runtime", "runc", "run", "--rm", "--network=none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", ref, "version")
 	if strings.TrimSpace(out) != want {
 		t.Errorf("the image's entrypoint with `version`: %q, want %q", out, want)
 	}
