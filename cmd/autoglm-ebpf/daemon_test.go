@@ -318,6 +318,15 @@ func TestDaemonViewDown(t *testing.T) {
 				t.Errorf("--require-views %s: autoglm_view_up{view=%q} = %v, want %v", tc.require, view, s, want)
 			}
 		}
+		// The kernel memory of each loaded view; none for the one refused.
+		for _, view := range []string{"fd", "sched", "sock"} {
+			if s := series(mf, "autoglm_bpf_memory_bytes", map[string]string{"view": view}); len(s) != 1 || s[0].GetGauge().GetValue() <= 0 {
+				t.Errorf("autoglm_bpf_memory_bytes{view=%q} = %v", view, s)
+			}
+		}
+		if s := series(mf, "autoglm_bpf_memory_bytes", map[string]string{"view": "cuda"}); len(s) != 0 {
+			t.Errorf("autoglm_bpf_memory_bytes of the view that did not load: %v", s)
+		}
 		code, body := get(d.addr, "/readyz")
 		if tc.ready && code != http.StatusOK {
 			t.Errorf("--require-views %s: /readyz %d %q, want 200", tc.require, code, body)

@@ -202,6 +202,7 @@ type Object struct {
 	coll     *ebpf.Collection
 	links    []link.Link
 	maps     io.Closer
+	members  Members
 }
 
 // Open loads the programs of one mode from the spec load returns and
@@ -269,6 +270,7 @@ func (obj *Object) open(spec *ebpf.CollectionSpec, mode, root string, o Options)
 		return err
 	}
 	obj.coll = coll
+	obj.members = MembersOf(coll)
 	if err := coll.Assign(o.Maps); err != nil {
 		obj.Close()
 		return err
@@ -300,6 +302,42 @@ func (obj *Object) Close() error {
 	err := Close(obj.links, obj.maps, obj.coll)
 	obj.links, obj.maps, obj.coll = nil, nil, nil
 	return err
+}
+
+// Memory is the kernel memory the object's maps and programs take now.
+func (obj *Object) Memory() uint64 { return obj.members.Memory() }
+
+// Members are a collection's maps and programs, listed before Assign moves
+// them out of it, for Memory.
+type Members struct {
+	Maps     []*ebpf.Map
+	Programs []*ebpf.Program
+}
+
+// MembersOf lists what coll holds now.
+func MembersOf(coll *ebpf.Collection) Members {
+	return Members{Maps: slices.Collect(maps.Values(coll.Maps)), Programs: slices.Collect(maps.Values(coll.Programs))}
+}
+
+// Memory sums what the kernel charges for each map and program (memlock in
+// their fdinfo: for a hash map without preallocation, what its entries use
+// now; for a per-CPU map, its size times the possible CPUs). A closed one
+// counts 0.
+func (m Members) Memory() uint64 {
+	var sum uint64
+	for _, mp := range m.Maps {
+		if info, err := mp.Info(); err == nil {
+			n, _ := info.Memlock()
+			sum += n
+		}
+	}
+	for _, p := range m.Programs {
+		if info, err := p.Info(); err == nil {
+			n, _ := info.Memlock()
+			sum += n
+		}
+	}
+	return sum
 }
 
 // Programs returns the loaded programs by name (nil after Close).

@@ -172,3 +172,21 @@ func TestTableClaim(t *testing.T) {
 		t.Error("Claim deleted another owner's entry")
 	}
 }
+
+// Members.Memory is what the kernel charges for the maps: more for a bigger
+// map, 0 once closed.
+func TestMembersMemory(t *testing.T) {
+	testutil.RequireRoot(t)
+	small, big := hashMap(t, 4, 16), hashMap(t, 4, 1<<16)
+	s, b := Members{Maps: []*ebpf.Map{small}}.Memory(), Members{Maps: []*ebpf.Map{big}}.Memory()
+	if s == 0 || b <= s {
+		t.Errorf("memory of a 16-entry map %d, of a 65536-entry one %d", s, b)
+	}
+	if both := (Members{Maps: []*ebpf.Map{small, big}}).Memory(); both != s+b {
+		t.Errorf("both maps %d, want %d", both, s+b)
+	}
+	big.Close()
+	if n := (Members{Maps: []*ebpf.Map{big}}).Memory(); n != 0 {
+		t.Errorf("a closed map: %d", n)
+	}
+}

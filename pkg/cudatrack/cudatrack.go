@@ -82,6 +82,8 @@ type Tracker struct {
 	// value records an executable without CUDA.
 	files map[fileKey]*Library
 
+	members bpfobj.Members // every map and program, for Memory
+
 	polls      int             // for the stack map's garbage collection
 	failStacks map[uint32]bool // stacks of failures drained, not yet symbolized
 
@@ -159,6 +161,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	}
 	t := &Tracker{procRoot: cfg.ProcRoot, proc: proc.WithMapsCache(cfg.Maps), coll: coll, multi: multi, procs: map[int]*procState{}, hooks: map[inodeKey]*attached{}, files: map[fileKey]*Library{}, failStacks: map[uint32]bool{},
 		sym: sym}
+	t.members = bpfobj.MembersOf(coll)
 	if err := coll.Assign(&t.maps); err != nil {
 		t.Close()
 		return nil, err
@@ -638,6 +641,9 @@ func (t *Tracker) Lost() (map[string]uint64, error) {
 	t.unwinder.Lost("cuda", out)
 	return out, nil
 }
+
+// Memory is the kernel memory of the object's maps and programs now.
+func (t *Tracker) Memory() uint64 { return t.members.Memory() }
 
 // Close detaches and unloads everything; safe to call more than once.
 func (t *Tracker) Close() error {

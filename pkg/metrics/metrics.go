@@ -40,6 +40,7 @@ type descs struct {
 	lostDesc           *prometheus.Desc
 	trackFailuresDesc  *prometheus.Desc
 	viewUpDesc         *prometheus.Desc
+	bpfMemoryDesc      *prometheus.Desc
 	buildInfoDesc      *prometheus.Desc
 	cudaAllocBytesDesc *prometheus.Desc
 	cudaFreeBytesDesc  *prometheus.Desc
@@ -88,6 +89,9 @@ func newDescs(pods bool) *descs {
 	d.viewUpDesc = prometheus.NewDesc("autoglm_view_up",
 		"1 when the view runs, 0 when it is down (failed to load, or still loading): fd, sched, sock, cuda, python, nvml. The log says why.",
 		[]string{"view"}, nil)
+	d.bpfMemoryDesc = prometheus.NewDesc("autoglm_bpf_memory_bytes",
+		"Kernel memory of each view's BPF maps and programs (memlock; charged to the agent's memory cgroup on Linux >= 5.11), read every 10 polls.",
+		[]string{"view"}, nil)
 	d.buildInfoDesc = prometheus.NewDesc("autoglm_build_info",
 		"Always 1; labelled with the version of autoglm-ebpf, the VCS revision it was built from, and the Go version and architecture it was built with.",
 		[]string{"version", "revision", "goversion", "goarch"}, nil)
@@ -122,7 +126,7 @@ func newDescs(pods bool) *descs {
 
 // all lists every description, for Describe.
 func (d *descs) all() []*prometheus.Desc {
-	return []*prometheus.Desc{d.openFDsDesc, d.fdLimitDesc, d.openedDesc, d.closedDesc, d.fdFailuresDesc, d.socketsDesc, d.socketFDsDesc, d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.trackFailuresDesc, d.viewUpDesc, d.buildInfoDesc, d.cudaAllocBytesDesc, d.cudaFreeBytesDesc, d.cudaAllocCallsDesc, d.cudaLiveBytesDesc, d.cudaFailuresDesc, d.cudaUntrackedDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.ctxSwitchesDesc, d.runqLatencyDesc}
+	return []*prometheus.Desc{d.openFDsDesc, d.fdLimitDesc, d.openedDesc, d.closedDesc, d.fdFailuresDesc, d.socketsDesc, d.socketFDsDesc, d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.trackFailuresDesc, d.viewUpDesc, d.bpfMemoryDesc, d.buildInfoDesc, d.cudaAllocBytesDesc, d.cudaFreeBytesDesc, d.cudaAllocCallsDesc, d.cudaLiveBytesDesc, d.cudaFailuresDesc, d.cudaUntrackedDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.ctxSwitchesDesc, d.runqLatencyDesc}
 }
 
 // Metrics is a sink that serves the latest snapshot to Prometheus.
@@ -309,6 +313,9 @@ func (m *Metrics) build(s *model.Snapshot) []prometheus.Metric {
 				up = 1
 			}
 			out = append(out, constMetric(m.d.viewUpDesc, prometheus.GaugeValue, up, view))
+		}
+		for view, n := range s.BPFMemory {
+			out = append(out, constMetric(m.d.bpfMemoryDesc, prometheus.GaugeValue, float64(n), view))
 		}
 	}
 	for kind, n := range m.total {

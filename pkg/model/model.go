@@ -159,6 +159,9 @@ type Snapshot struct {
 	// Views says, for each view (Views lists them), why it is down: ""
 	// when it runs, "loading" while its BPF side loads.
 	Views map[string]string
+	// BPFMemory is the kernel memory of each loaded view's BPF maps and
+	// programs (their memlock), by view.
+	BPFMemory map[string]uint64
 }
 
 // Views are the parts of the tool that can be up or down on their own: the

@@ -50,6 +50,7 @@ func (v *view) Observe(_ time.Time, procs []*model.Process) ([]model.Finding, er
 }
 
 func (v *view) Lost() (map[string]uint64, error) { return nil, nil }
+func (v *view) Memory() uint64                   { return 0 }
 func (v *view) Close() error                     { return nil }
 
 func pipelineOf(t *testing.T, views ...*view) *Pipeline {

@@ -51,6 +51,8 @@ type Concern interface {
 	Observe(now time.Time, procs []*model.Process) ([]model.Finding, error)
 	// Lost returns monotonic loss counters by source.
 	Lost() (map[string]uint64, error)
+	// Memory is the kernel memory its BPF maps and programs take now.
+	Memory() uint64
 	Close() error
 }
 
@@ -137,7 +139,16 @@ type Pipeline struct {
 	// views: why each view is down ("" when up), for the health series
 	// and readiness.
 	views map[string]string
+	// memory: the kernel memory of each view's BPF objects, read every
+	// memoryEvery snapshots (each map and program is a syscall and an
+	// fdinfo read).
+	memory    map[string]uint64
+	snapshots int
 }
+
+// memoryEvery is how many snapshots apart the BPF objects' memory is read:
+// maps without preallocation grow with the watched processes, slowly.
+const memoryEvery = 10
 
 // New starts loading every concern's BPF side, all at once: each concern is
 // adopted as soon as it is loaded, so the slowest does not hold up the
@@ -609,6 +620,13 @@ func failureReason(err error) string {
 func (p *Pipeline) snapshot(now time.Time) *model.Snapshot {
 	s := &model.Snapshot{Time: now, Start: p.start, Targets: p.targets, Findings: slices.Clone(p.findings), Lost: map[string]uint64{},
 		TrackFailures: maps.Clone(p.trackFailures), Views: maps.Clone(p.views)}
+	if p.snapshots++; p.snapshots%memoryEvery == 1 || len(p.memory) != len(p.concerns) {
+		p.memory = make(map[string]uint64, len(p.concerns))
+		for _, c := range p.concerns {
+			p.memory[c.Name()] = c.Memory()
+		}
+	}
+	s.BPFMemory = maps.Clone(p.memory)
 	for _, pid := range p.order {
 		pr := *p.procs[pid]
 		s.Processes = append(s.Processes, &pr)

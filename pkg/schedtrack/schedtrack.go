@@ -223,6 +223,9 @@ var errorNames = map[schedErrKind]string{
 	schedErrKindERR_COUNTERS:   "sched_counters",
 }
 
+// Memory is the kernel memory of the object's maps and programs now.
+func (t *Tracker) Memory() uint64 { return t.obj.Memory() }
+
 // Lost returns the BPF error counters (monotonic since load), by source name.
 func (t *Tracker) Lost() (map[string]uint64, error) {
 	out, err := bpfobj.Counters(t.maps.Errors, errorNames)

@@ -280,6 +280,9 @@ var errorNames = map[sockErrKind]string{
 	sockErrKindERR_READ_KERNEL: "sock_read_kernel",
 }
 
+// Memory is the kernel memory of the object's maps and programs now.
+func (t *Tracker) Memory() uint64 { return t.obj.Memory() }
+
 // Lost returns the BPF error counters (monotonic since load), by source name,
 // and the socket inodes that could not be handed to the kernel.
 func (t *Tracker) Lost() (map[string]uint64, error) {
