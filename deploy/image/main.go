@@ -90,7 +90,7 @@ func writeRootfs(binary, dir string) error {
 		return err
 	}
 	for _, f := range files {
-		data, err := os.ReadFile(f.src) // through symlinks: the loader wants the file
+		data, err := f.read()
 		if err != nil {
 			return err
 		}
@@ -98,7 +98,7 @@ func writeRootfs(binary, dir string) error {
 		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
 			return err
 		}
-		if err := os.WriteFile(dst, data, 0o755); err != nil {
+		if err := os.WriteFile(dst, data, os.FileMode(f.mode)); err != nil {
 			return err
 		}
 	}
@@ -166,8 +166,29 @@ func build(o options) error {
 	return writeArchive(o.out, tag, img)
 }
 
-// file is one file of the layer: src on this machine at dst in the image.
-type file struct{ src, dst string }
+// file is one file of the layer: src on this machine (or data) at dst in
+// the image.
+type file struct {
+	src, dst string
+	data     []byte
+	mode     int64
+}
+
+// read returns the file's content: through symlinks, since the loader wants
+// the file.
+func (f file) read() ([]byte, error) {
+	if f.data != nil {
+		return f.data, nil
+	}
+	return os.ReadFile(f.src)
+}
+
+// accounts name uid and gid 0, which the agent runs as: without them some
+// runtimes cannot resolve the user's groups, and tools print no name.
+var accounts = []file{
+	{dst: "/etc/passwd", data: []byte("root:x:0:0:root:/:/usr/local/bin/autoglm-ebpf\n"), mode: 0o644},
+	{dst: "/etc/group", data: []byte("root:x:0:\n"), mode: 0o644},
+}
 
 // lddLine matches "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)"
 // and "/lib64/ld-linux-x86-64.so.2 (0x...)".
@@ -180,16 +201,16 @@ func runtimeFiles(binary string) ([]file, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ldd %s: %w", binary, err)
 	}
-	files := []file{{binary, binaryPath}}
+	files := []file{{src: binary, dst: binaryPath, mode: 0o755}}
 	for _, line := range strings.Split(string(out), "\n") {
 		if m := lddLine.FindStringSubmatch(line); m != nil {
-			files = append(files, file{m[1], m[1]})
+			files = append(files, file{src: m[1], dst: m[1], mode: 0o755})
 		}
 	}
 	if len(files) == 1 {
 		return nil, fmt.Errorf("ldd %s listed no libraries: a static binary needs no image of this kind", binary)
 	}
-	return files, nil
+	return append(files, accounts...), nil
 }
 
 // layer returns the uncompressed tar of files, with their parent folders,
@@ -217,14 +238,14 @@ func layer(files []file, mtime time.Time) ([]byte, error) {
 	dirs["/tmp"] = true
 	slices.SortFunc(files, func(a, b file) int { return strings.Compare(a.dst, b.dst) })
 	for _, f := range files {
-		data, err := os.ReadFile(f.src) // through symlinks: the loader wants the file
+		data, err := f.read()
 		if err != nil {
 			return nil, err
 		}
 		if err := addDirs(path.Dir(f.dst)); err != nil {
 			return nil, err
 		}
-		h := &tar.Header{Typeflag: tar.TypeReg, Name: strings.TrimPrefix(f.dst, "/"), Mode: 0o755, Size: int64(len(data)), ModTime: mtime, Format: tar.FormatPAX}
+		h := &tar.Header{Typeflag: tar.TypeReg, Name: strings.TrimPrefix(f.dst, "/"), Mode: f.mode, Size: int64(len(data)), ModTime: mtime, Format: tar.FormatPAX}
 		if err := tw.WriteHeader(h); err != nil {
 			return nil, err
 		}

@@ -137,7 +137,7 @@ func TestImage(t *testing.T) {
 		}
 		names = append(names, h.Name)
 	}
-	for _, want := range []string{"usr/local/bin/autoglm-ebpf", "lib64/ld-linux-x86-64.so.2", "tmp/"} {
+	for _, want := range []string{"usr/local/bin/autoglm-ebpf", "lib64/ld-linux-x86-64.so.2", "tmp/", "etc/passwd", "etc/group"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("layer lacks %s: %v", want, names)
 		}
