@@ -34,6 +34,17 @@ type daemonProc struct {
 // startDaemon starts the daemon with args and waits until /readyz answers.
 func startDaemon(t testing.TB, args ...string) *daemonProc {
 	t.Helper()
+	d := launchDaemon(t, args...)
+	waitFor(t, 20*time.Second, "daemon ready", func() bool {
+		code, _ := get(d.addr, "/readyz")
+		return code == http.StatusOK
+	})
+	return d
+}
+
+// launchDaemon starts a daemon without waiting for it to be ready.
+func launchDaemon(t testing.TB, args ...string) *daemonProc {
+	t.Helper()
 	d := &daemonProc{addr: freeAddr(t), out: &strings.Builder{}}
 	d.cmd = exec.Command(binary, append([]string{"daemon", "--web.listen-address", d.addr}, args...)...)
 	d.cmd.Stdout = d.out
@@ -42,10 +53,6 @@ func startDaemon(t testing.TB, args ...string) *daemonProc {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = d.cmd.Process.Kill(); _ = d.cmd.Wait() })
-	waitFor(t, 20*time.Second, "daemon ready", func() bool {
-		code, _ := get(d.addr, "/readyz")
-		return code == http.StatusOK
-	})
 	return d
 }
 
@@ -299,14 +306,7 @@ func TestDaemonViewDown(t *testing.T) {
 		require string
 		ready   bool
 	}{{"fd,cuda", false}, {"fd", true}} {
-		d := &daemonProc{addr: freeAddr(t), out: &strings.Builder{}}
-		d.cmd = exec.Command(binary, "daemon", "--listen", d.addr, "--max-allocs", "4000000000", "--require-views", tc.require)
-		d.cmd.Stdout = d.out
-		d.cmd.Stderr = os.Stderr
-		if err := d.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = d.cmd.Process.Kill(); _ = d.cmd.Wait() })
+		d := launchDaemon(t, "--max-allocs", "4000000000", "--require-views", tc.require)
 		waitFor(t, 20*time.Second, "the first poll", func() bool {
 			code, body := get(d.addr, "/metrics")
 			return code == http.StatusOK && strings.Contains(body, "autoglm_view_up{")
