@@ -260,7 +260,9 @@ func (t *Tracker) Refresh(pid int) (bool, error) {
 			slog.Debug("inspecting CUDA library", "pid", pid, "path", mf.path, "err", err)
 			continue
 		}
-		if lib != nil && !ps.counted {
+		// Counters before hooks: the BPF side only updates existing
+		// entries. A file without hooked functions counts nothing.
+		if lib != nil && len(lib.Hooks) > 0 && !ps.counted {
 			if err := t.count(pid); err != nil {
 				t.uncount(uint32(pid))
 				return added, err
@@ -458,9 +460,9 @@ func (t *Tracker) Libraries(pid int) []*Library {
 func (t *Tracker) tracked(tgid uint32) bool { return t.procs[int(tgid)] != nil }
 
 // Untrack stops tracking pid: the links of libraries no other tracked
-// process maps are closed and its kernel state dropped, the allocations made since the last poll at the next (see
-// bpfobj.Table). Per-thread entry state is task storage: it goes with the
-// threads.
+// process maps are closed and its kernel state dropped, the allocations
+// made since the last poll at the next (see bpfobj.Table). Per-thread entry
+// state is task storage: it goes with the threads.
 func (t *Tracker) Untrack(pid int) {
 	tgid := uint32(pid)
 	ps := t.procs[pid]
