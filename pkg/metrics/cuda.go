@@ -20,35 +20,41 @@ type cudaCounts struct {
 // failureSep joins api and error in a key; neither contains it.
 const failureSep = "\x00"
 
+// raiseCUDA returns the high-water marks of c over prev (nil: none yet).
+func raiseCUDA(prev *cudaCounts, c *model.CUDAStats) *cudaCounts {
+	if prev == nil {
+		prev = &cudaCounts{}
+	}
+	cur := &cudaCounts{
+		alloc:       raise(prev.alloc, c.AllocBytes),
+		free:        raise(prev.free, c.FreeBytes),
+		calls:       raise(prev.calls, c.AllocCalls),
+		failures:    raise(prev.failures, nil),
+		lastFailure: prev.lastFailure,
+	}
+	// Counted as they come: the source keeps only the newest failures,
+	// so counting the list would stall at its length.
+	for _, f := range newFailures(c.Failures, prev.lastFailure) {
+		cur.failures[f.API+failureSep+f.Error]++
+		cur.lastFailure = &f
+	}
+	return cur
+}
+
 // cudaSeries appends the CUDA series of s's processes and the GPU series.
 // The caller holds m.mu.
 func (m *Metrics) cudaSeries(s *model.Snapshot, out []prometheus.Metric) []prometheus.Metric {
-	counts := make(map[int]cudaCounts, len(s.Processes))
 	ids := make(map[int][]string, len(s.Processes))
 	for _, p := range s.Processes {
 		if !p.Exited {
 			ids[p.PID] = m.procLabels(p)
 		}
+		cur := m.counts[p.PID].cuda
+		if cur == nil {
+			continue // no CUDA activity (see account)
+		}
 		c := &p.CUDA
-		// Only processes with CUDA activity get CUDA series: fewer series.
-		if !c.Active() {
-			continue
-		}
 		id := m.procLabels(p)
-		prev := m.cuda[p.PID]
-		cur := cudaCounts{
-			alloc:       raise(prev.alloc, c.AllocBytes),
-			free:        raise(prev.free, c.FreeBytes),
-			calls:       raise(prev.calls, c.AllocCalls),
-			failures:    raise(prev.failures, nil),
-			lastFailure: prev.lastFailure,
-		}
-		// Counted as they come: the source keeps only the newest failures,
-		// so counting the list would stall at its length.
-		for _, f := range newFailures(c.Failures, prev.lastFailure) {
-			cur.failures[f.API+failureSep+f.Error]++
-			cur.lastFailure = &f
-		}
 		for api, n := range cur.alloc {
 			out = append(out, constMetric(m.d.cudaAllocBytesDesc, prometheus.CounterValue, float64(n), with(id, label(api))...))
 		}
@@ -66,12 +72,7 @@ func (m *Metrics) cudaSeries(s *model.Snapshot, out []prometheus.Metric) []prome
 		if c.HasNVML {
 			out = append(out, constMetric(m.d.cudaUntrackedDesc, prometheus.GaugeValue, float64(c.UntrackedBytes), id...))
 		}
-		// An exited process is served this once, like its fd series.
-		if !p.Exited {
-			counts[p.PID] = cur
-		}
 	}
-	m.cuda = counts
 
 	for _, g := range s.GPUs {
 		idx := strconv.Itoa(g.Index)

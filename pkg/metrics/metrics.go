@@ -2,7 +2,10 @@
 //
 // Every series is rebuilt from the latest snapshot, so a process that exited
 // disappears from the exposition one snapshot after the one that reported its
-// exit, which keeps cardinality bounded by the live targets.
+// exit, which keeps cardinality bounded by the live targets. The counters'
+// state follows every snapshot; the series themselves are built when a
+// scrape asks for them, at most once per snapshot: a node agent polls every
+// second and is scraped every 15 to 60.
 package metrics
 
 import (
@@ -136,21 +139,31 @@ type Metrics struct {
 	classic   bool // the run-queue histogram also has classic buckets
 	mu        sync.Mutex
 	buildInfo prometheus.Metric
-	series    []prometheus.Metric // what Collect serves, built by Update
+	latest    *model.Snapshot     // the last Update's, without processes already served as exited
+	series    []prometheus.Metric // what Collect serves, built from latest; nil: not yet
 
 	// High-water marks, so that a counter never goes down even if a source
 	// hands over a smaller value: rate() would read that as a counter reset.
-	opened, closed map[int]map[string]uint64 // by pid, then fd kind
-	failed         map[int]map[string]uint64 // fd creation failures by pid, then errno
-	lost           map[string]uint64         // by source
-	cuda           map[int]cudaCounts        // by pid
-	switches       map[int]map[string]uint64 // context switches by pid, then type
+	counts map[int]*procCounts // latest's processes by pid
+	lost   map[string]uint64   // by source
 
 	counted map[findingID]bool // findings already in findings_total
 	total   map[string]uint64  // findings_total by kind
 	// Exited pids and when. Snapshot.Findings keeps every finding forever,
 	// so without this an exited process's autoglm_finding series would stay.
 	gone map[int]time.Time
+}
+
+// procCounts are the high-water marks of one process's counters; a map is
+// nil where the process has no such series.
+type procCounts struct {
+	opened, closed map[string]uint64 // by fd kind
+	failed         map[string]uint64 // fd creation failures by errno
+	switches       map[string]uint64 // context switches by type
+	cuda           *cudaCounts
+	// exited: served this once (see current); the state goes, so that a
+	// reused pid starts from its own counts.
+	exited bool
 }
 
 // findingID identifies one finding across snapshots, as detectors do.
@@ -202,12 +215,8 @@ func New(reg prometheus.Registerer, version string, opts ...Options) *Metrics {
 		pods:      o.Pods,
 		classic:   o.RunqueueClassicBuckets,
 		buildInfo: prometheus.MustNewConstMetric(d.buildInfoDesc, prometheus.GaugeValue, 1, label(version), Revision(), runtime.Version(), runtime.GOARCH),
-		opened:    map[int]map[string]uint64{},
-		closed:    map[int]map[string]uint64{},
-		failed:    map[int]map[string]uint64{},
+		counts:    map[int]*procCounts{},
 		lost:      map[string]uint64{},
-		cuda:      map[int]cudaCounts{},
-		switches:  map[int]map[string]uint64{},
 		counted:   map[findingID]bool{},
 		total:     map[string]uint64{},
 		gone:      map[int]time.Time{},
@@ -216,18 +225,19 @@ func New(reg prometheus.Registerer, version string, opts ...Options) *Metrics {
 	for _, k := range model.Kinds {
 		m.total[k] = 0
 	}
-	m.series = m.build(nil)
 	// The agent's own health beside what it watches, as every exporter
 	// serves it: go_* (heap, GC, goroutines) and process_* (CPU, RSS, fds).
 	reg.MustRegister(collector{m}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
-// Update replaces the exported series with those of s.
+// Update makes s the snapshot served and brings the counters up to it.
 func (m *Metrics) Update(s *model.Snapshot) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.series = m.build(s)
+	m.latest = m.current(s)
+	m.account(m.latest)
+	m.series = nil
 }
 
 // Close exports final, if any. The metrics stay registered: the endpoint may
@@ -286,19 +296,60 @@ func (m *Metrics) current(s *model.Snapshot) *model.Snapshot {
 	return &c
 }
 
-// build updates the monotonic state from s (nil: none yet) and returns every
-// series to serve. The caller holds m.mu.
-func (m *Metrics) build(s *model.Snapshot) []prometheus.Metric {
+// account updates the monotonic state from s, which every snapshot must
+// pass through: a counter's high-water mark, the CUDA failures the source
+// lists only while they are recent, the findings that became active. The
+// caller holds m.mu.
+func (m *Metrics) account(s *model.Snapshot) {
+	counts := make(map[int]*procCounts, len(s.Processes))
+	for _, p := range s.Processes {
+		prev := m.counts[p.PID]
+		if prev == nil || prev.exited {
+			prev = &procCounts{}
+		}
+		c := &procCounts{
+			opened: raise(prev.opened, p.FD.Opened),
+			closed: raise(prev.closed, p.FD.Closed),
+			exited: p.Exited,
+		}
+		// Set by the fd concern with every errno, zeros included.
+		if p.FD.Failed != nil {
+			c.failed = raise(prev.failed, p.FD.Failed)
+		}
+		// The sched concern always sets the bounds: without them it did
+		// not observe this process, and zeros would be made up.
+		if len(p.Sched.RunqLatency.Bounds) > 0 {
+			c.switches = raise(prev.switches, map[string]uint64{"voluntary": p.Sched.Voluntary, "involuntary": p.Sched.Involuntary})
+		}
+		// Only processes with CUDA activity get CUDA series: fewer series.
+		if p.CUDA.Active() {
+			c.cuda = raiseCUDA(prev.cuda, &p.CUDA)
+		}
+		counts[p.PID] = c
+	}
+	m.counts = counts
+	for _, f := range s.Findings {
+		id := findingID{f.Kind, f.PID, f.FirstSeen.UnixNano()}
+		if f.Active && !m.counted[id] && f.CausedBy == nil {
+			m.counted[id] = true
+			m.total[f.Kind]++
+		}
+	}
+	for src, n := range s.Lost {
+		m.lost[src] = max(m.lost[src], n)
+	}
+}
+
+// render returns every series to serve for the latest snapshot. The caller
+// holds m.mu.
+func (m *Metrics) render() []prometheus.Metric {
 	out := []prometheus.Metric{m.buildInfo}
+	s := m.latest
 	if s != nil {
-		s = m.current(s)
 		out = m.processSeries(s, out)
 		out = m.cudaSeries(s, out)
 		out = m.schedSeries(s, out)
 		out = m.findingSeries(s, out)
-		for src, n := range s.Lost {
-			m.lost[src] = max(m.lost[src], n)
-		}
 	}
 	for src, n := range m.lost {
 		out = append(out, constMetric(m.d.lostDesc, prometheus.CounterValue, float64(n), label(src)))
@@ -325,39 +376,23 @@ func (m *Metrics) build(s *model.Snapshot) []prometheus.Metric {
 }
 
 func (m *Metrics) processSeries(s *model.Snapshot, out []prometheus.Metric) []prometheus.Metric {
-	opened := make(map[int]map[string]uint64, len(s.Processes))
-	closed := make(map[int]map[string]uint64, len(s.Processes))
-	failed := make(map[int]map[string]uint64, len(s.Processes))
 	for _, p := range s.Processes {
 		id := m.procLabels(p)
 		out = append(out,
 			constMetric(m.d.openFDsDesc, prometheus.GaugeValue, float64(p.FD.Open), id...),
 			constMetric(m.d.fdLimitDesc, prometheus.GaugeValue, float64(p.FD.Limit), id...))
-		o := raise(m.opened[p.PID], p.FD.Opened)
-		c := raise(m.closed[p.PID], p.FD.Closed)
-		for kind, n := range o {
+		c := m.counts[p.PID]
+		for kind, n := range c.opened {
 			out = append(out, constMetric(m.d.openedDesc, prometheus.CounterValue, float64(n), with(id, label(kind))...))
 		}
-		for kind, n := range c {
+		for kind, n := range c.closed {
 			out = append(out, constMetric(m.d.closedDesc, prometheus.CounterValue, float64(n), with(id, label(kind))...))
 		}
-		// Set by the fd concern with every errno, zeros included.
-		var f map[string]uint64
-		if p.FD.Failed != nil {
-			f = raise(m.failed[p.PID], p.FD.Failed)
-			for errno, n := range f {
-				out = append(out, constMetric(m.d.fdFailuresDesc, prometheus.CounterValue, float64(n), with(id, label(errno))...))
-			}
+		for errno, n := range c.failed {
+			out = append(out, constMetric(m.d.fdFailuresDesc, prometheus.CounterValue, float64(n), with(id, label(errno))...))
 		}
 		out = m.socketSeries(p, id, out)
-		if p.Exited {
-			// Served this once (see current); the state goes, so that a
-			// reused pid starts from its own counts.
-			continue
-		}
-		opened[p.PID], closed[p.PID], failed[p.PID] = o, c, f
 	}
-	m.opened, m.closed, m.failed = opened, closed, failed
 	return out
 }
 
@@ -389,11 +424,6 @@ func (m *Metrics) findingSeries(s *model.Snapshot, out []prometheus.Metric) []pr
 	}
 	caused := map[findingSeries]bool{} // kind is "kind\x00cause"
 	for _, f := range s.Findings {
-		id := findingID{f.Kind, f.PID, f.FirstSeen.UnixNano()}
-		if f.Active && !m.counted[id] && f.CausedBy == nil {
-			m.counted[id] = true
-			m.total[f.Kind]++
-		}
 		// Findings of a process that exited in an earlier snapshot are
 		// dropped; those newer than the exit belong to a reused pid.
 		if exit, ok := m.gone[f.PID]; ok && exit.Before(s.Time) && !f.FirstSeen.After(exit) {
@@ -493,6 +523,9 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
 	c.m.mu.Lock()
+	if c.m.series == nil {
+		c.m.series = c.m.render()
+	}
 	series := c.m.series
 	c.m.mu.Unlock()
 	// Update replaces the slice instead of changing it, so sending

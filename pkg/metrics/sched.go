@@ -14,26 +14,17 @@ import (
 // schedSeries appends the scheduler series of s's processes. The caller
 // holds m.mu.
 func (m *Metrics) schedSeries(s *model.Snapshot, out []prometheus.Metric) []prometheus.Metric {
-	counts := make(map[int]map[string]uint64, len(s.Processes))
 	for _, p := range s.Processes {
-		h := p.Sched.RunqLatency
-		// The sched concern always sets the bounds: without them it did
-		// not observe this process, and zeros would be made up.
-		if len(h.Bounds) == 0 {
-			continue
+		c := m.counts[p.PID]
+		if c.switches == nil {
+			continue // not observed by the sched concern (see account)
 		}
 		id := m.procLabels(p)
-		cur := raise(m.switches[p.PID], map[string]uint64{"voluntary": p.Sched.Voluntary, "involuntary": p.Sched.Involuntary})
-		for typ, n := range cur {
+		for typ, n := range c.switches {
 			out = append(out, constMetric(m.d.ctxSwitchesDesc, prometheus.CounterValue, float64(n), with(id, typ)...))
 		}
-		out = append(out, runqHistogram(m.d.runqLatencyDesc, h, p.Started, m.classic, id...))
-		// An exited process is served this once, like its fd series.
-		if !p.Exited {
-			counts[p.PID] = cur
-		}
+		out = append(out, runqHistogram(m.d.runqLatencyDesc, p.Sched.RunqLatency, p.Started, m.classic, id...))
 	}
-	m.switches = counts
 	return out
 }
 

@@ -11,7 +11,7 @@ func (fs FS) Descendants(roots []int) ([]int, error) {
 	}
 	kids := map[int][]int{}
 	for _, p := range procs {
-		st, err := p.Stat()
+		st, err := fs.readStat(p.PID)
 		if err != nil || st.State == "Z" || st.State == "X" {
 			continue // gone while listing, or a zombie
 		}

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -39,6 +38,11 @@ type FS struct {
 	root string // kept because procfs.FS does not expose its mount point
 	proc procfs.FS
 	maps *MapsCache // nil: every Maps call reads the file
+	// self is a procfs.Proc of this mount, copied with another PID for
+	// each process read: procfs.FS.Proc stats /proc/PID first, one more
+	// syscall for every read, when the read itself says whether pid is
+	// there. Unset (PID 0) where the mount has no "self" (test fixtures).
+	self procfs.Proc
 }
 
 // MapsCache shares one read of each process's /proc/PID/maps among the
@@ -121,7 +125,8 @@ func New(procRoot string) (FS, error) {
 	if err != nil {
 		return FS{}, err
 	}
-	return FS{root: procRoot, proc: p}, nil
+	self, _ := p.Self()
+	return FS{root: procRoot, proc: p, self: self}, nil
 }
 
 // FD is one open file descriptor of a process.
@@ -133,21 +138,16 @@ type FD struct {
 
 // FDs lists the open fds of pid with their kinds, sorted by number.
 func (fs FS) FDs(pid int) ([]FD, error) {
-	p, err := fs.process(pid)
+	// procfs gives numbers and targets only as two separate directory reads,
+	// which disagree if the table changes in between, so pair them here.
+	nums, err := fs.fdNums(pid)
 	if err != nil {
 		return nil, err
 	}
-	// procfs gives numbers and targets only as two separate directory reads,
-	// which disagree if the table changes in between, so pair them here.
-	nums, err := p.FileDescriptors()
-	if err != nil {
-		return nil, procErr(pid, err)
-	}
-	dir := filepath.Join(fs.root, strconv.Itoa(pid), "fd")
+	dir := fs.path(pid, "fd") + "/"
 	fds := make([]FD, 0, len(nums))
-	for _, n := range nums {
-		num := int(n)
-		target, err := os.Readlink(filepath.Join(dir, strconv.Itoa(num)))
+	for _, num := range nums {
+		target, err := os.Readlink(dir + strconv.Itoa(num))
 		if errors.Is(err, os.ErrNotExist) {
 			continue // closed since the listing: no longer open
 		}
@@ -273,13 +273,9 @@ func (fs FS) Identify(pid int) (Identity, error) {
 	if pid <= 0 {
 		return Identity{}, fmt.Errorf("pid must be a positive integer, got %d", pid)
 	}
-	p, err := fs.process(pid)
+	st, err := fs.readStat(pid)
 	if err != nil {
 		return Identity{}, err
-	}
-	st, err := p.Stat()
-	if err != nil {
-		return Identity{}, procErr(pid, err)
 	}
 	id := Identity{Comm: st.Comm, Start: st.Starttime,
 		Running: st.State != "X" && (st.State != "Z" || st.NumThreads > 1)}
@@ -289,6 +285,10 @@ func (fs FS) Identify(pid int) (Identity, error) {
 	// Fallback for a stat without flags we trust: kernel threads have no
 	// command line and kthreadd as parent.
 	if st.PPID == kthreaddPID {
+		p, err := fs.process(pid)
+		if err != nil {
+			return Identity{}, err
+		}
 		cmd, err := p.CmdLine()
 		if err != nil {
 			return Identity{}, procErr(pid, err)
@@ -313,23 +313,22 @@ const pfExiting = 0x4
 // gone. The fds of such a process, or of one whose leader called
 // pthread_exit, are not the listing's to judge.
 func (fs FS) FDsGone(pid int) bool {
-	st, err := fs.stat(pid)
+	st, err := fs.readStat(pid)
 	if err != nil {
 		return true
 	}
 	return st.Flags&pfExiting != 0 || st.State == "Z" || st.State == "X"
 }
 
-// process opens pid, turning "not there" into ErrNoProcess.
-func (fs FS) stat(pid int) (procfs.ProcStat, error) {
-	p, err := fs.process(pid)
-	if err != nil {
-		return procfs.ProcStat{}, err
-	}
-	return p.Stat()
-}
-
+// process returns pid's procfs handle. Where the mount has "self" it does
+// not look for pid: the read that follows fails with ErrNoProcess if pid is
+// gone. Elsewhere procfs checks, turning "not there" into ErrNoProcess.
 func (fs FS) process(pid int) (procfs.Proc, error) {
+	if fs.self.PID != 0 {
+		p := fs.self
+		p.PID = pid
+		return p, nil
+	}
 	p, err := fs.proc.Proc(pid)
 	if err != nil {
 		return procfs.Proc{}, procErr(pid, err)

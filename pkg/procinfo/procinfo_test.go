@@ -372,3 +372,20 @@ func TestMapsCache(t *testing.T) {
 		t.Errorf("missing process: %v", err)
 	}
 }
+
+func TestParseStat(t *testing.T) {
+	line := []byte(fmt.Sprintf(statFmt, 42, "a) (b c", "Zl", 7, 0x400104) + "\n")
+	st, err := parseStat(line)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := procStat{Comm: "a) (b c", State: "Zl", PPID: 7, Flags: 0x400104, NumThreads: 1, Starttime: 18083}
+	if st != want {
+		t.Errorf("parseStat = %+v, want %+v", st, want)
+	}
+	for _, bad := range []string{"", "42 (x", "42 (x) S 1 2", "42 (x) S one 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21"} {
+		if _, err := parseStat([]byte(bad)); err == nil {
+			t.Errorf("parseStat(%q): no error", bad)
+		}
+	}
+}
