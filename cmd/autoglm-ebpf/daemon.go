@@ -157,8 +157,8 @@ func runDaemon(f *daemonFlags, rules daemon.Rules) error {
 	}
 	// The finder's reads of /proc/PID/maps (does it map CUDA?) serve the
 	// views that track what it picks within the same poll.
-	maps := procinfo.NewMapsCache()
-	finder := daemon.NewFinder(rules, proc.WithMapsCache(maps), events, f.resync)
+	maps := procinfo.NewPollCache()
+	finder := daemon.NewFinder(rules, proc.WithPollCache(maps), events, f.resync)
 
 	reg := prometheus.NewRegistry()
 	sink := metrics.New(reg, version, metrics.Options{Pods: true, RunqueueClassicBuckets: f.classic})
@@ -180,9 +180,9 @@ func runDaemon(f *daemonFlags, rules daemon.Rules) error {
 	cfg.Interval, cfg.MaxFDs, cfg.MaxAllocs, cfg.GPUInterval = f.interval, f.maxFDs, f.maxAllocs, f.gpuEvery
 	cfg.CtxStorm.Floor = f.ctxFloor
 	cfg.GPUAlloc.MemoryBudget = uint64(f.gpuBudget)
-	cfg.Daemon, cfg.Source, cfg.Maps = true, finder, maps
+	cfg.Daemon, cfg.Source, cfg.Cache = true, finder, maps
 	cfg.Pod = func(pid int) model.Pod {
-		pod, err := resolver.ForPID("/proc", pid)
+		pod, err := resolver.ForPID(proc, pid)
 		if err != nil {
 			return model.Pod{}
 		}

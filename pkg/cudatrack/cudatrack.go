@@ -37,9 +37,9 @@ type Config struct {
 	MaxAllocs uint32 // live allocation table capacity, all processes together
 	ProcRoot  string // normally /proc
 	TopSites  int    // allocation stacks symbolized per process (0: 64)
-	// Maps, when set, shares reads of /proc/PID/maps with the other
+	// Cache, when set, shares reads of /proc/PID/maps with the other
 	// concerns within a poll.
-	Maps *procinfo.MapsCache
+	Cache *procinfo.PollCache
 	// Symbolizer reads the call-frame information that stacks are unwound
 	// with; nil: one of the tracker's own.
 	Symbolizer *symbolize.Symbolizer
@@ -159,7 +159,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	if sym == nil {
 		sym = symbolize.New(cfg.ProcRoot)
 	}
-	t := &Tracker{procRoot: cfg.ProcRoot, proc: proc.WithMapsCache(cfg.Maps), coll: coll, multi: multi, procs: map[int]*procState{}, hooks: map[inodeKey]*attached{}, files: map[fileKey]*Library{}, failStacks: map[uint32]bool{},
+	t := &Tracker{procRoot: cfg.ProcRoot, proc: proc.WithPollCache(cfg.Cache), coll: coll, multi: multi, procs: map[int]*procState{}, hooks: map[inodeKey]*attached{}, files: map[fileKey]*Library{}, failStacks: map[uint32]bool{},
 		sym: sym}
 	t.members = bpfobj.MembersOf(coll)
 	if err := coll.Assign(&t.maps); err != nil {

@@ -125,7 +125,7 @@ func (f *Finder) Discover(p *pipeline.Pipeline) {
 			continue
 		}
 		if ok, err := f.matches(pid); err != nil || !ok {
-			f.proc.DropMaps(pid)
+			f.proc.Drop(pid)
 			delete(f.overCap, pid)
 			continue
 		}
@@ -191,7 +191,7 @@ func (f *Finder) matches(pid int) (bool, error) {
 		}
 	}
 	if f.rules.Cgroup != nil {
-		cg, err := podinfo.ReadCgroup(f.proc.Root(), pid)
+		cg, err := podinfo.ReadCgroup(f.proc, pid)
 		if err != nil || !f.rules.Cgroup.MatchString(cg.Path) {
 			return false, err
 		}

@@ -25,6 +25,7 @@ type Concern struct {
 	nextSite int64
 	targets  map[findingKey]leakRead // what each fd leak's fds point at
 	limits   map[int]limitRead
+	filled   map[int]grouped // by pid: the last grouping of its fds
 }
 
 // limitRead is a process's RLIMIT_NOFILE as last read from /proc.
@@ -67,7 +68,7 @@ func NewConcern(cfg Config, det fdleak.Config, sym *symbolize.Symbolizer, topSit
 	if err != nil {
 		return nil, err
 	}
-	return &Concern{Tracker: t, sym: sym, det: fdleak.New(det), exhaust: fdexhaust.New(fdexhaust.Config{}), py: t.newPy(), topSites: topSites, sites: map[int]map[siteKey]*site{}, targets: map[findingKey]leakRead{}, limits: map[int]limitRead{}}, nil
+	return &Concern{Tracker: t, sym: sym, det: fdleak.New(det), exhaust: fdexhaust.New(fdexhaust.Config{}), py: t.newPy(), topSites: topSites, sites: map[int]map[siteKey]*site{}, targets: map[findingKey]leakRead{}, limits: map[int]limitRead{}, filled: map[int]grouped{}}, nil
 }
 
 // Name is the concern's name in logs and `check`.
@@ -81,6 +82,7 @@ func (c *Concern) Untrack(pid int) {
 	c.py.Untrack(pid)
 	delete(c.sites, pid)
 	delete(c.limits, pid)
+	delete(c.filled, pid)
 	for k := range c.targets {
 		if k.pid == pid {
 			delete(c.targets, k)
@@ -148,16 +150,43 @@ func (c *Concern) fill(pr *model.Process, s *Sample) {
 		st := c.site(c.keyOf(pr.PID, *lf))
 		pr.FD.LastFailure = &model.FDFailure{Time: lf.Opened, Kind: kindName(lf.Kind), StackID: st.id, Stack: c.frames(pr.PID, st)}
 	}
+	f, ok := c.filled[pr.PID]
+	if !ok || len(f.fds) != len(s.FDs) || len(s.FDs) > 0 && &f.fds[0] != &s.FDs[0] {
+		f = c.group(pr.PID, s.FDs)
+		c.filled[pr.PID] = f
+	}
+	pr.FD.OpenSockets = f.sockets
+	// A copy: the stacks are set on it, and snapshots share the last one.
+	sites := slices.Clone(f.sites)
+	for i := range sites {
+		if i >= c.topSites {
+			break
+		}
+		sites[i].Stack = c.frames(pr.PID, f.byID[sites[i].StackID])
+	}
+	pr.FD.Sites = sites
+}
+
+// grouped is a process's fds grouped by call site, largest first.
+type grouped struct {
+	fds     []FD // what was grouped: the tracker hands the same slice while the fds stay
+	sites   []model.FDSite
+	byID    map[int64]*site
+	sockets int
+}
+
+// group groups the fds of pid by call site.
+func (c *Concern) group(pid int, fds []FD) grouped {
 	bySite := map[*site]*model.FDSite{}
-	pr.FD.OpenSockets = 0
-	for _, fd := range s.FDs {
+	g := grouped{fds: fds, byID: map[int64]*site{}}
+	for _, fd := range fds {
 		if kindName(fd.Kind) == "socket" {
-			pr.FD.OpenSockets++
+			g.sockets++
 		}
 		if !fd.Known() {
 			continue
 		}
-		st := c.site(c.keyOf(pr.PID, fd))
+		st := c.site(c.keyOf(pid, fd))
 		ms := bySite[st]
 		if ms == nil {
 			ms = &model.FDSite{StackID: st.id}
@@ -166,25 +195,18 @@ func (c *Concern) fill(pr *model.Process, s *Sample) {
 		ms.Opened = append(ms.Opened, fd.Opened)
 		ms.FDs = append(ms.FDs, fd.Num)
 	}
-	sites := make([]model.FDSite, 0, len(bySite))
-	byID := map[int64]*site{}
+	g.sites = make([]model.FDSite, 0, len(bySite))
 	for st, ms := range bySite {
-		sites = append(sites, *ms)
-		byID[st.id] = st
+		g.sites = append(g.sites, *ms)
+		g.byID[st.id] = st
 	}
-	slices.SortFunc(sites, func(a, b model.FDSite) int {
+	slices.SortFunc(g.sites, func(a, b model.FDSite) int {
 		if len(a.Opened) != len(b.Opened) {
 			return len(b.Opened) - len(a.Opened)
 		}
 		return int(a.StackID - b.StackID)
 	})
-	for i := range sites {
-		if i >= c.topSites {
-			break
-		}
-		sites[i].Stack = c.frames(pr.PID, byID[sites[i].StackID])
-	}
-	pr.FD.Sites = sites
+	return g
 }
 
 // keyOf is the call site of fd in pid.

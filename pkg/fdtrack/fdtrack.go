@@ -21,9 +21,9 @@ import (
 type Config struct {
 	MaxFDs   uint32 // live fd table capacity, all processes together
 	ProcRoot string // normally /proc
-	// Maps, when set, shares reads of /proc/PID/maps with the other
-	// concerns within a poll.
-	Maps *procinfo.MapsCache
+	// Cache, when set, shares reads of /proc/PID/maps and /proc/PID/fd
+	// with the other concerns within a poll.
+	Cache *procinfo.PollCache
 	// Tracepoint uses the classic raw_syscalls tracepoints even where tp_btf
 	// works, so that tests and benchmarks cover the fallback on any kernel.
 	Tracepoint bool
@@ -49,6 +49,10 @@ type Tracker struct {
 	started     map[uint32]time.Time
 	atStart     map[uint32]int // open fds /proc listed when tracking began
 	polls       int            // for the stack map's garbage collection
+	// last is each process's fds as a poll turned them out, used again
+	// while its table entries are the same: a process holding 15 000 fds
+	// cost that many entries to rebuild each poll, idle or not.
+	last map[uint32]lastFDs
 
 	unwindReader *ringbuf.Reader
 	unwinder     *unwind.Server
@@ -65,12 +69,13 @@ func New(cfg Config) (*Tracker, error) {
 		return nil, err
 	}
 	t := &Tracker{
-		proc:        proc.WithMapsCache(cfg.Maps),
+		proc:        proc.WithPollCache(cfg.Cache),
 		extraClosed: map[uint32]*[len(fdFdCounts{}.Closed)]uint64{},
 		resyncs:     map[uint32]uint64{},
 		drift:       map[uint32]int{},
 		started:     map[uint32]time.Time{},
 		atStart:     map[uint32]int{},
+		last:        map[uint32]lastFDs{},
 	}
 	t.obj, err = bpfobj.Open(loadFd, bpfobj.Options{
 		What: "fd BPF programs", Maps: &t.maps, Tracepoint: cfg.Tracepoint,

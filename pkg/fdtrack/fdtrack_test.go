@@ -2,6 +2,7 @@ package fdtrack
 
 import (
 	"os"
+	"os/exec"
 	"testing"
 	"time"
 
@@ -273,5 +274,57 @@ func TestTrackUntrackReadOwnEntriesOnly(t *testing.T) {
 	}
 	if left > 0 || bigN < 10000 {
 		t.Errorf("after forgetting the small process: %d of its entries left, %d of the big one's", left, bigN)
+	}
+}
+
+// A process whose fds stay as they are gets the same fds back each poll,
+// not a rebuild; one that closes and opens as many fds between two polls
+// gets them anew.
+func TestIdleFDsReused(t *testing.T) {
+	tr := newTracker(t)
+	bin := testutil.Fixture(t, "fdwork")
+	idle := testutil.Start(t, bin, "startup", "200", "30")
+	busy := testutil.Start(t, bin, "pool", "30")
+	for _, c := range []*exec.Cmd{idle, busy} {
+		if err := tr.Track(c.Process.Pid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func() map[int]*Sample {
+		t.Helper()
+		m, err := tr.Poll([]int{idle.Process.Pid, busy.Process.Pid})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	// The idle one has opened all 200 once its table stops changing.
+	var prev map[int]*Sample
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		cur := read()
+		settled := prev != nil && len(cur[idle.Process.Pid].FDs) >= 200 &&
+			&cur[idle.Process.Pid].FDs[0] == &prev[idle.Process.Pid].FDs[0]
+		prev = cur
+		if settled {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the idle process's fds were rebuilt at every poll")
+		}
+	}
+	for range 3 {
+		time.Sleep(50 * time.Millisecond)
+		cur := read()
+		i, b := cur[idle.Process.Pid].FDs, cur[busy.Process.Pid].FDs
+		if &i[0] != &prev[idle.Process.Pid].FDs[0] {
+			t.Error("idle process: fds rebuilt")
+		}
+		if len(b) == 0 || &b[0] == &prev[busy.Process.Pid].FDs[0] {
+			t.Error("busy process: the last poll's fds handed again")
+		}
+		if want := procCount(t, idle.Process.Pid); len(i) != want {
+			t.Errorf("idle process: %d fds, /proc lists %d", len(i), want)
+		}
+		prev = cur
 	}
 }

@@ -48,3 +48,25 @@ func TestByNum(t *testing.T) {
 		}
 	}
 }
+
+// digest tells tables apart by content, whatever the order: an fd closed
+// and another opened under the same number must not look the same.
+func TestDigest(t *testing.T) {
+	e := func(fd int32, ns uint64, stack int32) bpfobj.Entry[fdFdKey, fdFdInfo] {
+		return bpfobj.Entry[fdFdKey, fdFdInfo]{Key: fdFdKey{Tgid: 7, Fd: fd}, Val: fdFdInfo{OpenNs: ns, StackId: stack}}
+	}
+	a := []bpfobj.Entry[fdFdKey, fdFdInfo]{e(3, 100, 1), e(4, 200, 1), e(5, 300, 2)}
+	if digest(a) != digest([]bpfobj.Entry[fdFdKey, fdFdInfo]{a[2], a[0], a[1]}) {
+		t.Error("the order changed the digest")
+	}
+	for name, b := range map[string][]bpfobj.Entry[fdFdKey, fdFdInfo]{
+		"reopened":      {e(3, 100, 1), e(4, 250, 1), e(5, 300, 2)},
+		"other stack":   {e(3, 100, 1), e(4, 200, 3), e(5, 300, 2)},
+		"other number":  {e(3, 100, 1), e(6, 200, 1), e(5, 300, 2)},
+		"swapped times": {e(3, 200, 1), e(4, 100, 1), e(5, 300, 2)},
+	} {
+		if digest(a) == digest(b) {
+			t.Errorf("%s: same digest", name)
+		}
+	}
+}

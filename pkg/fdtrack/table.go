@@ -112,6 +112,7 @@ func (t *Tracker) Untrack(pid int) {
 	delete(t.drift, tgid)
 	delete(t.extraClosed, tgid)
 	delete(t.resyncs, tgid)
+	delete(t.last, tgid)
 }
 
 // reconcile makes the table of tgid match /proc/PID/fd, key by key: of the
@@ -123,8 +124,9 @@ func (t *Tracker) Untrack(pid int) {
 // opened since the last poll is known, and the read is kept up to date.
 // It returns how many fds /proc listed.
 func (t *Tracker) reconcile(tgid uint32) (int, error) {
+	delete(t.last, tgid) // the table changes from here
 	before := monoNow()
-	fds, err := t.proc.FDs(int(tgid))
+	fds, err := t.proc.FDsNow(int(tgid))
 	if err != nil {
 		return 0, err
 	}
@@ -220,21 +222,60 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		}
 	}
 	for pid, s := range out {
-		g := table[uint32(pid)]
-		s.FDs = make([]FD, 0, len(g))
-		for _, e := range byNum(g) {
-			opened := t.started[e.Key.Tgid]
-			if e.Val.OpenNs != 0 {
-				opened = nowWall.Add(-time.Duration(nowMono - e.Val.OpenNs))
+		tgid := uint32(pid)
+		g := table[tgid]
+		sum := digest(g)
+		if l, ok := t.last[tgid]; ok && l.sum == sum && len(l.fds) == len(g) {
+			s.FDs = l.fds
+		} else {
+			s.FDs = make([]FD, 0, len(g))
+			settled := true
+			for _, e := range byNum(g) {
+				opened := t.started[e.Key.Tgid]
+				if e.Val.OpenNs != 0 {
+					opened = nowWall.Add(-time.Duration(nowMono - e.Val.OpenNs))
+				}
+				settled = settled && t.unwinder.Settled(e.Val.StackId)
+				s.FDs = append(s.FDs, FD{Num: e.Key.Fd, Kind: e.Val.Kind, StackID: t.unwinder.Canonical(e.Val.StackId), Opened: opened, PyStack: e.Val.PyStack})
 			}
-			s.FDs = append(s.FDs, FD{Num: e.Key.Fd, Kind: e.Val.Kind, StackID: t.unwinder.Canonical(e.Val.StackId), Opened: opened, PyStack: e.Val.PyStack})
+			delete(t.last, tgid)
+			if settled {
+				t.last[tgid] = lastFDs{sum, s.FDs}
+			}
 		}
-		t.checkDrift(uint32(pid), len(s.FDs))
+		t.checkDrift(tgid, len(s.FDs))
 	}
 	if t.polls++; t.polls%bpfobj.StackGCEvery == 0 {
 		t.dropStacks(table)
 	}
 	return out, nil
+}
+
+// lastFDs is a process's fds from one poll and the digest of the table
+// entries they came from. Shared by the samples of later polls: not to be
+// changed.
+type lastFDs struct {
+	sum uint64
+	fds []FD
+}
+
+// digest sums a mix of each entry's fd number, open time, stack and kind,
+// in any order: an fd closed, opened or replaced changes it. A pass over
+// the entries costs far less than turning them into FDs.
+func digest(g []bpfobj.Entry[fdFdKey, fdFdInfo]) uint64 {
+	var sum uint64
+	for _, e := range g {
+		x := uint64(uint32(e.Key.Fd))<<32 | uint64(uint32(e.Val.StackId))
+		x ^= e.Val.OpenNs*0x9e3779b97f4a7c15 ^ uint64(e.Val.PyStack)<<8 ^ uint64(e.Val.Kind)
+		// splitmix64's finalizer: nearby inputs give unrelated outputs.
+		x ^= x >> 30
+		x *= 0xbf58476d1ce4e5b9
+		x ^= x >> 27
+		x *= 0x94d049bb133111eb
+		x ^= x >> 31
+		sum += x
+	}
+	return sum
 }
 
 // byNum returns one process's entries in fd order. The kernel hands out

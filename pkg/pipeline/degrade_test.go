@@ -59,8 +59,8 @@ func pipelineOf(t *testing.T, views ...*view) *Pipeline {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Pipeline{proc: proc, sym: symbolize.New("/proc"), maps: procinfo.NewMapsCache(), gpu: nvml.New(gonvml.New()),
-		procs: map[int]*model.Process{}, starts: map[int]uint64{}, link: causes.New(causes.DefaultGrace),
+	p := &Pipeline{proc: proc, sym: symbolize.New("/proc"), maps: procinfo.NewPollCache(), gpu: nvml.New(gonvml.New()),
+		procs: map[int]*model.Process{}, starts: map[int]uint64{}, identified: map[int]bool{}, link: causes.New(causes.DefaultGrace),
 		untracked: map[string]map[int]bool{}, trackFailures: map[model.TrackFailure]uint64{}}
 	for i, v := range views {
 		p.concerns = append(p.concerns, ranked{v, i})

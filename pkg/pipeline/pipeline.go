@@ -65,10 +65,10 @@ type Config struct {
 	CtxStorm ctxstorm.Config
 	SockLeak sockleak.Config
 	GPUAlloc gpualloc.Config
-	// Maps, when set, is the poll's cache of /proc/PID/maps reads, shared
-	// with a Source that reads them to choose processes (nil: the
-	// pipeline's own).
-	Maps *procinfo.MapsCache
+	// Cache, when set, is the poll's cache of /proc reads, shared with a
+	// Source that reads them to choose processes (nil: the pipeline's
+	// own).
+	Cache *procinfo.PollCache
 	// SockProcTables reads TCP sockets from /proc/PID/net/tcp{,6} rather
 	// than sock_diag: the agent-cost benchmark's baseline.
 	SockProcTables bool
@@ -116,18 +116,20 @@ type Pipeline struct {
 	closed   bool // Close was called: concerns that load now are closed at once
 	proc     procinfo.FS
 	sym      *symbolize.Symbolizer
-	maps     *procinfo.MapsCache // one read of /proc/PID/maps per process per poll
+	maps     *procinfo.PollCache // one read of /proc/PID/maps and fd per process per poll
 	sinks    []Sink
 	gpu      *nvml.Sampler
 	stopGPU  context.CancelFunc
 
-	start    time.Time
-	targets  []int
-	procs    map[int]*model.Process
-	starts   map[int]uint64 // start time of each watched pid, to notice reuse
-	order    []int          // pids in the order they were added
-	findings []model.Finding
-	link     *causes.Linker
+	start   time.Time
+	targets []int
+	procs   map[int]*model.Process
+	starts  map[int]uint64 // start time of each watched pid, to notice reuse
+	// identified: watched during this poll, so its stat was just read
+	identified map[int]bool
+	order      []int // pids in the order they were added
+	findings   []model.Finding
+	link       *causes.Linker
 
 	// Views that could not follow a process (a namespace they cannot
 	// enter, a file they cannot read) leave it to the others: by concern,
@@ -160,20 +162,21 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 	if err != nil {
 		return nil, err
 	}
-	maps := cfg.Maps
+	maps := cfg.Cache
 	if maps == nil {
-		maps = procinfo.NewMapsCache()
+		maps = procinfo.NewPollCache()
 	}
 	p := &Pipeline{
-		cfg:    cfg,
-		proc:   proc,
-		sym:    symbolize.New(cfg.ProcRoot).ShareMaps(proc.WithMapsCache(maps)),
-		sinks:  sinks,
-		start:  time.Now(),
-		procs:  map[int]*model.Process{},
-		starts: map[int]uint64{},
-		maps:   maps,
-		link:   causes.New(causes.DefaultGrace),
+		cfg:        cfg,
+		proc:       proc,
+		sym:        symbolize.New(cfg.ProcRoot).ShareMaps(proc.WithPollCache(maps)),
+		sinks:      sinks,
+		start:      time.Now(),
+		procs:      map[int]*model.Process{},
+		identified: map[int]bool{},
+		starts:     map[int]uint64{},
+		maps:       maps,
+		link:       causes.New(causes.DefaultGrace),
 
 		untracked:     map[string]map[int]bool{},
 		trackFailures: map[model.TrackFailure]uint64{},
@@ -202,20 +205,20 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 		new  func() (Concern, error)
 	}{
 		{"fd", func() (Concern, error) {
-			return fdtrack.NewConcern(fdtrack.Config{MaxFDs: cfg.MaxFDs, ProcRoot: cfg.ProcRoot, Maps: p.maps}, cfg.FDLeak, p.sym, cfg.TopSites)
+			return fdtrack.NewConcern(fdtrack.Config{MaxFDs: cfg.MaxFDs, ProcRoot: cfg.ProcRoot, Cache: p.maps}, cfg.FDLeak, p.sym, cfg.TopSites)
 		}},
 		{"sched", func() (Concern, error) {
 			return schedtrack.NewConcern(schedtrack.Config{ProcRoot: cfg.ProcRoot}, cfg.CtxStorm)
 		}},
 		{"sock", func() (Concern, error) {
-			return socktrack.NewConcern(socktrack.Config{ProcRoot: cfg.ProcRoot, ProcTables: cfg.SockProcTables}, cfg.SockLeak)
+			return socktrack.NewConcern(socktrack.Config{ProcRoot: cfg.ProcRoot, Cache: p.maps, ProcTables: cfg.SockProcTables}, cfg.SockLeak)
 		}},
 		{"cuda", func() (Concern, error) {
 			// A leak's time to exhaustion is judged against the devices'
 			// free memory as NVML samples it.
 			gpuAlloc := cfg.GPUAlloc
 			gpuAlloc.Devices = p.gpu.GPUs
-			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites, Maps: p.maps, Symbolizer: p.sym},
+			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites, Cache: p.maps, Symbolizer: p.sym},
 				p.gpu.Joining(gpualloc.New(gpuAlloc)), p.sym)
 		}},
 	}
@@ -362,6 +365,7 @@ func (p *Pipeline) watch(pid int) error {
 	}
 	p.procs[pid] = pr
 	p.starts[pid] = start
+	p.identified[pid] = true
 	p.order = append(p.order, pid)
 	return nil
 }
@@ -424,6 +428,7 @@ func (p *Pipeline) allExited() bool {
 
 func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 	p.maps.Next()
+	clear(p.identified)
 	// NVML's figures for this interval: what its samples since the last
 	// poll did (the join and the snapshot read them).
 	p.gpu.Roll()
@@ -447,7 +452,9 @@ func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 		if pr.Exited {
 			continue
 		}
-		if id, ok := p.alive(pid); !ok {
+		if p.identified[pid] {
+			// Watched this poll, from a stat read a moment ago.
+		} else if id, ok := p.alive(pid); !ok {
 			exiting = append(exiting, pr)
 		} else {
 			// comm changes at exec (run starts the command through a shell).

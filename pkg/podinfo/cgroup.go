@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"github.com/prometheus/procfs"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 )
 
 // Cgroup is where a process sits in the cgroup tree and which pod and
@@ -29,32 +31,18 @@ type Cgroup struct {
 	ContainerID string
 }
 
-// ReadCgroup reads /proc/PID/cgroup under procRoot (normally "/proc"). A
-// process outside any pod gives empty ids and no error; lines that are not
-// in the kernel's format, or a pod slice with an unreadable UID, give an
-// error.
-func ReadCgroup(procRoot string, pid int) (Cgroup, error) {
-	cg, err := readCgroup(procRoot, pid)
-	if err != nil {
-		return Cgroup{}, fmt.Errorf("cgroup of pid %d: %w", pid, err)
+// ReadCgroup reads /proc/PID/cgroup through fs. A process outside any pod
+// gives empty ids and no error; lines that are not in the kernel's format,
+// or a pod slice with an unreadable UID, give an error.
+func ReadCgroup(fs procinfo.FS, pid int) (Cgroup, error) {
+	lines, err := fs.Cgroups(pid)
+	if err == nil {
+		var cg Cgroup
+		if cg, err = parseCgroup(lines); err == nil {
+			return cg, nil
+		}
 	}
-	return cg, nil
-}
-
-func readCgroup(procRoot string, pid int) (Cgroup, error) {
-	fs, err := procfs.NewFS(procRoot)
-	if err != nil {
-		return Cgroup{}, err
-	}
-	p, err := fs.Proc(pid)
-	if err != nil {
-		return Cgroup{}, err
-	}
-	lines, err := p.Cgroups()
-	if err != nil {
-		return Cgroup{}, err
-	}
-	return parseCgroup(lines)
+	return Cgroup{}, fmt.Errorf("cgroup of pid %d: %w", pid, err)
 }
 
 // parseCgroup picks the line that places the process in a pod. On cgroup v1

@@ -2,10 +2,11 @@ package podinfo
 
 import (
 	"errors"
-	"io/fs"
 	"os"
 	"strings"
 	"testing"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 )
 
 // Ids used in testdata/proc/*/cgroup.
@@ -79,7 +80,7 @@ func TestReadCgroup(t *testing.T) {
 			Cgroup{"/autoglm-churn-1", "", ""}},
 	}
 	for _, tt := range tests {
-		got, err := ReadCgroup("testdata/proc", tt.pid)
+		got, err := ReadCgroup(fixtureFS(t), tt.pid)
 		if err != nil {
 			t.Errorf("pid %d (%s): %v", tt.pid, tt.what, err)
 			continue
@@ -96,31 +97,50 @@ func TestReadCgroupErrors(t *testing.T) {
 		what string
 		want string // in the error
 	}{
-		{200, "two fields", "cgroup of pid 200: error parsing file: 3+ fields required"},
-		{201, "hierarchy id not a number", `hierarchy ID: "x"`},
+		{200, "two fields", `cgroup of pid 200: malformed cgroup line "0:/kubepods.slice"`},
+		{201, "hierarchy id not a number", `malformed cgroup line "x::/kubepods.slice`},
 		{202, "relative path", `malformed line "0::kubepods.slice/`},
 		{203, "empty file", "cgroup of pid 203: no cgroup lines"},
 		{204, "pod slice with a cut-off UID", `malformed pod UID in "kubepods-burstable-pod3aa48729_63ec.slice"`},
 	}
 	for _, tt := range tests {
-		got, err := ReadCgroup("testdata/proc", tt.pid)
+		got, err := ReadCgroup(fixtureFS(t), tt.pid)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("pid %d (%s): got %+v, %v; want an error with %q", tt.pid, tt.what, got, err, tt.want)
 		}
 	}
-	if _, err := ReadCgroup("testdata/proc", 999); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("missing pid: %v, want fs.ErrNotExist", err)
+	if _, err := ReadCgroup(fixtureFS(t), 999); !errors.Is(err, procinfo.ErrNoProcess) {
+		t.Errorf("missing pid: %v, want procinfo.ErrNoProcess", err)
 	}
 }
 
 // The running test process has a cgroup file the kernel wrote; whatever it
 // says, it must parse.
 func TestReadCgroupSelf(t *testing.T) {
-	cg, err := ReadCgroup("/proc", os.Getpid())
+	cg, err := ReadCgroup(realFS(t), os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.HasPrefix(cg.Path, "/") {
 		t.Fatalf("path %q", cg.Path)
 	}
+}
+
+// fixtureFS reads the fixture proc tree under testdata/proc.
+func fixtureFS(t *testing.T) procinfo.FS {
+	t.Helper()
+	fs, err := procinfo.New("testdata/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs
+}
+
+func realFS(t *testing.T) procinfo.FS {
+	t.Helper()
+	fs, err := procinfo.New("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs
 }

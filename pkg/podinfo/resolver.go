@@ -17,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 )
 
 // syncWait bounds how long NewResolver holds up start-up for the first
@@ -197,10 +199,10 @@ func (r *Resolver) Lookup(podUID, containerID string) (namespace, pod, container
 	return p.Namespace, p.Name, container, true
 }
 
-// ForPID reads the cgroup of pid under procRoot and names its pod and
+// ForPID reads the cgroup of pid through fs and names its pod and
 // container where r knows them.
-func (r *Resolver) ForPID(procRoot string, pid int) (Pod, error) {
-	cg, err := ReadCgroup(procRoot, pid)
+func (r *Resolver) ForPID(fs procinfo.FS, pid int) (Pod, error) {
+	cg, err := ReadCgroup(fs, pid)
 	if err != nil {
 		return Pod{}, err
 	}

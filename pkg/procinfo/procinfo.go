@@ -37,7 +37,7 @@ const kthreaddPID = 2
 type FS struct {
 	root string // kept because procfs.FS does not expose its mount point
 	proc procfs.FS
-	maps *MapsCache // nil: every Maps call reads the file
+	cache *PollCache // nil: every Maps and FDs call reads /proc
 	// self is a procfs.Proc of this mount, copied with another PID for
 	// each process read: procfs.FS.Proc stats /proc/PID first, one more
 	// syscall for every read, when the read itself says whether pid is
@@ -45,73 +45,93 @@ type FS struct {
 	self procfs.Proc
 }
 
-// MapsCache shares one read of each process's /proc/PID/maps among the
-// readers of one poll (the fd stack scan's code ranges, the CUDA library
-// finder): the file can be thousands of lines for a PyTorch process.
-type MapsCache struct {
+// PollCache shares one read of each process's /proc/PID/maps and fd
+// listing among the readers of one poll: the views, the daemon's finder
+// and the symbolizer each want them for a process that just started, and
+// maps can be thousands of lines for a PyTorch process. What it returns is
+// shared: callers must not change it.
+type PollCache struct {
 	mu   sync.Mutex
-	gen  uint64
-	read map[int]mapsRead
+	maps map[int]read[[]*procfs.ProcMap]
+	fds  map[int]read[[]FD]
 }
 
-type mapsRead struct {
-	gen  uint64
-	maps []*procfs.ProcMap
-	err  error
+type read[T any] struct {
+	val T
+	err error
 }
 
-// NewMapsCache returns an empty cache; call Next at the start of each poll.
-func NewMapsCache() *MapsCache { return &MapsCache{read: map[int]mapsRead{}} }
+// NewPollCache returns an empty cache; call Next at the start of each poll.
+func NewPollCache() *PollCache {
+	return &PollCache{maps: map[int]read[[]*procfs.ProcMap]{}, fds: map[int]read[[]FD]{}}
+}
 
 // Next starts a new poll: what earlier polls read is stale.
-func (c *MapsCache) Next() {
+func (c *PollCache) Next() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.gen++
-	clear(c.read)
+	clear(c.maps)
+	clear(c.fds)
 }
 
-// WithMapsCache returns fs reading /proc/PID/maps through c.
-func (fs FS) WithMapsCache(c *MapsCache) FS {
-	fs.maps = c
+// WithPollCache returns fs reading /proc/PID/maps and /proc/PID/fd
+// through c (nil: read at every call).
+func (fs FS) WithPollCache(c *PollCache) FS {
+	fs.cache = c
 	return fs
+}
+
+// once returns what cache holds for pid, or reads it and keeps it.
+func once[T any](c *PollCache, cache map[int]read[T], pid int, readFn func(int) (T, error)) (T, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r, ok := cache[pid]; ok {
+		return r.val, r.err
+	}
+	v, err := readFn(pid)
+	cache[pid] = read[T]{v, err}
+	return v, err
 }
 
 // Maps returns the mappings of pid, read once per poll when fs has a cache.
 func (fs FS) Maps(pid int) ([]*procfs.ProcMap, error) {
-	read := func() ([]*procfs.ProcMap, error) {
-		p, err := fs.process(pid)
-		if err != nil {
-			return nil, err
-		}
-		maps, err := p.ProcMaps()
-		if err != nil {
-			return nil, procErr(pid, err)
-		}
-		return maps, nil
+	if fs.cache == nil {
+		return fs.readMaps(pid)
 	}
-	c := fs.maps
-	if c == nil {
-		return read()
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if r, ok := c.read[pid]; ok && r.gen == c.gen {
-		return r.maps, r.err
-	}
-	maps, err := read()
-	c.read[pid] = mapsRead{gen: c.gen, maps: maps, err: err}
-	return maps, err
+	return once(fs.cache, fs.cache.maps, pid, fs.readMaps)
 }
 
-// DropMaps forgets this poll's read of pid's mappings, for a reader that
-// found the process of no interest: a walk of every process on the node
-// need not hold all their mappings until the next poll.
-func (fs FS) DropMaps(pid int) {
-	if c := fs.maps; c != nil {
+// FDs lists the open fds of pid with their kinds, sorted by number; once
+// per poll when fs has a cache.
+func (fs FS) FDs(pid int) ([]FD, error) {
+	if fs.cache == nil {
+		return fs.readFDs(pid)
+	}
+	return once(fs.cache, fs.cache.fds, pid, fs.readFDs)
+}
+
+// FDsNow lists the fds of pid now, whatever the cache holds, and leaves
+// the listing there for the readers that come after: a reader that dates
+// the listing (fdtrack's reconcile) cannot take an earlier one.
+func (fs FS) FDsNow(pid int) ([]FD, error) {
+	fds, err := fs.readFDs(pid)
+	if c := fs.cache; c != nil {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		delete(c.read, pid)
+		c.fds[pid] = read[[]FD]{fds, err}
+	}
+	return fds, err
+}
+
+// Drop forgets this poll's reads of pid, for a reader that found the
+// process of no interest: a walk of every process on the node need not
+// hold all their mappings until the next poll.
+func (fs FS) Drop(pid int) {
+	if c := fs.cache; c != nil {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		delete(c.maps, pid)
+		delete(c.fds, pid)
 	}
 }
 
@@ -136,8 +156,8 @@ type FD struct {
 	Target string // link of /proc/PID/fd/NUM, e.g. "socket:[123]"
 }
 
-// FDs lists the open fds of pid with their kinds, sorted by number.
-func (fs FS) FDs(pid int) ([]FD, error) {
+// readFDs lists the open fds of pid with their kinds, sorted by number.
+func (fs FS) readFDs(pid int) ([]FD, error) {
 	// procfs gives numbers and targets only as two separate directory reads,
 	// which disagree if the table changes in between, so pair them here.
 	nums, err := fs.fdNums(pid)
@@ -224,15 +244,7 @@ func (fs FS) FDCount(pid int) (int, error) {
 // NoFileLimit returns the soft RLIMIT_NOFILE of pid; "unlimited" reads as
 // math.MaxUint64 (procfs maps it so).
 func (fs FS) NoFileLimit(pid int) (uint64, error) {
-	p, err := fs.process(pid)
-	if err != nil {
-		return 0, err
-	}
-	l, err := p.Limits()
-	if err != nil {
-		return 0, procErr(pid, err)
-	}
-	return l.OpenFiles, nil
+	return fs.readNoFileLimit(pid)
 }
 
 // Comm returns the command name of pid (/proc/PID/comm).

@@ -329,9 +329,9 @@ func TestParsePIDs(t *testing.T) {
 	}
 }
 
-// Within one poll every reader gets the first read of /proc/PID/maps; the
-// next poll reads the file again.
-func TestMapsCache(t *testing.T) {
+// Within one poll every reader gets the first read of /proc/PID/maps and
+// /proc/PID/fd, but FDsNow; the next poll reads them again.
+func TestPollCache(t *testing.T) {
 	fs := newFixture(t, worker)
 	path := filepath.Join(fs.Root(), "100", "maps")
 	write := func(lines string) {
@@ -342,8 +342,8 @@ func TestMapsCache(t *testing.T) {
 	one := "00400000-00452000 r-xp 00000000 08:02 173521 /usr/bin/worker\n"
 	two := one + "7f0000000000-7f0000100000 r-xp 00000000 08:02 173522 /usr/lib/libcudart.so.12\n"
 	write(one)
-	c := NewMapsCache()
-	cached := fs.WithMapsCache(c)
+	c := NewPollCache()
+	cached := fs.WithPollCache(c)
 	count := func(f FS) int {
 		m, err := f.Maps(100)
 		if err != nil {
@@ -364,12 +364,42 @@ func TestMapsCache(t *testing.T) {
 	}
 	// Dropped (a process of no interest): the next reader reads the file.
 	write(one)
-	cached.DropMaps(100)
+	cached.Drop(100)
 	if n := count(cached); n != 1 {
-		t.Errorf("after DropMaps: %d mappings, want the file's 1", n)
+		t.Errorf("after Drop: %d mappings, want the file's 1", n)
 	}
 	if _, err := cached.Maps(999); !errors.Is(err, ErrNoProcess) {
 		t.Errorf("missing process: %v", err)
+	}
+
+	fdDir := filepath.Join(fs.Root(), "100", "fd")
+	open := func(num int) {
+		if err := os.Symlink("/dev/null", filepath.Join(fdDir, strconv.Itoa(num))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fds := func(list func(int) ([]FD, error)) int {
+		l, err := list(100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(l)
+	}
+	n0 := fds(cached.FDs)
+	open(50)
+	if n := fds(cached.FDs); n != n0 {
+		t.Errorf("same poll: %d fds, want the first listing's %d", n, n0)
+	}
+	if n := fds(cached.FDsNow); n != n0+1 {
+		t.Errorf("FDsNow: %d fds, want %d", n, n0+1)
+	}
+	open(51)
+	if n := fds(cached.FDs); n != n0+1 {
+		t.Errorf("after FDsNow: %d fds, want its listing's %d", n, n0+1)
+	}
+	c.Next()
+	if n := fds(cached.FDs); n != n0+2 {
+		t.Errorf("next poll: %d fds, want %d", n, n0+2)
 	}
 }
 

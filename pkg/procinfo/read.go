@@ -3,8 +3,12 @@ package procinfo
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"strconv"
+	"strings"
+	"sync"
 
+	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
 )
 
@@ -140,4 +144,148 @@ func (fs FS) fdNums(pid int) ([]int, error) {
 // path is /proc/PID/NAME under fs's mount.
 func (fs FS) path(pid int, name string) string {
 	return fs.root + "/" + strconv.Itoa(pid) + "/" + name
+}
+
+// mapsBufs holds read buffers for /proc/PID/maps, which runs from a few KiB
+// (a small tool) to hundreds (a PyTorch process).
+var mapsBufs = sync.Pool{New: func() any { b := make([]byte, 16<<10); return &b }}
+
+// maxPooled bounds the buffers kept for reuse: one huge process must not
+// pin its maps' size for the rest of the run.
+const maxPooled = 1 << 20
+
+// readMaps reads and parses /proc/PID/maps.
+func (fs FS) readMaps(pid int) ([]*procfs.ProcMap, error) {
+	buf := mapsBufs.Get().(*[]byte)
+	b, err := readSmall(fs.path(pid, "maps"), (*buf)[:cap(*buf)])
+	if err == nil && cap(b) <= maxPooled {
+		*buf = b[:0]
+	}
+	defer mapsBufs.Put(buf)
+	if err != nil {
+		return nil, procErr(pid, err)
+	}
+	maps, err := parseMaps(b)
+	if err != nil {
+		return nil, fmt.Errorf("pid %d: %w", pid, err)
+	}
+	return maps, nil
+}
+
+// parseMaps parses the lines of a maps file, "START-END PERMS OFFSET
+// MAJ:MIN INODE [PATH]", into procfs's type, which the readers share. The
+// entries and their permissions are allocated in two blocks, and a path
+// repeated on consecutive lines (a library's segments) is one string.
+func parseMaps(b []byte) ([]*procfs.ProcMap, error) {
+	n := bytes.Count(b, []byte{'\n'}) + 1
+	vals := make([]procfs.ProcMap, 0, n)
+	perms := make([]procfs.ProcMapPermissions, 0, n)
+	out := make([]*procfs.ProcMap, 0, n)
+	var path []byte
+	var pathStr string
+	for len(b) > 0 {
+		var line []byte
+		line, b, _ = bytes.Cut(b, []byte{'\n'})
+		if len(line) == 0 {
+			continue
+		}
+		var f [5][]byte
+		rest := line
+		for i := range f {
+			rest = bytes.TrimLeft(rest, " ")
+			f[i], rest, _ = bytes.Cut(rest, []byte{' '})
+		}
+		start, end, ok1 := bytes.Cut(f[0], []byte{'-'})
+		major, minor, ok2 := bytes.Cut(f[3], []byte{':'})
+		if !ok1 || !ok2 || len(f[1]) < 4 {
+			return nil, fmt.Errorf("malformed maps line %q", line)
+		}
+		var nums [6]uint64
+		var errs [6]error
+		nums[0], errs[0] = strconv.ParseUint(string(start), 16, 64)
+		nums[1], errs[1] = strconv.ParseUint(string(end), 16, 64)
+		nums[2], errs[2] = strconv.ParseUint(string(f[2]), 16, 63)
+		nums[3], errs[3] = strconv.ParseUint(string(major), 16, 32)
+		nums[4], errs[4] = strconv.ParseUint(string(minor), 16, 32)
+		nums[5], errs[5] = strconv.ParseUint(string(f[4]), 10, 64)
+		for _, err := range errs {
+			if err != nil {
+				return nil, fmt.Errorf("malformed maps line %q: %w", line, err)
+			}
+		}
+		if p := bytes.TrimLeft(rest, " "); !bytes.Equal(p, path) {
+			path, pathStr = p, string(p)
+		}
+		perms = append(perms, procfs.ProcMapPermissions{
+			Read: f[1][0] == 'r', Write: f[1][1] == 'w', Execute: f[1][2] == 'x',
+			Private: f[1][3] == 'p', Shared: f[1][3] == 's'})
+		vals = append(vals, procfs.ProcMap{
+			StartAddr: uintptr(nums[0]), EndAddr: uintptr(nums[1]), Perms: &perms[len(perms)-1],
+			Offset: int64(nums[2]), Dev: unix.Mkdev(uint32(nums[3]), uint32(nums[4])), Inode: nums[5],
+			Pathname: pathStr})
+		out = append(out, &vals[len(vals)-1])
+	}
+	return out, nil
+}
+
+// readNoFileLimit reads the soft "Max open files" of /proc/PID/limits;
+// "unlimited" reads as math.MaxUint64, as procfs has it.
+func (fs FS) readNoFileLimit(pid int) (uint64, error) {
+	var buf [2048]byte
+	b, err := readSmall(fs.path(pid, "limits"), buf[:])
+	if err != nil {
+		return 0, procErr(pid, err)
+	}
+	const name = "Max open files"
+	for len(b) > 0 {
+		var line []byte
+		line, b, _ = bytes.Cut(b, []byte{'\n'})
+		rest, ok := bytes.CutPrefix(line, []byte(name))
+		if !ok {
+			continue
+		}
+		f := bytes.Fields(rest)
+		if len(f) == 0 {
+			break
+		}
+		if string(f[0]) == "unlimited" {
+			return math.MaxUint64, nil
+		}
+		n, err := strconv.ParseUint(string(f[0]), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("pid %d: limits: %q: %w", pid, line, err)
+		}
+		return n, nil
+	}
+	return 0, fmt.Errorf("pid %d: limits: no %q line", pid, name)
+}
+
+// Cgroups reads /proc/PID/cgroup: "ID:CONTROLLERS:PATH" per line, in
+// procfs's type.
+func (fs FS) Cgroups(pid int) ([]procfs.Cgroup, error) {
+	var buf [4096]byte
+	b, err := readSmall(fs.path(pid, "cgroup"), buf[:])
+	if err != nil {
+		return nil, procErr(pid, err)
+	}
+	var out []procfs.Cgroup
+	for len(b) > 0 {
+		var line []byte
+		line, b, _ = bytes.Cut(b, []byte{'\n'})
+		if len(line) == 0 {
+			continue
+		}
+		id, rest, ok1 := bytes.Cut(line, []byte{':'})
+		ctrls, path, ok2 := bytes.Cut(rest, []byte{':'})
+		n, err := strconv.Atoi(string(id))
+		if !ok1 || !ok2 || err != nil {
+			return nil, fmt.Errorf("malformed cgroup line %q", line)
+		}
+		cg := procfs.Cgroup{HierarchyID: n, Path: string(path)}
+		if len(ctrls) > 0 {
+			cg.Controllers = strings.Split(string(ctrls), ",")
+		}
+		out = append(out, cg)
+	}
+	return out, nil
 }

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -232,4 +233,60 @@ func TestStartTime(t *testing.T) {
 	if _, err := fs.Identify(1 << 30); !errors.Is(err, ErrNoProcess) {
 		t.Fatalf("Identify of a missing pid: %v", err)
 	}
+}
+
+// The readers of read.go parse what procfs parses, without its syscalls:
+// they must agree with it on this kernel's files, for every process this
+// test can read (all of them as root).
+func TestReadersMatchProcfs(t *testing.T) {
+	fs := realFS(t)
+	pids, err := fs.AllPIDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	compared := 0
+	for _, pid := range pids {
+		p, err := fs.proc.Proc(pid)
+		if err != nil {
+			continue
+		}
+		wantMaps, err1 := p.ProcMaps()
+		wantLimits, err2 := p.Limits()
+		wantCgroups, err3 := p.Cgroups()
+		wantStat, err4 := p.Stat()
+		if err1 != nil || err2 != nil || err3 != nil || err4 != nil {
+			continue // gone, or not ours to read
+		}
+		maps, err := fs.readMaps(pid)
+		if again, err2 := p.ProcMaps(); err != nil || err2 != nil || !reflect.DeepEqual(again, wantMaps) {
+			continue // changed between the reads
+		}
+		// procfs joins a path's words with one space; the kernel's own
+		// spacing is kept here.
+		for i, m := range wantMaps {
+			if i < len(maps) && strings.Join(strings.Fields(maps[i].Pathname), " ") == m.Pathname {
+				m.Pathname = maps[i].Pathname
+			}
+		}
+		if !reflect.DeepEqual(maps, wantMaps) {
+			t.Errorf("pid %d: readMaps differs from procfs:\n%v\n%v", pid, maps, wantMaps)
+		}
+		if n, err := fs.readNoFileLimit(pid); err != nil || n != wantLimits.OpenFiles {
+			t.Errorf("pid %d: readNoFileLimit = %d, %v; procfs %d", pid, n, err, wantLimits.OpenFiles)
+		}
+		if cg, err := fs.Cgroups(pid); err != nil || !reflect.DeepEqual(cg, wantCgroups) {
+			t.Errorf("pid %d: Cgroups = %+v, %v; procfs %+v", pid, cg, err, wantCgroups)
+		}
+		st, err := fs.readStat(pid)
+		want := procStat{Comm: wantStat.Comm, State: wantStat.State, PPID: wantStat.PPID, Flags: uint64(wantStat.Flags),
+			NumThreads: int64(wantStat.NumThreads), Starttime: wantStat.Starttime}
+		if err != nil || st != want {
+			t.Errorf("pid %d: readStat = %+v, %v; procfs %+v", pid, st, err, want)
+		}
+		compared++
+	}
+	if compared == 0 {
+		t.Fatal("no process compared")
+	}
+	t.Logf("%d processes compared", compared)
 }

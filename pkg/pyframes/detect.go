@@ -31,6 +31,15 @@ type interp struct {
 // fileKey identifies a mapped file.
 type fileKey struct{ dev, inode uint64 }
 
+// exeOf is the file pid runs, as the kernel has it: an exec changes it.
+func exeOf(procRoot string, pid int) (fileKey, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(procRoot, strconv.Itoa(pid), "exe"), &st); err != nil {
+		return fileKey{}, err
+	}
+	return fileKey{st.Dev, st.Ino}, nil
+}
+
 // elfPython is what one ELF file says about the interpreter it holds.
 type elfPython struct {
 	runtime, codeType uint64 // symbol values; runtime 0: not an interpreter

@@ -45,7 +45,19 @@ type proc struct {
 	in    *interp          // nil: no interpreter found (yet)
 	err   string           // why not, as last logged
 	codes map[uint64]*code // by code object address
+
+	// With no interpreter mapped, the mappings are read again only when
+	// the executable changed (an exec) or after skip more polls, a wait
+	// that doubles up to maxSkip (a libpython loaded late): reading maps
+	// at every poll for each process that runs no Python was a cost per
+	// process and poll that did not scale with the node (issue 20).
+	exe        fileKey
+	skip, wait int
 }
+
+// maxSkip bounds the polls between two looks at a process that maps no
+// interpreter, for one that loads libpython late.
+const maxSkip = 32
 
 // bpfBuf is PY_BUF: every read and field of the BPF side lies below it.
 const bpfBuf = 256
@@ -80,6 +92,12 @@ func (t *Tracker) Refresh(pid int) {
 	p := t.procs[pid]
 	if p == nil {
 		return
+	}
+	if p.in == nil && p.skip > 0 {
+		if exe, err := exeOf(t.fs.Root(), pid); err == nil && exe == p.exe {
+			p.skip--
+			return
+		}
 	}
 	if p.in != nil {
 		maps, err := t.fs.Maps(pid)
@@ -124,6 +142,13 @@ func (t *Tracker) detect(pid int, p *proc) {
 	in, err := findInterp(t.fs.Root(), pid, maps)
 	if err == nil {
 		err = in.check(pid)
+	}
+	if errors.Is(err, errNoPython) {
+		p.wait = min(max(2*p.wait, 1), maxSkip)
+		p.skip = p.wait
+		p.exe, _ = exeOf(t.fs.Root(), pid)
+	} else {
+		p.wait, p.skip = 0, 0
 	}
 	if err != nil {
 		if !errors.Is(err, errNoPython) && err.Error() != p.err {

@@ -30,6 +30,9 @@ const Tracepoint = "sock/inet_sock_set_state"
 type Config struct {
 	MaxSockets uint32 // TCP sockets tracked in the kernel, all processes together
 	ProcRoot   string // normally /proc
+	// Cache, when set, shares reads of /proc/PID/fd with the fd concern
+	// within a poll: both list a process that just started.
+	Cache *procinfo.PollCache
 	// ProcTables reads TCP sockets from /proc/PID/net/tcp{,6} even where
 	// sock_diag works: the benchmark's baseline. Without sock_diag they
 	// are read from there anyway.
@@ -77,7 +80,7 @@ func New(cfg Config) (*Tracker, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Tracker{proc: proc, procRoot: cfg.ProcRoot, pids: map[int]*procState{}}
+	t := &Tracker{proc: proc.WithPollCache(cfg.Cache), procRoot: cfg.ProcRoot, pids: map[int]*procState{}}
 	// Missing accept tracepoints only cost accepted sockets their exact
 	// dates until the next poll lists them; those programs are dropped from
 	// the spec so they are neither loaded nor fatal.

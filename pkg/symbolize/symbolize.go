@@ -125,7 +125,7 @@ func (pm *procMaps) find(addr uint64) *mapping {
 }
 
 // ShareMaps makes Refresh read mappings through fs, whose cache the views
-// of one poll share (procinfo.MapsCache): a process tracked this poll has
+// of one poll share (procinfo.PollCache): a process tracked this poll has
 // them read once, not once per reader. Reads on a miss (an address in a
 // library loaded since) still go to the file. It returns s.
 func (s *Symbolizer) ShareMaps(fs procinfo.FS) *Symbolizer {

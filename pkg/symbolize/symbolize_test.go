@@ -376,7 +376,7 @@ func TestRefreshSharedMaps(t *testing.T) {
 	put(t, filepath.Join(root, "100", "stat"), []byte("100 (target) S 1 100 100 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 1 0 0\n"), "")
 	mapsFile := filepath.Join(root, "100", "maps")
 	put(t, mapsFile, []byte(first.line("08:01 1234", "/opt/target")), "")
-	shared := fs.WithMapsCache(procinfo.NewMapsCache())
+	shared := fs.WithPollCache(procinfo.NewPollCache())
 	if _, err := shared.Maps(100); err != nil { // the view that read first
 		t.Fatal(err)
 	}

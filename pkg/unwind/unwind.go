@@ -128,6 +128,13 @@ func (s *Server) answer(req Request) {
 // under a millisecond once the files are open.
 const requestWait = 100 * time.Millisecond
 
+// Settled reports whether Canonical(id) will not change: the stack was
+// found, or id names none.
+func (s *Server) Settled(id int32) bool {
+	_, ok := s.canon[id]
+	return ok || id < 0
+}
+
 // Canonical returns the id under which a stack is first known. The first
 // event of a site gets a request's id and later ones the id of the kernel's
 // own walk, for the same frames: one site must be one id. An id whose stack
