@@ -35,8 +35,8 @@ const kthreaddPID = 2
 
 // FS reads process information under one proc mount.
 type FS struct {
-	root string // kept because procfs.FS does not expose its mount point
-	proc procfs.FS
+	root  string // kept because procfs.FS does not expose its mount point
+	proc  procfs.FS
 	cache *PollCache // nil: every Maps and FDs call reads /proc
 	// self is a procfs.Proc of this mount, copied with another PID for
 	// each process read: procfs.FS.Proc stats /proc/PID first, one more
