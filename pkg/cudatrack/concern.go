@@ -80,7 +80,10 @@ func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Findin
 	pids := make([]int, len(procs))
 	for i, p := range procs {
 		pids[i] = p.PID
-		c.py.Refresh(p.PID)
+		c.py.Refresh(p.PID, now)
+		if ps := c.procs[p.PID]; ps != nil && ps.tracked.After(now) {
+			continue // Track looked at its libraries during this poll
+		}
 		// The process may exit at any point; its next liveness check ends it.
 		hooked, err := c.Refresh(p.PID)
 		if err != nil {

@@ -101,6 +101,7 @@ type procState struct {
 	// hooked library: in --all most processes never do, and each entry
 	// costs a syscall to make and one to delete.
 	counted bool
+	tracked time.Time // when Track looked at its libraries
 }
 
 // hooked is one library of one process; a file without hooks is kept
@@ -205,6 +206,7 @@ func (t *Tracker) Track(pid int) error {
 	if t.procs[pid] == nil {
 		t.procs[pid] = &procState{libs: map[fileKey]*hooked{}}
 	}
+	t.procs[pid].tracked = time.Now()
 	_, err := t.Refresh(pid)
 	return err
 }

@@ -96,7 +96,7 @@ func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Findin
 	pids := make([]int, len(procs))
 	for i, p := range procs {
 		pids[i] = p.PID
-		c.py.Refresh(p.PID)
+		c.py.Refresh(p.PID, now)
 	}
 	samples, err := c.Poll(pids)
 	if err != nil {

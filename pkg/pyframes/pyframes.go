@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 
@@ -53,6 +54,7 @@ type proc struct {
 	// process and poll that did not scale with the node (issue 20).
 	exe        fileKey
 	skip, wait int
+	tracked    time.Time // when Track looked
 }
 
 // maxSkip bounds the polls between two looks at a process that maps no
@@ -80,17 +82,21 @@ func (t *Tracker) Track(pid int) {
 	if t.procs[pid] == nil {
 		t.procs[pid] = &proc{}
 	}
-	t.detect(pid, t.procs[pid])
+	p := t.procs[pid]
+	p.tracked = time.Now()
+	_ = t.detect(pid, p) // not found: Refresh looks again
 }
 
-// Refresh looks again at a tracked process once per poll: for an
-// interpreter when none was found (exec, a libpython loaded late), or
-// whether the one found is still mapped (an exec replaces it).
-func (t *Tracker) Refresh(pid int) {
+// Refresh looks again at a tracked process once per poll, the poll that
+// began at poll: for an interpreter when none was found (exec, a libpython
+// loaded late), or whether the one found is still mapped (an exec replaces
+// it). A process Track looked at during this poll is left as it is: the
+// daemon tracks each process that starts, and most end within a poll.
+func (t *Tracker) Refresh(pid int, poll time.Time) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	p := t.procs[pid]
-	if p == nil {
+	if p == nil || p.tracked.After(poll) {
 		return
 	}
 	if p.in == nil && p.skip > 0 {
@@ -112,7 +118,13 @@ func (t *Tracker) Refresh(pid int) {
 		_ = t.maps.Procs.Delete(uint32(pid))
 		p.in, p.codes = nil, nil
 	}
-	t.detect(pid, p)
+	if err := t.detect(pid, p); errors.Is(err, errNoPython) {
+		p.wait = min(max(2*p.wait, 1), maxSkip)
+		p.skip = p.wait
+		p.exe, _ = exeOf(t.fs.Root(), pid)
+	} else {
+		p.wait, p.skip = 0, 0
+	}
 }
 
 // Untrack forgets pid.
@@ -134,40 +146,34 @@ func (t *Tracker) Version(pid int) string {
 }
 
 // detect finds the interpreter of pid and tells the kernel, with t.mu held.
-func (t *Tracker) detect(pid int, p *proc) {
+func (t *Tracker) detect(pid int, p *proc) error {
 	maps, err := t.fs.Maps(pid)
 	if err != nil {
-		return
+		return err
 	}
 	in, err := findInterp(t.fs.Root(), pid, maps)
 	if err == nil {
 		err = in.check(pid)
-	}
-	if errors.Is(err, errNoPython) {
-		p.wait = min(max(2*p.wait, 1), maxSkip)
-		p.skip = p.wait
-		p.exe, _ = exeOf(t.fs.Root(), pid)
-	} else {
-		p.wait, p.skip = 0, 0
 	}
 	if err != nil {
 		if !errors.Is(err, errNoPython) && err.Error() != p.err {
 			slog.Debug("no Python frames", "pid", pid, "err", err)
 		}
 		p.err = err.Error()
-		return
+		return err
 	}
 	proc := in.layout.proc(in.runtime)
 	if proc.TstateSize >= bpfBuf || proc.FrameSize >= bpfBuf {
 		slog.Debug("no Python frames", "pid", pid, "err", "layout beyond the BPF side's buffer")
-		return
+		return errors.New("layout beyond the BPF side's buffer")
 	}
 	if err := t.maps.Procs.Update(uint32(pid), &proc, ebpf.UpdateAny); err != nil {
 		slog.Warn("no Python frames", "pid", pid, "err", err)
-		return
+		return err
 	}
 	slog.Debug("Python frames", "pid", pid, "python", in.version)
 	p.in, p.err, p.codes = in, "", map[uint64]*code{}
+	return nil
 }
 
 // errNotReady: the interpreter is mapped but not initialized yet.

@@ -4,11 +4,16 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
@@ -196,4 +201,57 @@ func TestLayoutFromDebug(t *testing.T) {
 
 func encode(raw []byte, d *debugOffsets) (int, error) {
 	return binary.Encode(raw, binary.LittleEndian, d)
+}
+
+// A process without Python is looked at again after a growing number of
+// polls, and at once after it execs: a shell that execs Python later gets
+// its frames at the next poll, not after the wait.
+func TestRefreshAfterExec(t *testing.T) {
+	testutil.RequireRoot(t)
+	fs, err := procinfo.New("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Hash, KeySize: 4, ValueSize: uint32(binary.Size(Proc{})), MaxEntries: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer procs.Close()
+	tr := New(Maps{Procs: procs}, fs)
+	py := testutil.Pythons(t)[0]
+	dir := t.TempDir()
+	gate := filepath.Join(dir, "go")
+	cmd := testutil.Start(t, "/bin/sh", "-c", `echo ready; while [ ! -e "$0" ]; do sleep 0.01; done; exec "$1" -c "import time; time.sleep(60)"`, gate, py)
+	pid := cmd.Process.Pid
+	tr.Track(pid)
+	// Polls without Python until the wait is the longest, just begun.
+	for i := 0; tr.procs[pid].skip != maxSkip; i++ {
+		if i == 100 {
+			t.Fatalf("after %d polls without Python, a wait of %d polls", i, tr.procs[pid].wait)
+		}
+		tr.Refresh(pid, time.Now())
+	}
+	exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		now, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		if now != exe {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no exec")
+		}
+	}
+	// One refresh a poll until the interpreter is initialized: a few
+	// polls ("not initialized yet" is looked at every poll), far fewer
+	// than the wait.
+	for i := 0; tr.Version(pid) == ""; i++ {
+		if i == maxSkip/2 {
+			t.Fatalf("Python not found after %d polls of the exec", i)
+		}
+		time.Sleep(50 * time.Millisecond)
+		tr.Refresh(pid, time.Now())
+	}
 }

@@ -15,9 +15,23 @@ import (
 // thread names and CPU affinity from the system, and the storm detector.
 type Concern struct {
 	*Tracker
-	proc procinfo.FS
-	det  *ctxstorm.Detector
+	proc  procinfo.FS
+	det   *ctxstorm.Detector
+	names map[[2]int]threadName // by pid and tid
+	polls int
 }
+
+// threadName is a thread's name as last read. Names are read again every
+// nameEvery polls: a thread names itself once, mostly right after it
+// starts, and reading each thread's name each poll was most of what a
+// process with many threads cost this view.
+type threadName struct {
+	name string
+	read int // the poll it was read at
+	seen int // the last poll that listed the thread
+}
+
+const nameEvery = 10
 
 // NewConcern loads and attaches the scheduler BPF object.
 func NewConcern(cfg Config, det ctxstorm.Config) (*Concern, error) {
@@ -29,7 +43,7 @@ func NewConcern(cfg Config, det ctxstorm.Config) (*Concern, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Concern{Tracker: t, proc: proc, det: ctxstorm.New(det)}, nil
+	return &Concern{Tracker: t, proc: proc, det: ctxstorm.New(det), names: map[[2]int]threadName{}}, nil
 }
 
 // Name is the concern's name in logs and `check`.
@@ -52,10 +66,16 @@ func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Findin
 	if err != nil {
 		return nil, err
 	}
+	c.polls++
 	var out []model.Finding
 	for _, p := range procs {
 		c.fill(p, samples[p.PID])
 		out = append(out, c.det.Observe(now, p)...)
+	}
+	for key, n := range c.names {
+		if n.seen != c.polls {
+			delete(c.names, key)
+		}
 	}
 	return out, nil
 }
@@ -66,11 +86,19 @@ func (c *Concern) fill(p *model.Process, s *Sample) {
 	p.Sched.Involuntary = s.Involuntary
 	threads := make([]model.ThreadSched, 0, len(s.Threads))
 	for _, th := range s.Threads {
-		name, err := c.proc.ThreadName(p.PID, th.TID)
-		if errors.Is(err, procinfo.ErrNoProcess) {
-			c.Forget(th.TID)
-			continue
+		key := [2]int{p.PID, th.TID}
+		n, ok := c.names[key]
+		if !ok || c.polls-n.read >= nameEvery {
+			name, err := c.proc.ThreadName(p.PID, th.TID)
+			if errors.Is(err, procinfo.ErrNoProcess) {
+				c.Forget(th.TID)
+				continue
+			}
+			n = threadName{name: name, read: c.polls}
 		}
+		n.seen = c.polls
+		c.names[key] = n
+		name := n.name
 		threads = append(threads, model.ThreadSched{TID: th.TID, Name: name, Voluntary: th.Voluntary, Involuntary: th.Involuntary})
 	}
 	slices.SortFunc(threads, func(a, b model.ThreadSched) int {
