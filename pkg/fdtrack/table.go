@@ -56,6 +56,9 @@ func (t *Tracker) Track(pid int) error {
 	if err := t.table.Claim(tgid, t.tracked); err != nil {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
+	if err := t.failSites.Claim(tgid, t.tracked); err != nil {
+		return fmt.Errorf("tracking pid %d: %w", pid, err)
+	}
 	zero := make([]fdFdCounts, ebpf.MustPossibleCPU())
 	if err := t.maps.FdCounters.Update(tgid, zero, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
@@ -105,7 +108,9 @@ func (t *Tracker) Untrack(pid int) {
 	tgid := uint32(pid)
 	_ = t.maps.TrackedPids.Delete(tgid)
 	_ = t.maps.FdCounters.Delete(tgid)
-	_ = t.maps.FailSites.Delete(tgid)
+	// A failure site exists only once a call failed: the one read may
+	// know it, else the next read sweeps it.
+	t.failSites.Forget(tgid)
 	t.table.Forget(tgid)
 	delete(t.started, tgid)
 	delete(t.atStart, tgid)

@@ -131,8 +131,12 @@ func (t *Tracker) Refresh(pid int, poll time.Time) {
 func (t *Tracker) Untrack(pid int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	// Only an interpreter found has an entry: most processes have none,
+	// and a delete is a syscall.
+	if p := t.procs[pid]; p != nil && p.in != nil {
+		_ = t.maps.Procs.Delete(uint32(pid))
+	}
 	delete(t.procs, pid)
-	_ = t.maps.Procs.Delete(uint32(pid))
 }
 
 // Version is the Python version found in pid ("3.11.2"), or "".
