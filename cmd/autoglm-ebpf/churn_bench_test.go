@@ -61,7 +61,7 @@ func BenchmarkDaemonChurn(b *testing.B) {
 	rt := testutil.CUDAStubs(b)
 	fdwork := testutil.Fixture(b, "fdwork", "-pthread")
 	const (
-		rounds  = 2
+		rounds  = 3
 		measure = 20 * time.Second
 		big     = 15000
 	)

@@ -248,6 +248,11 @@ func (d *Detector) Observe(now time.Time, p *model.Process) []model.Finding {
 	defer d.mu.Unlock()
 
 	st := d.procs[p.PID]
+	if st == nil && !p.CUDA.Active() {
+		// Nothing to judge, and in --all most processes never touch
+		// CUDA: their state (the leak trend's rings) is made when they do.
+		return nil
+	}
 	if st == nil {
 		st = &procState{failures: map[failKey]*failGroup{}, trend: series.NewMulti(d.cfg.LeakScales...)}
 		d.procs[p.PID] = st
