@@ -80,7 +80,7 @@ func TestReadCgroup(t *testing.T) {
 			Cgroup{"/autoglm-churn-1", "", ""}},
 	}
 	for _, tt := range tests {
-		got, err := ReadCgroup(fixtureFS(t), tt.pid)
+		got, err := ReadCgroup(procFS(t, "testdata/proc"), tt.pid)
 		if err != nil {
 			t.Errorf("pid %d (%s): %v", tt.pid, tt.what, err)
 			continue
@@ -104,12 +104,12 @@ func TestReadCgroupErrors(t *testing.T) {
 		{204, "pod slice with a cut-off UID", `malformed pod UID in "kubepods-burstable-pod3aa48729_63ec.slice"`},
 	}
 	for _, tt := range tests {
-		got, err := ReadCgroup(fixtureFS(t), tt.pid)
+		got, err := ReadCgroup(procFS(t, "testdata/proc"), tt.pid)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("pid %d (%s): got %+v, %v; want an error with %q", tt.pid, tt.what, got, err, tt.want)
 		}
 	}
-	if _, err := ReadCgroup(fixtureFS(t), 999); !errors.Is(err, procinfo.ErrNoProcess) {
+	if _, err := ReadCgroup(procFS(t, "testdata/proc"), 999); !errors.Is(err, procinfo.ErrNoProcess) {
 		t.Errorf("missing pid: %v, want procinfo.ErrNoProcess", err)
 	}
 }
@@ -117,7 +117,7 @@ func TestReadCgroupErrors(t *testing.T) {
 // The running test process has a cgroup file the kernel wrote; whatever it
 // says, it must parse.
 func TestReadCgroupSelf(t *testing.T) {
-	cg, err := ReadCgroup(realFS(t), os.Getpid())
+	cg, err := ReadCgroup(procFS(t, "/proc"), os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,19 +126,11 @@ func TestReadCgroupSelf(t *testing.T) {
 	}
 }
 
-// fixtureFS reads the fixture proc tree under testdata/proc.
-func fixtureFS(t *testing.T) procinfo.FS {
+// procFS reads the proc tree under root: the fixtures' (testdata/proc) or
+// the kernel's (/proc).
+func procFS(t *testing.T, root string) procinfo.FS {
 	t.Helper()
-	fs, err := procinfo.New("testdata/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fs
-}
-
-func realFS(t *testing.T) procinfo.FS {
-	t.Helper()
-	fs, err := procinfo.New("/proc")
+	fs, err := procinfo.New(root)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -229,7 +229,7 @@ func TestResolver(t *testing.T) {
 	}
 
 	// The fixture's pid 100 is vllm-0's server container.
-	got, err := r.ForPID(fixtureFS(t), 100)
+	got, err := r.ForPID(procFS(t, "testdata/proc"), 100)
 	want := Pod{UID: uid1, ContainerID: cid1, Cgroup: slice1 + "/cri-containerd-" + cid1 + ".scope",
 		Namespace: "infer", Name: "vllm-0", Container: "server"}
 	if err != nil || got != want {
@@ -327,7 +327,7 @@ func TestResolverForbidden(t *testing.T) {
 	if _, _, _, ok := r.Lookup(uid1, cid1); ok {
 		t.Error("Lookup succeeded without a pod list")
 	}
-	got, err := r.ForPID(fixtureFS(t), 100)
+	got, err := r.ForPID(procFS(t, "testdata/proc"), 100)
 	if err != nil || got != (Pod{UID: uid1, ContainerID: cid1, Cgroup: slice1 + "/cri-containerd-" + cid1 + ".scope"}) {
 		t.Errorf("ForPID(100) = %+v, %v; want the cgroup ids only", got, err)
 	}
@@ -396,7 +396,7 @@ func TestResolverUnavailable(t *testing.T) {
 		if _, _, _, ok := r.Lookup(uid1, cid1); ok {
 			t.Errorf("%s: nil resolver looked up a pod", tt.what)
 		}
-		got, err := r.ForPID(fixtureFS(t), 105)
+		got, err := r.ForPID(procFS(t, "testdata/proc"), 105)
 		if err != nil || got != (Pod{UID: uid5, ContainerID: cid6, Cgroup: slice5 + "/crio-" + cid6 + ".scope"}) {
 			t.Errorf("%s: ForPID(105) = %+v, %v; want the cgroup ids", tt.what, got, err)
 		}
@@ -406,7 +406,7 @@ func TestResolverUnavailable(t *testing.T) {
 // ForPID passes on cgroup errors.
 func TestForPIDError(t *testing.T) {
 	var r *Resolver
-	if _, err := r.ForPID(fixtureFS(t), 200); err == nil || !strings.Contains(err.Error(), "pid 200") {
+	if _, err := r.ForPID(procFS(t, "testdata/proc"), 200); err == nil || !strings.Contains(err.Error(), "pid 200") {
 		t.Errorf("ForPID(200): %v, want the parse error", err)
 	}
 }
