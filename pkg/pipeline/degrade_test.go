@@ -59,7 +59,7 @@ func pipelineOf(t *testing.T, views ...*view) *Pipeline {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Pipeline{proc: proc, sym: symbolize.New("/proc"), maps: procinfo.NewPollCache(), gpu: nvml.New(gonvml.New()),
+	p := &Pipeline{proc: proc, sym: symbolize.New("/proc"), cache: procinfo.NewPollCache(), gpu: nvml.New(gonvml.New()),
 		procs: map[int]*model.Process{}, starts: map[int]uint64{}, identified: map[int]bool{}, link: causes.New(causes.DefaultGrace),
 		untracked: map[string]map[int]bool{}, trackFailures: map[model.TrackFailure]uint64{}}
 	for i, v := range views {

@@ -116,7 +116,7 @@ type Pipeline struct {
 	closed   bool // Close was called: concerns that load now are closed at once
 	proc     procinfo.FS
 	sym      *symbolize.Symbolizer
-	maps     *procinfo.PollCache // one read of /proc/PID/maps and fd per process per poll
+	cache    *procinfo.PollCache // one read of /proc/PID/maps and fd per process per poll
 	sinks    []Sink
 	gpu      *nvml.Sampler
 	stopGPU  context.CancelFunc
@@ -162,20 +162,20 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 	if err != nil {
 		return nil, err
 	}
-	maps := cfg.Cache
-	if maps == nil {
-		maps = procinfo.NewPollCache()
+	cache := cfg.Cache
+	if cache == nil {
+		cache = procinfo.NewPollCache()
 	}
 	p := &Pipeline{
 		cfg:        cfg,
 		proc:       proc,
-		sym:        symbolize.New(cfg.ProcRoot).ShareMaps(proc.WithPollCache(maps)),
+		sym:        symbolize.New(cfg.ProcRoot).ShareMaps(proc.WithPollCache(cache)),
 		sinks:      sinks,
 		start:      time.Now(),
 		procs:      map[int]*model.Process{},
 		identified: map[int]bool{},
 		starts:     map[int]uint64{},
-		maps:       maps,
+		cache:      cache,
 		link:       causes.New(causes.DefaultGrace),
 
 		untracked:     map[string]map[int]bool{},
@@ -205,20 +205,20 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 		new  func() (Concern, error)
 	}{
 		{"fd", func() (Concern, error) {
-			return fdtrack.NewConcern(fdtrack.Config{MaxFDs: cfg.MaxFDs, ProcRoot: cfg.ProcRoot, Cache: p.maps}, cfg.FDLeak, p.sym, cfg.TopSites)
+			return fdtrack.NewConcern(fdtrack.Config{MaxFDs: cfg.MaxFDs, ProcRoot: cfg.ProcRoot, Cache: p.cache}, cfg.FDLeak, p.sym, cfg.TopSites)
 		}},
 		{"sched", func() (Concern, error) {
 			return schedtrack.NewConcern(schedtrack.Config{ProcRoot: cfg.ProcRoot}, cfg.CtxStorm)
 		}},
 		{"sock", func() (Concern, error) {
-			return socktrack.NewConcern(socktrack.Config{ProcRoot: cfg.ProcRoot, Cache: p.maps, ProcTables: cfg.SockProcTables}, cfg.SockLeak)
+			return socktrack.NewConcern(socktrack.Config{ProcRoot: cfg.ProcRoot, Cache: p.cache, ProcTables: cfg.SockProcTables}, cfg.SockLeak)
 		}},
 		{"cuda", func() (Concern, error) {
 			// A leak's time to exhaustion is judged against the devices'
 			// free memory as NVML samples it.
 			gpuAlloc := cfg.GPUAlloc
 			gpuAlloc.Devices = p.gpu.GPUs
-			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites, Cache: p.maps, Symbolizer: p.sym},
+			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites, Cache: p.cache, Symbolizer: p.sym},
 				p.gpu.Joining(gpualloc.New(gpuAlloc)), p.sym)
 		}},
 	}
@@ -427,7 +427,7 @@ func (p *Pipeline) allExited() bool {
 }
 
 func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
-	p.maps.Next()
+	p.cache.Next()
 	clear(p.identified)
 	// NVML's figures for this interval: what its samples since the last
 	// poll did (the join and the snapshot read them).
