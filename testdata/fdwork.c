@@ -107,7 +107,7 @@ NOINLINE int hold_open(void)
 /* The call that keeps failing once the table is full. */
 NOINLINE int try_open(void)
 {
-	return open("/dev/null", O_RDONLY);
+	return open("/dev/null", O_RDONLY); /* exhaust: try */
 }
 
 static void set_soft_nofile(rlim_t n)

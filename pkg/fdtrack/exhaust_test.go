@@ -1,7 +1,9 @@
 package fdtrack
 
 import (
+	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -59,7 +61,9 @@ func checkExhausted(t *testing.T, c *Concern, p *model.Process, f *model.Finding
 	if call == nil || !strings.Contains(strings.Join(testutil.Texts(call["stack"].([]model.Frame)), " "), "try_open") {
 		t.Errorf("failing call %v, want try_open", call)
 	}
-	if !strings.Contains(f.Summary, "soft limit 256") || !strings.Contains(f.Summary, "EMFILE") || !strings.Contains(f.Summary, "at try_open+") {
+	// The failing call is named with its line, from the fixture's DWARF.
+	line := testutil.LineOf(t, filepath.Join(testutil.RepoRoot(), "testdata", "fdwork.c"), "/* exhaust: try */")
+	if !strings.Contains(f.Summary, "soft limit 256") || !strings.Contains(f.Summary, "EMFILE") || !strings.Contains(f.Summary, fmt.Sprintf("at try_open (fdwork.c:%d)", line)) {
 		t.Errorf("summary %q", f.Summary)
 	}
 	// A few more seconds for the rate and the counters.

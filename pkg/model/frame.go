@@ -3,6 +3,7 @@ package model
 import (
 	"encoding/json"
 	"fmt"
+	"path"
 	"strconv"
 	"strings"
 )
@@ -17,8 +18,9 @@ const (
 // to a symbol has Function, Module and Offset (from the function's start);
 // one in a mapped file without a symbol for it has Module and Offset (the
 // ELF virtual address, or the file offset when the file cannot be read);
-// one outside any mapped file has only Address. A Python frame has
-// Function, File and Line.
+// one outside any mapped file has only Address. A native frame also has
+// File and Line where its file has line tables (DWARF: Go binaries, C
+// built with -g). A Python frame has Function, File and Line.
 //
 // The fields are in the order of their JSON names: findings' evidence
 // holds stacks too, and evidence read back from a report is plain maps,
@@ -26,10 +28,10 @@ const (
 // equal the run's.
 type Frame struct {
 	Address  uint64 `json:"address,omitempty"`  // in the process, where nothing else is known
-	File     string `json:"file,omitempty"`     // Python source file
+	File     string `json:"file,omitempty"`     // source file
 	Function string `json:"function,omitempty"` // demangled, without parameters
 	Kind     string `json:"kind"`               // FrameNative or FramePython
-	Line     int    `json:"line,omitempty"`     // Python line; 0 when unknown
+	Line     int    `json:"line,omitempty"`     // source line; 0 when unknown
 	Module   string `json:"module,omitempty"`   // base name of the mapped file
 	Offset   uint64 `json:"offset,omitempty"`
 	// Symbol is the ELF symbol as the file spells it (C++ and Rust names
@@ -40,11 +42,14 @@ type Frame struct {
 // String is how a frame reads in summaries, the terminal and the HTML
 // page: "func+0xoff (module)", "func (module)" at the function's start,
 // "module+0xoff" without a symbol, "0xaddr" outside any mapped file, and
-// "func (file:line)" for Python.
+// "func (file:line)" for Python and for a native frame with a line, its
+// file's base name: the module and offset are in the frame's other fields.
 func (f Frame) String() string {
 	switch {
 	case f.Kind == FramePython:
 		return fmt.Sprintf("%s (%s:%d)", f.Function, f.File, f.Line)
+	case f.Function != "" && f.Line > 0:
+		return fmt.Sprintf("%s (%s:%d)", f.Function, path.Base(f.File), f.Line)
 	case f.Function != "" && f.Offset != 0:
 		return fmt.Sprintf("%s+%#x (%s)", f.Function, f.Offset, f.Module)
 	case f.Function != "":
@@ -72,8 +77,9 @@ func (f *Frame) UnmarshalJSON(data []byte) error {
 }
 
 // ParseFrame reads a frame back from its String. A C++ name's raw symbol
-// is not in the text, and a name ending in what reads as an offset or a
-// location (no symbol does) is taken for one.
+// is not in the text, a name ending in what reads as an offset or a
+// location (no symbol does) is taken for one, and a native frame with a
+// line reads as a Python one (its module is not in the text).
 func ParseFrame(s string) Frame {
 	if addr, ok := parseHex(s); ok {
 		return Frame{Kind: FrameNative, Address: addr}

@@ -94,6 +94,18 @@ func (s *Symbolizer) lookup(e *cacheEntry, vaddr uint64) (symbol, bool) {
 	return sym, ok
 }
 
+// line is e.info's source line of vaddr, which may read the file's line
+// table, with its memory charged.
+func (s *Symbolizer) line(e *cacheEntry, vaddr uint64) srcLine {
+	t := e.info.lines()
+	if t == nil {
+		return srcLine{}
+	}
+	l := t.line(vaddr)
+	s.charge(e)
+	return l
+}
+
 // charge brings e's cost up to date and evicts other files while over a
 // bound. e itself stays even when it alone is over: the caller is using it.
 func (s *Symbolizer) charge(e *cacheEntry) {

@@ -29,6 +29,9 @@ type elfInfo struct {
 	// survives strip); nil where a table is missing or unusable.
 	tables [2]*symTable
 	eh     ehFrame // zero without call-frame information
+	// lineTab gives source lines (lines); linesRead once it was looked for.
+	lineTab   *lineTable
+	linesRead bool
 }
 
 // load is a PT_LOAD program header: file bytes [off, off+filesz) are mapped
@@ -204,6 +207,9 @@ func (e *elfInfo) indexBytes() int {
 		if t != nil && t.index != nil {
 			n += t.index.bytes()
 		}
+	}
+	if e.lineTab != nil {
+		n += e.lineTab.bytes
 	}
 	return n
 }

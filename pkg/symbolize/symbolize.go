@@ -90,7 +90,7 @@ func (s *Symbolizer) Frames(pid int, addrs []uint64) []model.Frame {
 	pm := s.procMaps(pid)
 	out := make([]model.Frame, len(addrs))
 	for i, addr := range addrs {
-		out[i] = s.frame(pid, pm.find(addr), addr)
+		out[i] = s.frame(pid, pm.find(addr), addr, i > 0)
 	}
 	return out
 }
@@ -219,7 +219,9 @@ func findMapping(maps []mapping, addr uint64) *mapping {
 	return &maps[i]
 }
 
-func (s *Symbolizer) frame(pid int, m *mapping, addr uint64) model.Frame {
+// frame symbolizes addr; caller says it is a return address, whose call
+// instruction is the one before it.
+func (s *Symbolizer) frame(pid int, m *mapping, addr uint64, caller bool) model.Frame {
 	if m == nil || m.path == "" {
 		return model.Frame{Kind: model.FrameNative, Address: addr}
 	}
@@ -241,6 +243,13 @@ func (s *Symbolizer) frame(pid int, m *mapping, addr uint64) model.Frame {
 	f.Function, f.Offset = readable(sym.name), vaddr-sym.start
 	if f.Function != sym.name {
 		f.Symbol = sym.name
+	}
+	at := vaddr
+	if caller && vaddr > sym.start {
+		at--
+	}
+	if l := s.line(e, at); l.line > 0 {
+		f.File, f.Line = l.file, l.line
 	}
 	return f
 }

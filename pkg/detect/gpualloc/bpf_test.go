@@ -1,6 +1,8 @@
 package gpualloc_test
 
 import (
+	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -127,7 +129,10 @@ func TestLeakWorkload(t *testing.T) {
 	if latency > 15*time.Second {
 		t.Errorf("found %s after the first leaked allocation, want within 15s", latency)
 	}
-	if !stackHas(f.Stack, "leak_weights") || !strings.Contains(f.Summary, "made at leak_weights+") {
+	// The site is named with the line of its cudaMalloc, from the
+	// fixture's line tables (built -g).
+	line := testutil.LineOf(t, filepath.Join(testutil.RepoRoot(), "testdata", "cudawork.c"), `"leak_weights");`)
+	if !stackHas(f.Stack, "leak_weights") || !strings.Contains(f.Summary, fmt.Sprintf("made at leak_weights (cudawork.c:%d)", line)) {
 		t.Errorf("leak not at leak_weights: %s %q", f.Summary, f.Stack)
 	}
 	if g := f.Evidence["growth_bytes_per_second"].(float64); g < 10<<20 || g > 21<<20 {

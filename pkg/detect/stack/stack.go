@@ -23,7 +23,8 @@ func CallSite(frames []model.Frame) string {
 // Python frames in the stack (pkg/pyframes), it is the innermost frame of
 // the user's code (see UserCode), else the innermost Python frame, its
 // file shortened (ShortFile), so that it reads "func (file.py:LINE)".
-// Without any, it is the first native frame with a symbol outside the
+// Without any, it is the innermost native frame of the user's code
+// (nativeUser), else the first native frame with a symbol outside the
 // innermost frame's module when that module is a shared library, i.e. the
 // caller of the libc syscall wrapper, else the innermost frame: a stack
 // that starts in the executable (a CUDA call's caller) names that caller,
@@ -34,6 +35,9 @@ func CallFrame(frames []model.Frame) (model.Frame, bool) {
 	}
 	if site, ok := PythonSite(frames); ok {
 		return site, true
+	}
+	if f, ok := nativeUser(frames); ok {
+		return f, true
 	}
 	// A frame without a symbol names no function to blame: it is passed
 	// over, whatever its module.
@@ -53,6 +57,72 @@ func CallFrame(frames []model.Frame) (model.Frame, bool) {
 		}
 	}
 	return frames[0], true
+}
+
+// nativeUser is the innermost frame of the user's own code in a stack
+// whose frames have source lines (model.Frame), as Python's site passes
+// over the interpreter and its libraries. Passed over: frames without a
+// symbol; the innermost frame's shared library (the libc wrapper, the CUDA
+// runtime called); the Go runtime and standard library (goStd); the C++
+// standard library; and, in a module with lines, frames without one: code
+// linked in without debugging information, such as libc's wrappers in a
+// static executable. ok is false when no frame has a line or none is left.
+func nativeUser(frames []model.Frame) (model.Frame, bool) {
+	// Modules with lines, and those of them in Go (whose runtime's
+	// assembly files are .s).
+	lined, golang := map[string]bool{}, map[string]bool{}
+	for _, f := range frames {
+		if f.Kind == model.FrameNative && f.Line > 0 {
+			lined[f.Module] = true
+			golang[f.Module] = golang[f.Module] || strings.HasSuffix(f.File, ".go")
+		}
+	}
+	if len(lined) == 0 {
+		return model.Frame{}, false
+	}
+	inner := ""
+	if strings.Contains(frames[0].Module, ".so") {
+		inner = frames[0].Module
+	}
+	for _, f := range frames {
+		switch {
+		case f.Kind != model.FrameNative || f.Function == "" || f.Module == inner:
+		case f.Line == 0 && lined[f.Module]:
+		case golang[f.Module] && goStd(f.Function):
+		case cxxStd(f):
+		default:
+			if f.Line == 0 {
+				return model.Frame{}, false
+			}
+			return f, true
+		}
+	}
+	return model.Frame{}, false
+}
+
+// goStd tells whether a Go function ("os.(*File).Close",
+// "internal/runtime/syscall/linux.Syscall6", "main.cacheShard",
+// "github.com/x/y.Load") is in the Go runtime or standard library: its
+// package path's first element has no dot and is not main.
+func goStd(fn string) bool {
+	pkg := fn
+	if i := strings.LastIndexByte(pkg, '/'); i >= 0 {
+		first, _, _ := strings.Cut(pkg, "/")
+		return !strings.Contains(first, ".")
+	}
+	pkg, _, _ = strings.Cut(pkg, ".")
+	return pkg != "main" && pkg != ""
+}
+
+// cxxStd tells whether a native frame is in the C++ standard library: its
+// libraries, or its templates instantiated in the user's code.
+func cxxStd(f model.Frame) bool {
+	for _, p := range []string{"std::", "__gnu_cxx::", "__cxxabiv1::"} {
+		if strings.HasPrefix(f.Function, p) {
+			return true
+		}
+	}
+	return strings.HasPrefix(f.Module, "libstdc++.so") || strings.HasPrefix(f.Module, "libc++.so")
 }
 
 // PythonSite is the Python frame CallFrame names, its file shortened; ok

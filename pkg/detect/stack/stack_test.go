@@ -94,3 +94,71 @@ func TestUserCode(t *testing.T) {
 		}
 	}
 }
+
+// native is a native frame; with a file, it has line 10.
+func native(fn, module, file string) model.Frame {
+	f := model.Frame{Kind: model.FrameNative, Function: fn, Module: module, File: file, Offset: 0x10}
+	if file != "" {
+		f.Line = 10
+	}
+	return f
+}
+
+func TestCallFrameNativeLines(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		stack []model.Frame
+		want  string
+	}{
+		{"static C: libc's wrapper has no line", []model.Frame{
+			native("__open64", "app", ""), native("fopen", "app", ""),
+			native("burst_step", "app", "/src/app.c"), native("main", "app", "/src/app.c")},
+			"burst_step (app.c:10)"},
+		{"Go: runtime and standard library passed over", []model.Frame{
+			native("internal/runtime/syscall/linux.Syscall6", "srv", "/usr/lib/go/src/internal/runtime/syscall/linux/asm_linux_amd64.s"),
+			native("syscall.Syscall6", "srv", "/usr/lib/go/src/syscall/syscall_linux.go"),
+			native("os.OpenFile", "srv", "/usr/lib/go/src/os/file.go"),
+			native("github.com/acme/cache.(*Shard).Load", "srv", "/build/cache/shard.go"),
+			native("main.main", "srv", "/build/main.go")},
+			"github.com/acme/cache.(*Shard).Load (shard.go:10)"},
+		{"Go main", []model.Frame{
+			native("syscall.Syscall6", "srv", "/usr/lib/go/src/syscall/syscall_linux.go"),
+			native("main.cacheShard", "srv", "/build/main.go")},
+			"main.cacheShard (main.go:10)"},
+		{"C++ standard library, in its library and inlined", []model.Frame{
+			native("__open64", "libc.so.6", ""),
+			native("std::__basic_file<char>::open", "libstdc++.so.6", ""),
+			native("std::basic_ifstream<char, std::char_traits<char> >::basic_ifstream", "app", "/usr/include/c++/12/fstream"),
+			native("load_vocab", "app", "/src/app.cc")},
+			"load_vocab (app.cc:10)"},
+		{"a library without lines between: named as before", []model.Frame{
+			native("__open64", "libc.so.6", ""), native("plugin_open", "libplug.so", ""),
+			native("main", "app", "/src/app.c")},
+			"plugin_open+0x10 (libplug.so)"},
+		{"only system frames with lines: named as before", []model.Frame{
+			native("syscall.Syscall6", "srv", "/usr/lib/go/src/syscall/syscall_linux.go"),
+			native("runtime.main", "srv", "/usr/lib/go/src/runtime/proc.go")},
+			"syscall.Syscall6 (syscall_linux.go:10)"},
+	} {
+		if got := CallSite(tc.stack); got != tc.want {
+			t.Errorf("%s: CallSite = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestGoStd(t *testing.T) {
+	for fn, want := range map[string]bool{
+		"os.(*File).Close":                                  true,
+		"internal/runtime/syscall/linux.Syscall6":           true,
+		"runtime.goexit.abi0":                               true,
+		"vendor/golang.org/x/net/http2.(*Framer).ReadFrame": true,
+		"main.cacheShard":                                   false,
+		"main.main.func1":                                   false,
+		"github.com/acme/cache.(*Shard).Load":               false,
+		"golang.org/x/sys/unix.Open":                        false,
+	} {
+		if got := goStd(fn); got != want {
+			t.Errorf("goStd(%q) = %v, want %v", fn, got, want)
+		}
+	}
+}

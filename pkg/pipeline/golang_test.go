@@ -1,0 +1,73 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/launch"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
+)
+
+// A Go program leaking files from main.cacheShard, watched from before
+// exec: the fd_leak finding names cacheShard with the line of its
+// os.Open, not the Go runtime's syscall wrapper its stack starts in, and
+// the stack's frames carry lines from the executable's DWARF.
+func TestGoLeakNamesFunction(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := testutil.GoProgram(t, "goleak")
+	src := filepath.Join(testutil.RepoRoot(), "testdata", "goleak", "main.go")
+	line := testutil.LineOf(t, src, "// leak: open")
+	proc, _ := procinfo.New("/proc")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*intervals*time.Second)
+	defer cancel()
+	polls := 0
+	rec := &recorder{proc: proc, cancel: cancel}
+	rec.stop = func(s *model.Snapshot) bool {
+		polls++
+		return polls > intervals || slices.ContainsFunc(s.Findings, func(f model.Finding) bool { return f.Kind == model.KindFDLeak })
+	}
+	p, err := New(DefaultConfig(), rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	g, err := launch.Start([]string{bin, "20", "60"}, nil, nil, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Abort)
+	if err := p.Watch(g.Cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	p.Ready()
+	if err := g.Release(); err != nil {
+		t.Fatal(err)
+	}
+	final, err := p.Run(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range final.Findings {
+		if f.Kind != model.KindFDLeak {
+			continue
+		}
+		i := slices.IndexFunc(f.Stack, func(fr model.Frame) bool { return fr.Function == "main.cacheShard" })
+		if i < 0 || f.Stack[i].File != src || f.Stack[i].Line != line {
+			t.Errorf("stack has no main.cacheShard at %s:%d:\n  %s", src, line, strings.Join(testutil.Texts(f.Stack), "\n  "))
+		}
+		if site := fmt.Sprintf("at main.cacheShard (main.go:%d)", line); !strings.Contains(f.Summary, site) {
+			t.Errorf("summary %q does not say %q", f.Summary, site)
+		}
+		t.Logf("found at interval %d: %s\n  %s", polls, f.Summary, strings.Join(testutil.Texts(f.Stack), "\n  "))
+		return
+	}
+	t.Fatalf("no fd leak in %d intervals", polls)
+}
