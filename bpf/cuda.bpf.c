@@ -8,6 +8,9 @@
  * nothing while the table has room. Per-API totals are per-CPU counters.
  * A per-process sum of live device bytes and its high-water mark since the
  * last poll let user space see a spike that comes and goes between polls.
+ * Per call site (stack and Python stack), what was allocated and freed
+ * since tracking began, a free credited to the site of the block it frees:
+ * a burst allocated and released between two polls leaves its site there.
  * Only failed allocations, which are rare, go through the ring buffer.
  *
  * The runtime implements its allocations by calling the driver on the same
@@ -97,6 +100,22 @@ struct cuda_counts {
 	u64 calls[API_MAX];
 };
 
+/* A call site of one process. */
+struct cuda_site_key {
+	u32 tgid;
+	s32 stack_id; /* as in cuda_alloc, never negative here */
+	u32 py_stack; /* as in cuda_alloc */
+	u32 pad;
+};
+
+/* What went through a site since tracking began (device memory only). */
+struct cuda_site {
+	u64 alloc_bytes;
+	u64 alloc_calls;
+	u64 free_bytes;
+	u64 free_calls;
+};
+
 /* One failed allocation, sent to user space. */
 struct cuda_failure {
 	u64 time_ns;
@@ -145,6 +164,15 @@ struct {
 	__type(key, u32);
 	__type(value, struct cuda_counts);
 } cuda_counters SEC(".maps");
+
+/* Entries are made here and deleted by user space when the process goes. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC); /* memory follows use, not capacity */
+	__type(key, struct cuda_site_key);
+	__type(value, struct cuda_site);
+} cuda_sites SEC(".maps");
 
 /* Live device bytes of each tracked process (pinned host memory left out),
  * kept beside the live table so that each allocation can raise the
@@ -288,6 +316,32 @@ static __always_inline void add_live(u32 tgid, u32 api, s64 delta)
 		raise_peak(tgid, *(volatile s64 *)live);
 }
 
+/* Adds an allocation (freed == false) or a free of bytes to a site. */
+static __always_inline void count_site(u32 tgid, s32 stack_id, u32 py_stack, u64 bytes, bool freed)
+{
+	if (stack_id < 0)
+		return; /* no stack: lost and counted where it was taken */
+	struct cuda_site_key key = { .tgid = tgid, .stack_id = stack_id, .py_stack = py_stack };
+	struct cuda_site *s = bpf_map_lookup_elem(&cuda_sites, &key);
+	if (!s) {
+		struct cuda_site zero = {};
+		/* Another CPU may make it first: then the lookup finds theirs. */
+		bpf_map_update_elem(&cuda_sites, &key, &zero, BPF_NOEXIST);
+		s = bpf_map_lookup_elem(&cuda_sites, &key);
+		if (!s) {
+			count_err(ERR_SITES);
+			return;
+		}
+	}
+	if (freed) {
+		__sync_fetch_and_add(&s->free_bytes, bytes);
+		__sync_fetch_and_add(&s->free_calls, 1);
+	} else {
+		__sync_fetch_and_add(&s->alloc_bytes, bytes);
+		__sync_fetch_and_add(&s->alloc_calls, 1);
+	}
+}
+
 static __always_inline struct thread_calls *thread_calls(bool create)
 {
 	struct thread_calls init = {};
@@ -375,11 +429,15 @@ static __always_inline void free_entry(struct pt_regs *ctx, u32 api)
 	if (a) {
 		u64 size = a->size;
 		u16 alloc_api = a->api;
+		s32 stack_id = a->stack_id;
+		u32 py_stack = a->py_stack;
 		/* Only the deleting CPU accounts for it: two frees of one pointer
 		 * race here, one of them deletes. */
 		if (!bpf_map_delete_elem(&live_allocs, &key)) {
 			freed = size;
 			add_live(tgid, alloc_api, -(s64)size);
+			if (!is_host(alloc_api))
+				count_site(tgid, stack_id, py_stack, size, true);
 		}
 	}
 	count(tgid, api, 0, freed);
@@ -526,6 +584,8 @@ static __always_inline u64 record_alloc(struct call_state *st, u32 tgid, s32 sta
 	if (stale)
 		add_live(tgid, stale_api, -(s64)stale_size);
 	add_live(tgid, st->api, size);
+	if (!is_host(st->api))
+		count_site(tgid, stack_id, a.py_stack, size, false);
 	return size;
 }
 

@@ -10,6 +10,9 @@
  *   burst [N]       every second burst_alloc takes N x 64 KiB (default 5000),
  *                   holds them 300 ms and frees them
  *   steady          every 10 ms steady_step takes 32 x 128 KiB and frees them
+ *   spike           every 100 ms leak_step leaks 8 MiB; every 3 s burst_step
+ *                   takes 300 x 64 MiB and frees them, within milliseconds:
+ *                   gone by the next poll
  * and, after SIGUSR1 (so the test hooks the library first), then "done":
  *   fail            load_checkpoint asks 2 GiB over a 1 GiB limit, once
  *   once            each runtime allocation API once (sizes below), three freed
@@ -163,6 +166,20 @@ __attribute__((noinline)) static void burst_release(void **bufs, int n)
 {
 	for (int i = 0; i < n; i++)
 		check(rt.free(bufs[i]), "burst_release");
+}
+
+__attribute__((noinline)) static void leak_step(void)
+{
+	void *p;
+	check(rt.malloc(&p, 8 * MiB), "leak_step");
+}
+
+__attribute__((noinline, noclone)) static void burst_step(void **bufs, int n)
+{
+	for (int i = 0; i < n; i++)
+		check(rt.malloc(&bufs[i], 64 * MiB), "burst_step"); /* spike: alloc */
+	for (int i = 0; i < n; i++)
+		check(rt.free(bufs[i]), "burst_step");
 }
 
 __attribute__((noinline)) static void steady_step(void)
@@ -342,6 +359,14 @@ int main(int argc, char **argv)
 			} else {
 				usleep(700 * 1000);
 			}
+		}
+	} else if (strcmp(scenario, "spike") == 0) {
+		void *bufs[300];
+		for (int i = 1; time(NULL) < end; i++) {
+			leak_step();
+			if (i % 30 == 0)
+				burst_step(bufs, 300);
+			usleep(100 * 1000);
 		}
 	} else if (strcmp(scenario, "steady") == 0) {
 		while (time(NULL) < end) {

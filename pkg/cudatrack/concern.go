@@ -30,6 +30,7 @@ type Concern struct {
 	topSites int
 	failures map[int][]model.CUDAFailure
 	frames   map[int]map[int64][]model.Frame // by pid, then siteID: a process forgotten drops its own
+	counts   map[int]map[int64]SiteCount     // by pid, then siteID: as of the previous poll
 	py       *pyframes.Tracker
 }
 
@@ -46,7 +47,7 @@ func New(cfg Config, det Detector, sym *symbolize.Symbolizer) (*Concern, error) 
 	if top <= 0 {
 		top = 64
 	}
-	return &Concern{Tracker: t, sym: sym, det: det, topSites: top, failures: map[int][]model.CUDAFailure{}, frames: map[int]map[int64][]model.Frame{}, py: t.newPy()}, nil
+	return &Concern{Tracker: t, sym: sym, det: det, topSites: top, failures: map[int][]model.CUDAFailure{}, frames: map[int]map[int64][]model.Frame{}, counts: map[int]map[int64]SiteCount{}, py: t.newPy()}, nil
 }
 
 // Name is the concern's name in logs and `check`.
@@ -72,6 +73,7 @@ func (c *Concern) Untrack(pid int) {
 	}
 	delete(c.failures, pid)
 	delete(c.frames, pid)
+	delete(c.counts, pid)
 }
 
 // Observe hooks newly loaded CUDA libraries, fills the CUDA part of each
@@ -182,28 +184,51 @@ func (c *Concern) fill(p *model.Process, s *Sample) {
 	// Live bytes since the previous poll were at least what they were then
 	// and are now; the kernel's mark adds what came and went in between.
 	cs.LivePeakBytes = max(s.PeakBytes, before, cs.LiveBytes)
+	last := c.counts[p.PID]
+	for id, n := range s.Sites {
+		site := bySite[id]
+		if site == nil {
+			site = &model.CUDASite{StackID: id}
+			bySite[id] = site
+		}
+		site.AllocBytes, site.AllocCalls, site.FreeBytes, site.FreeCalls = n.AllocBytes, n.AllocCalls, n.FreeBytes, n.FreeCalls
+		was := last[id]
+		site.RecentBytes, site.RecentCalls = n.AllocBytes-min(was.AllocBytes, n.AllocBytes), n.AllocCalls-min(was.AllocCalls, n.AllocCalls)
+	}
+	if len(s.Sites) > 0 {
+		c.counts[p.PID] = s.Sites
+	}
 	sites := make([]model.CUDASite, 0, len(bySite))
 	for _, site := range bySite {
 		slices.SortFunc(site.Allocs, func(a, b time.Time) int { return a.Compare(b) })
 		sites = append(sites, *site)
 	}
-	slices.SortFunc(sites, func(a, b model.CUDASite) int {
-		if a.Bytes != b.Bytes {
-			return cmp.Compare(b.Bytes, a.Bytes)
-		}
-		return cmp.Compare(a.StackID, b.StackID)
-	})
-	for i := range sites {
-		if i >= c.topSites {
-			break
-		}
-		sites[i].Stack = c.stack(p.PID, sites[i].StackID)
-	}
+	c.symbolizeTop(p.PID, sites)
 	cs.Sites = sites
 	cs.Failures = slices.Clone(c.failures[p.PID])
 	cs.Libraries = nil
 	for _, lib := range c.Libraries(p.PID) {
 		cs.Libraries = append(cs.Libraries, lib.Path)
+	}
+}
+
+// symbolizeTop orders sites, most live bytes first, then most allocated
+// since the previous poll, and symbolizes the first topSites by either
+// measure: a burst's sites may hold nothing by the time of the poll.
+func (c *Concern) symbolizeTop(pid int, sites []model.CUDASite) {
+	slices.SortFunc(sites, func(a, b model.CUDASite) int {
+		return cmp.Or(cmp.Compare(b.RecentBytes, a.RecentBytes), cmp.Compare(a.StackID, b.StackID))
+	})
+	for i := range sites[:min(len(sites), c.topSites)] {
+		if sites[i].RecentBytes > 0 {
+			sites[i].Stack = c.stack(pid, sites[i].StackID)
+		}
+	}
+	slices.SortStableFunc(sites, func(a, b model.CUDASite) int {
+		return cmp.Compare(b.Bytes, a.Bytes)
+	})
+	for i := range sites[:min(len(sites), c.topSites)] {
+		sites[i].Stack = c.stack(pid, sites[i].StackID)
 	}
 }
 

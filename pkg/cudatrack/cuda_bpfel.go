@@ -97,6 +97,22 @@ const (
 	cudaCudaShapeSHAPE_COUNT cudaCudaShape = 3
 )
 
+type cudaCudaSite struct {
+	_          structs.HostLayout
+	AllocBytes uint64
+	AllocCalls uint64
+	FreeBytes  uint64
+	FreeCalls  uint64
+}
+
+type cudaCudaSiteKey struct {
+	_       structs.HostLayout
+	Tgid    uint32
+	StackId int32
+	PyStack uint32
+	Pad     uint32
+}
+
 type cudaErrKind uint32
 
 const (
@@ -107,7 +123,8 @@ const (
 	cudaErrKindERR_READ_USER   cudaErrKind = 4
 	cudaErrKindERR_READ_KERNEL cudaErrKind = 5
 	cudaErrKindERR_RINGBUF     cudaErrKind = 6
-	cudaErrKindERR_MAX         cudaErrKind = 7
+	cudaErrKindERR_SITES       cudaErrKind = 7
+	cudaErrKindERR_MAX         cudaErrKind = 8
 )
 
 type cudaPyProc struct {
@@ -208,6 +225,7 @@ const (
 	cudaMapCalls                         = "calls"
 	cudaMapCallsTid                      = "calls_tid"
 	cudaMapCudaCounters                  = "cuda_counters"
+	cudaMapCudaSites                     = "cuda_sites"
 	cudaMapErrors                        = "errors"
 	cudaMapFailures                      = "failures"
 	cudaMapLiveAllocs                    = "live_allocs"
@@ -359,6 +377,7 @@ type cudaMapSpecs struct {
 	Calls          *ebpf.MapSpec `ebpf:"calls"`
 	CallsTid       *ebpf.MapSpec `ebpf:"calls_tid"`
 	CudaCounters   *ebpf.MapSpec `ebpf:"cuda_counters"`
+	CudaSites      *ebpf.MapSpec `ebpf:"cuda_sites"`
 	Errors         *ebpf.MapSpec `ebpf:"errors"`
 	Failures       *ebpf.MapSpec `ebpf:"failures"`
 	LiveAllocs     *ebpf.MapSpec `ebpf:"live_allocs"`
@@ -428,6 +447,7 @@ type cudaMaps struct {
 	Calls          *ebpf.Map `ebpf:"calls"`
 	CallsTid       *ebpf.Map `ebpf:"calls_tid"`
 	CudaCounters   *ebpf.Map `ebpf:"cuda_counters"`
+	CudaSites      *ebpf.Map `ebpf:"cuda_sites"`
 	Errors         *ebpf.Map `ebpf:"errors"`
 	Failures       *ebpf.Map `ebpf:"failures"`
 	LiveAllocs     *ebpf.Map `ebpf:"live_allocs"`
@@ -454,6 +474,7 @@ func (m *cudaMaps) Close() error {
 		m.Calls,
 		m.CallsTid,
 		m.CudaCounters,
+		m.CudaSites,
 		m.Errors,
 		m.Failures,
 		m.LiveAllocs,

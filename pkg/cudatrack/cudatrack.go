@@ -78,6 +78,7 @@ type Tracker struct {
 	// DataLoader workers, would pay both each time with per-process links.
 	hooks map[inodeKey]*attached
 	live  *bpfobj.Table[cudaCudaAllocKey, cudaCudaAlloc] // each allocation a process's
+	sites *bpfobj.Table[cudaCudaSiteKey, cudaCudaSite]   // each call site a process's
 	// Parsed libraries, shared by every process mapping the same file; a nil
 	// value records an executable without CUDA.
 	files map[fileKey]*Library
@@ -168,6 +169,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 		return nil, err
 	}
 	t.live = bpfobj.NewTable(t.maps.LiveAllocs, func(k cudaCudaAllocKey, _ cudaCudaAlloc) uint32 { return k.Tgid })
+	t.sites = bpfobj.NewTable(t.maps.CudaSites, func(k cudaCudaSiteKey, _ cudaCudaSite) uint32 { return k.Tgid })
 	if cookies {
 		t.byShape[shapeAlloc] = coll.Programs["cuda_alloc_enter"]
 		t.byShape[shapePitch] = coll.Programs["cuda_pitch_enter"]
@@ -201,6 +203,9 @@ func NewTracker(cfg Config) (*Tracker, error) {
 // Track starts watching pid and hooks the CUDA libraries it has mapped.
 func (t *Tracker) Track(pid int) error {
 	if err := t.live.Claim(uint32(pid), t.tracked); err != nil {
+		return fmt.Errorf("tracking pid %d: %w", pid, err)
+	}
+	if err := t.sites.Claim(uint32(pid), t.tracked); err != nil {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
 	if t.procs[pid] == nil {
@@ -479,6 +484,7 @@ func (t *Tracker) Untrack(pid int) {
 		t.uncount(tgid)
 	}
 	t.live.Forget(tgid)
+	t.sites.Forget(tgid)
 }
 
 // uncount deletes what count made, the filter first.
@@ -509,6 +515,15 @@ type Sample struct {
 	// Poll, as the kernel saw at each allocation; 0 when nothing was
 	// allocated since.
 	PeakBytes uint64
+	// Sites is what went through each call site since tracking began, by
+	// site id (siteID).
+	Sites map[int64]SiteCount
+}
+
+// SiteCount is what went through one call site of device memory since
+// tracking began; a free counts for the site of the block it frees.
+type SiteCount struct {
+	AllocBytes, AllocCalls, FreeBytes, FreeCalls uint64
 }
 
 // Poll reads the counters of each pid and the live table once.
@@ -554,27 +569,52 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the live allocation table: %w", err)
 	}
+	sites, err := t.sites.Read(t.tracked)
+	if err != nil {
+		return nil, fmt.Errorf("reading the call site table: %w", err)
+	}
 	for pid, s := range out {
 		for _, e := range live[uint32(pid)] {
 			key, val := e.Key, e.Val
 			s.Allocs = append(s.Allocs, Alloc{Addr: key.Addr, Size: val.Size, API: int(val.Api), StackID: t.unwinder.Canonical(val.StackId), Time: toWall(val.TimeNs), PyStack: val.PyStack})
 		}
+		for _, e := range sites[uint32(pid)] {
+			// Stacks unwound in user space have ids of their own until
+			// known: the counts of one site may sit under several.
+			id := siteID(t.unwinder.Canonical(e.Key.StackId), e.Key.PyStack)
+			if s.Sites == nil {
+				s.Sites = map[int64]SiteCount{}
+			}
+			c := s.Sites[id]
+			c.AllocBytes += e.Val.AllocBytes
+			c.AllocCalls += e.Val.AllocCalls
+			c.FreeBytes += e.Val.FreeBytes
+			c.FreeCalls += e.Val.FreeCalls
+			s.Sites[id] = c
+		}
 	}
 	if t.polls++; t.polls%bpfobj.StackGCEvery == 0 {
-		t.dropStacks(live)
+		t.dropStacks(live, sites)
 	}
 	return out, nil
 }
 
-// dropStacks deletes the stacks that no live allocation (of any process)
-// refers to, keeping those of failures drained since the last time: they
-// are symbolized after Poll. The unwind rules of processes gone go too.
-func (t *Tracker) dropStacks(live map[uint32][]bpfobj.Entry[cudaCudaAllocKey, cudaCudaAlloc]) {
+// dropStacks deletes the stacks that no live allocation or call site (of
+// any process) refers to, keeping those of failures drained since the last
+// time: they are symbolized after Poll. The unwind rules of processes gone
+// go too.
+func (t *Tracker) dropStacks(live map[uint32][]bpfobj.Entry[cudaCudaAllocKey, cudaCudaAlloc], sites map[uint32][]bpfobj.Entry[cudaCudaSiteKey, cudaCudaSite]) {
 	keep := t.failStacks
 	for _, g := range live {
 		for _, e := range g {
 			keep[uint32(e.Val.StackId)] = true
 			keep[uint32(t.unwinder.Canonical(e.Val.StackId))] = true
+		}
+	}
+	for _, g := range sites {
+		for _, e := range g {
+			keep[uint32(e.Key.StackId)] = true
+			keep[uint32(t.unwinder.Canonical(e.Key.StackId))] = true
 		}
 	}
 	kept := func(id uint32) bool { return keep[id] }
@@ -634,6 +674,7 @@ var errorNames = map[cudaErrKind]string{
 	cudaErrKindERR_COUNTERS:    "cuda_counters",
 	cudaErrKindERR_READ_USER:   "cuda_read_user",
 	cudaErrKindERR_RINGBUF:     "cuda_ringbuf",
+	cudaErrKindERR_SITES:       "cuda_sites",
 }
 
 // Lost returns the BPF error counters (monotonic since load), by source name.

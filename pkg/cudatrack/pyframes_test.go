@@ -45,7 +45,8 @@ func TestSiteID(t *testing.T) {
 
 // A Python function that calls cudaMalloc through ctypes is named, with its
 // line, in the allocation site's stack and in a failed allocation's
-// finding, on every interpreter at hand.
+// finding, on every interpreter at hand; so is one whose burst is freed
+// before the poll, in the site's counts and in the burst's finding.
 func TestPythonFramesAtAllocations(t *testing.T) {
 	testutil.RequireRoot(t)
 	rt := testutil.CUDAStubs(t)
@@ -53,6 +54,8 @@ func TestPythonFramesAtAllocations(t *testing.T) {
 	leak := model.Frame{Kind: model.FramePython, Function: "load_adapter", File: script, Line: testutil.LineOf(t, script, "# alloc: leak")}
 	failLine := testutil.LineOf(t, script, "# alloc: fail")
 	fail := model.Frame{Kind: model.FramePython, Function: "warmup_kv_cache", File: script, Line: failLine}
+	burstLine := testutil.LineOf(t, script, "# alloc: burst")
+	burst := model.Frame{Kind: model.FramePython, Function: "prefill_batch", File: script, Line: burstLine}
 	for _, py := range testutil.Pythons(t) {
 		t.Run(testutil.PythonVersion(t, py)+"/"+filepath.Base(py), func(t *testing.T) {
 			c, err := New(Config{ProcRoot: "/proc"}, gpualloc.New(gpualloc.DefaultConfig()), symbolize.New("/proc"))
@@ -95,6 +98,30 @@ func TestPythonFramesAtAllocations(t *testing.T) {
 			}
 			if want := fmt.Sprintf("at warmup_kv_cache (gpu.py:%d)", failLine); !strings.Contains(summary, want) {
 				t.Errorf("failure finding %q does not say %q", summary, want)
+			}
+			// One site may sit under two stack ids (bytes above).
+			var at model.CUDASite
+			for _, s := range pr.CUDA.Sites {
+				if slices.Contains(s.Stack, burst) {
+					at.Bytes += s.Bytes
+					at.AllocBytes += s.AllocBytes
+					at.AllocCalls += s.AllocCalls
+					at.FreeBytes += s.FreeBytes
+					at.FreeCalls += s.FreeCalls
+					at.RecentBytes += s.RecentBytes
+				}
+			}
+			if at.Bytes != 0 || at.AllocBytes != 80*64*MiB || at.FreeBytes != at.AllocBytes || at.AllocCalls != 80 || at.FreeCalls != 80 || at.RecentBytes != at.AllocBytes {
+				t.Errorf("at %s: %+v, want 80 × 64 MiB allocated and freed", burst, at)
+			}
+			summary = ""
+			for _, f := range findings {
+				if f.Kind == model.KindGPUAllocBurst {
+					summary = f.Summary
+				}
+			}
+			if want := fmt.Sprintf("most at prefill_batch (gpu.py:%d)", burstLine); !strings.Contains(summary, want) {
+				t.Errorf("burst finding %q does not say %q", summary, want)
 			}
 			noLoss(t, c)
 		})

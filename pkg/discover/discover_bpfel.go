@@ -36,7 +36,8 @@ const (
 	discoverErrKindERR_READ_USER   discoverErrKind = 4
 	discoverErrKindERR_READ_KERNEL discoverErrKind = 5
 	discoverErrKindERR_RINGBUF     discoverErrKind = 6
-	discoverErrKindERR_MAX         discoverErrKind = 7
+	discoverErrKindERR_SITES       discoverErrKind = 7
+	discoverErrKindERR_MAX         discoverErrKind = 8
 )
 
 // Names of all BPF objects in the ELF.

@@ -23,7 +23,8 @@ const (
 	fdErrKindERR_READ_USER   fdErrKind = 4
 	fdErrKindERR_READ_KERNEL fdErrKind = 5
 	fdErrKindERR_RINGBUF     fdErrKind = 6
-	fdErrKindERR_MAX         fdErrKind = 7
+	fdErrKindERR_SITES       fdErrKind = 7
+	fdErrKindERR_MAX         fdErrKind = 8
 )
 
 type fdFdCounts struct {

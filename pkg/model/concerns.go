@@ -69,7 +69,7 @@ type CUDAStats struct {
 	AllocCalls     map[string]uint64 // allocation calls since attach, by API (monotonic)
 	Calls          map[string]uint64 // every hooked call since attach, frees and cuMemMap/cuMemUnmap included, by API (monotonic)
 	Failures       []CUDAFailure     // failed allocation calls since attach
-	Sites          []CUDASite        // live allocations by stack, most bytes first
+	Sites          []CUDASite        // call sites: most live bytes first, then most allocated since the previous poll
 	NVMLUsedBytes  uint64            // the GPU's own figure for this process (0 when NVML is absent)
 	// The least and most of NVML's samples (every --gpu-interval) since
 	// the previous poll, NVMLUsedBytes among them.
@@ -101,12 +101,19 @@ type CUDAFailure struct {
 	Stack []Frame
 }
 
-// CUDASite groups live allocations by the stack that made them.
+// CUDASite is one call site of device memory: the live allocations it
+// made, and what went through it, from the kernel's per-site counters.
 type CUDASite struct {
 	StackID int64
 	Stack   []Frame
 	Bytes   uint64
 	Allocs  []time.Time // allocation time of each live allocation made here
+	// Since tracking began (monotonic); a free counts for the site of the
+	// block it frees, so that memory allocated and freed between two
+	// polls still has a site.
+	AllocBytes, AllocCalls, FreeBytes, FreeCalls uint64
+	// Allocated here since the previous poll.
+	RecentBytes, RecentCalls uint64
 }
 
 // GPU is one device as NVML reports it.

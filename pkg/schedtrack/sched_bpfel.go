@@ -23,7 +23,8 @@ const (
 	schedErrKindERR_READ_USER   schedErrKind = 4
 	schedErrKindERR_READ_KERNEL schedErrKind = 5
 	schedErrKindERR_RINGBUF     schedErrKind = 6
-	schedErrKindERR_MAX         schedErrKind = 7
+	schedErrKindERR_SITES       schedErrKind = 7
+	schedErrKindERR_MAX         schedErrKind = 8
 )
 
 type schedProcSched struct {

@@ -23,7 +23,8 @@ const (
 	sockErrKindERR_READ_USER   sockErrKind = 4
 	sockErrKindERR_READ_KERNEL sockErrKind = 5
 	sockErrKindERR_RINGBUF     sockErrKind = 6
-	sockErrKindERR_MAX         sockErrKind = 7
+	sockErrKindERR_SITES       sockErrKind = 7
+	sockErrKindERR_MAX         sockErrKind = 8
 )
 
 type sockSockInfo struct {

@@ -2,6 +2,7 @@ package gpualloc_test
 
 import (
 	"fmt"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -31,6 +32,12 @@ type watched struct {
 func watch(t *testing.T, scenario string, args ...string) *watched {
 	t.Helper()
 	testutil.RequireRoot(t)
+	return watchBin(t, testutil.Fixture(t, "cudawork"), scenario, args...)
+}
+
+// watchBin is watch with cudawork built as bin.
+func watchBin(t *testing.T, bin, scenario string, args ...string) *watched {
+	t.Helper()
 	c, err := cudatrack.New(cudatrack.Config{ProcRoot: "/proc"}, gpualloc.New(gpualloc.DefaultConfig()), symbolize.New("/proc"))
 	if err != nil {
 		t.Fatal(err)
@@ -41,7 +48,7 @@ func watch(t *testing.T, scenario string, args ...string) *watched {
 		}
 	})
 	rt := testutil.CUDAStubs(t)
-	proc := testutil.StartProc(t, []string{"CUDAWORK_STEP=1"}, testutil.Fixture(t, "cudawork"), append([]string{rt, scenario, "60"}, args...)...)
+	proc := testutil.StartProc(t, []string{"CUDAWORK_STEP=1"}, bin, append([]string{rt, scenario, "60"}, args...)...)
 	w := &watched{proc: proc, c: c, p: &model.Process{PID: proc.Cmd.Process.Pid, Comm: "cudawork"}}
 	if err := c.Track(w.p.PID); err != nil {
 		t.Fatal(err)
@@ -139,6 +146,34 @@ func TestLeakWorkload(t *testing.T) {
 		t.Errorf("growth %.0f B/s, want about 20 MiB/s (less when the machine is loaded)", g)
 	}
 	w.none(t, model.KindGPUAllocBurst, model.KindGPUAllocChurn)
+}
+
+// In one loop, leak_step keeps 8 MiB every 100 ms and every 3 s
+// burst_step takes 300 × 64 MiB and frees them within milliseconds, in
+// code built -O2 without frame pointers: the burst, gone by the next poll,
+// is named at burst_step with the line of its cudaMalloc (the kernel's
+// per-site counters), not at the leaking site live at the poll.
+func TestBurstBetweenPolls(t *testing.T) {
+	testutil.RequireRoot(t)
+	src := filepath.Join(testutil.RepoRoot(), "testdata", "cudawork.c")
+	bin := filepath.Join(t.TempDir(), "cudawork")
+	if out, err := exec.Command("gcc", "-O2", "-g", "-fomit-frame-pointer", "-Wall", "-pthread", "-o", bin, src).CombinedOutput(); err != nil {
+		t.Fatalf("building cudawork: %v\n%s", err, out)
+	}
+	w := watchBin(t, bin, "spike")
+	f := w.pollUntil(t, model.KindGPUAllocBurst, 15)
+	if f == nil {
+		t.Fatalf("no burst found in 15 polls; sites %+v", w.p.CUDA.Sites)
+	}
+	t.Logf("%s", f.Summary)
+	site := fmt.Sprintf("burst_step (cudawork.c:%d)", testutil.LineOf(t, src, "/* spike: alloc */"))
+	if !stackHas(f.Stack, "burst_step") || !strings.Contains(f.Summary, "most at "+site) {
+		t.Errorf("burst not at %s: %s\n  %s", site, f.Summary, strings.Join(testutil.Texts(f.Stack), "\n  "))
+	}
+	top := f.Evidence["top_sites"].([]map[string]any)
+	if len(top) == 0 || top[0]["bytes"] != uint64(300*64<<20) {
+		t.Errorf("top sites %v, want 300 × 64 MiB at burst_step first", top)
+	}
 }
 
 // burst_alloc takes 20000 × 64 KiB (1.25 GiB) at once, holds it across a

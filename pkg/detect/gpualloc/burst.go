@@ -232,7 +232,7 @@ func (d *Detector) fillBurst(g *burstGroup, now time.Time, p *model.Process) mod
 	}
 	top := make([]map[string]any, 0, topSitesShown)
 	for _, s := range g.sites[:min(len(g.sites), topSitesShown)] {
-		top = append(top, map[string]any{"stack": slices.Clone(s.stack), "bytes": s.bytes})
+		top = append(top, map[string]any{"stack": slices.Clone(s.stack), "bytes": s.bytes, "share": g.share(s)})
 	}
 
 	var b strings.Builder
@@ -248,6 +248,9 @@ func (d *Detector) fillBurst(g *burstGroup, now time.Time, p *model.Process) mod
 	}
 	if len(g.sites) > 0 {
 		fmt.Fprintf(&b, "; most at %s", g.key)
+		if g.w.bytes > 0 {
+			fmt.Fprintf(&b, ": %.0f %% of the %s allocated then", 100*g.share(g.sites[0]), human(float64(g.w.bytes)))
+		}
 	}
 	var period any // seconds between bursts; null until one recurs
 	if pd, ok := g.period(); ok {
@@ -273,36 +276,58 @@ func (d *Detector) fillBurst(g *burstGroup, now time.Time, p *model.Process) mod
 	return f
 }
 
+// share is the part of the bytes allocated in the group's latest flagged
+// interval that site s allocated, 0 to 1.
+func (g *burstGroup) share(s recentSite) float64 {
+	if g.w.bytes == 0 {
+		return 0
+	}
+	return series.Round(min(float64(s.bytes)/float64(g.w.bytes), 1), 3)
+}
+
 type recentSite struct {
 	key    string // its call site (callSite), or its stack id when not symbolized
 	stack  []model.Frame
 	bytes  uint64
-	allocs int // its live allocations made in the interval
+	allocs int // its allocations made in the interval
 }
 
-// recentSites returns the known-stack sites of live allocations made after
-// since, most bytes first. A site's bytes are split evenly over its
-// allocations: the source reports bytes per site, not per allocation.
-// Allocations already freed within the interval do not show.
+// recentSites returns the known-stack call sites that allocated after
+// since, most bytes first, each with one of its stacks: from the kernel's
+// per-site counters (what each site allocated since the previous poll,
+// freed again or not) where the source has them, else from the live
+// allocations made after since, a site's bytes split evenly over its
+// allocations.
 func recentSites(sites []model.CUDASite, since time.Time) []recentSite {
 	var out []recentSite
 	for _, s := range sites {
-		if len(s.Allocs) == 0 || s.StackID < 0 {
+		if s.StackID < 0 {
 			continue
 		}
-		n := 0
-		for _, at := range s.Allocs {
-			if at.After(since) {
-				n++
+		bytes, n := s.RecentBytes, int(s.RecentCalls)
+		if n == 0 && s.AllocCalls == 0 && len(s.Allocs) > 0 {
+			for _, at := range s.Allocs {
+				if at.After(since) {
+					n++
+				}
 			}
+			bytes = share(s.Bytes, n, len(s.Allocs))
 		}
-		if n > 0 {
-			key := fmt.Sprintf("stack #%d", s.StackID)
-			if len(s.Stack) > 0 {
-				key = callSite(s.Stack)
-			}
-			out = append(out, recentSite{key: key, stack: s.Stack, bytes: share(s.Bytes, n, len(s.Allocs)), allocs: n})
+		if n == 0 {
+			continue
 		}
+		key := fmt.Sprintf("stack #%d", s.StackID)
+		if len(s.Stack) > 0 {
+			key = callSite(s.Stack)
+		}
+		// One call site may come under several stacks (another caller
+		// further out, a stack first finished in user space): one entry.
+		if i := slices.IndexFunc(out, func(r recentSite) bool { return r.key == key }); i >= 0 {
+			out[i].bytes += bytes
+			out[i].allocs += n
+			continue
+		}
+		out = append(out, recentSite{key: key, stack: s.Stack, bytes: bytes, allocs: n})
 	}
 	slices.SortStableFunc(out, func(a, b recentSite) int { return cmp.Compare(b.bytes, a.bytes) })
 	return out

@@ -56,14 +56,14 @@ func TestBurstFound(t *testing.T) {
 		t.Errorf("occurrences %v period %v, want one burst", ev["occurrences"], ev["period_seconds"])
 	}
 	top := ev["top_sites"].([]map[string]any)
-	if len(top) != 1 || top[0]["bytes"] != uint64(3*gib) {
+	if len(top) != 1 || top[0]["bytes"] != uint64(3*gib) || top[0]["share"] != 0.885 {
 		t.Errorf("top_sites %v, want load_weights with 3 GiB", top)
 	}
 	if !slices.ContainsFunc(f.Stack, func(fr model.Frame) bool { return fr.Function == "load_weights" }) {
 		t.Errorf("stack %q does not name load_weights", f.Stack)
 	}
 	if want := "GPU allocation burst: 3.0 GiB taken and held at once (live peak 3.0 GiB), baseline "; !strings.HasPrefix(f.Summary, want) ||
-		!strings.HasSuffix(f.Summary, "; most at load_weights+0x19 (trainer)") {
+		!strings.HasSuffix(f.Summary, "; most at load_weights+0x19 (trainer): 88 % of the 3.4 GiB allocated then") {
 		t.Errorf("summary %q", f.Summary)
 	}
 

@@ -36,7 +36,7 @@ type churnState struct {
 
 type churnSite struct {
 	stack  []model.Frame
-	caught int // allocations made in churning intervals and live at their poll
+	caught int // allocations made there in churning intervals (recentSites)
 }
 
 func (d *Detector) observeChurn(now time.Time, p *model.Process, st *procState, iv interval, ok bool) []model.Finding {
