@@ -8,9 +8,9 @@
  * nothing while the table has room. Per-API totals are per-CPU counters.
  * A per-process sum of live device bytes and its high-water mark since the
  * last poll let user space see a spike that comes and goes between polls.
- * Per call site (stack and Python stack), what was allocated and freed
- * since tracking began, a free credited to the site of the block it frees:
- * a burst allocated and released between two polls leaves its site there.
+ * Per call site (bpf/sites.h), what was allocated and freed, a free
+ * credited to the site of the block it frees: a burst allocated and
+ * released between two polls leaves its site there.
  * Only failed allocations, which are rare, go through the ring buffer.
  *
  * The runtime implements its allocations by calling the driver on the same
@@ -26,6 +26,7 @@
  * program per layer. */
 #include "common.h"
 #include "pyframes.h"
+#include "sites.h"
 #include "unwind.h"
 
 /* Hooked functions; the cookie of each attach point. Runtime first, then
@@ -100,22 +101,6 @@ struct cuda_counts {
 	u64 calls[API_MAX];
 };
 
-/* A call site of one process. */
-struct cuda_site_key {
-	u32 tgid;
-	s32 stack_id; /* as in cuda_alloc, never negative here */
-	u32 py_stack; /* as in cuda_alloc */
-	u32 pad;
-};
-
-/* What went through a site since tracking began (device memory only). */
-struct cuda_site {
-	u64 alloc_bytes;
-	u64 alloc_calls;
-	u64 free_bytes;
-	u64 free_calls;
-};
-
 /* One failed allocation, sent to user space. */
 struct cuda_failure {
 	u64 time_ns;
@@ -165,14 +150,6 @@ struct {
 	__type(value, struct cuda_counts);
 } cuda_counters SEC(".maps");
 
-/* Entries are made here and deleted by user space when the process goes. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
-	__uint(map_flags, BPF_F_NO_PREALLOC); /* memory follows use, not capacity */
-	__type(key, struct cuda_site_key);
-	__type(value, struct cuda_site);
-} cuda_sites SEC(".maps");
 
 /* Live device bytes of each tracked process (pinned host memory left out),
  * kept beside the live table so that each allocation can raise the
@@ -314,32 +291,6 @@ static __always_inline void add_live(u32 tgid, u32 api, s64 delta)
 	__sync_fetch_and_add(live, delta);
 	if (delta > 0)
 		raise_peak(tgid, *(volatile s64 *)live);
-}
-
-/* Adds an allocation (freed == false) or a free of bytes to a site. */
-static __always_inline void count_site(u32 tgid, s32 stack_id, u32 py_stack, u64 bytes, bool freed)
-{
-	if (stack_id < 0)
-		return; /* no stack: lost and counted where it was taken */
-	struct cuda_site_key key = { .tgid = tgid, .stack_id = stack_id, .py_stack = py_stack };
-	struct cuda_site *s = bpf_map_lookup_elem(&cuda_sites, &key);
-	if (!s) {
-		struct cuda_site zero = {};
-		/* Another CPU may make it first: then the lookup finds theirs. */
-		bpf_map_update_elem(&cuda_sites, &key, &zero, BPF_NOEXIST);
-		s = bpf_map_lookup_elem(&cuda_sites, &key);
-		if (!s) {
-			count_err(ERR_SITES);
-			return;
-		}
-	}
-	if (freed) {
-		__sync_fetch_and_add(&s->free_bytes, bytes);
-		__sync_fetch_and_add(&s->free_calls, 1);
-	} else {
-		__sync_fetch_and_add(&s->alloc_bytes, bytes);
-		__sync_fetch_and_add(&s->alloc_calls, 1);
-	}
 }
 
 static __always_inline struct thread_calls *thread_calls(bool create)

@@ -19,9 +19,12 @@
  * without a close syscall (close_range, close-on-exec at exec) bump a
  * per-process resync counter so user space reconciles with /proc; fds of an
  * exited process are dropped by user space. Fd creation failing with EMFILE
- * or ENFILE is counted per process, with the site of the latest failure. */
+ * or ENFILE is counted per process, with the site of the latest failure.
+ * Per call site (bpf/sites.h), fds opened and closed, a close credited to
+ * the site that opened the fd. */
 #include "common.h"
 #include "pyframes.h"
+#include "sites.h"
 #include "unwind.h"
 
 enum fd_kind {
@@ -162,8 +165,10 @@ static __always_inline void add_fd(struct pt_regs *regs, u32 tgid, s32 fd, u8 ki
 {
 	struct fd_key key = { .tgid = tgid, .fd = fd };
 	struct fd_info *old = bpf_map_lookup_elem(&fd_table, &key);
-	if (old)
+	if (old) {
 		count_fd(tgid, old->kind, false);
+		count_site(tgid, old->stack_id, old->py_stack, 0, true);
+	}
 
 	struct fd_info info = {
 		.open_ns = bpf_ktime_get_ns(),
@@ -175,6 +180,7 @@ static __always_inline void add_fd(struct pt_regs *regs, u32 tgid, s32 fd, u8 ki
 		return;
 	}
 	count_fd(tgid, kind, true);
+	count_site(tgid, info.stack_id, info.py_stack, 0, false);
 }
 
 static __always_inline u8 kind_of(u32 tgid, s32 fd)
@@ -370,8 +376,12 @@ static __always_inline void closed(u32 tgid, s32 fd)
 	if (!info)
 		return;
 	u8 kind = info->kind;
-	if (bpf_map_delete_elem(&fd_table, &key) == 0)
+	s32 stack_id = info->stack_id;
+	u32 py_stack = info->py_stack;
+	if (bpf_map_delete_elem(&fd_table, &key) == 0) {
 		count_fd(tgid, kind, false);
+		count_site(tgid, stack_id, py_stack, 0, true);
+	}
 }
 
 static __always_inline void on_enter(long id, u64 a0, u64 a1, u64 a3)

@@ -28,6 +28,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/nvml"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/pipeline"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/profiles"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/report"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/tui"
 )
@@ -38,6 +39,7 @@ type watchFlags struct {
 	interval time.Duration
 	json     string
 	html     string
+	pprof    string // folder
 	listen   string
 	web      string // --web.config.file
 	failOn   []string
@@ -56,6 +58,7 @@ func (f *watchFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.interval, "interval", time.Second, "how often maps are read and detectors run")
 	fl.StringVar(&f.json, "json", "", "write a JSON report to FILE at the end (- for stdout)")
 	fl.StringVar(&f.html, "html", "", "write the report as a self-contained HTML page with charts to FILE at the end")
+	fl.StringVar(&f.pprof, "pprof", "", "write each process's GPU memory and fd profiles by call site (pprof format: go tool pprof, Pyroscope) into DIR at the end, as PID-gpu.pb.gz and PID-fd.pb.gz; DIR is made if missing")
 	addWebFlags(fl, &f.listen, &f.web, "", "Prometheus metrics (/metrics)")
 	fl.BoolVar(&f.classic, "runqueue-classic-buckets", false, "give the run-queue histogram on /metrics a few classic buckets too, for scrapers without native histograms (--runqueue-classic-buckets=true)")
 	fl.StringSliceVar(&f.failOn, "fail-on", nil, "exit 3 if a finding of KIND[,KIND...] is made: "+strings.Join(model.Kinds, ", "))
@@ -83,6 +86,14 @@ func (f *watchFlags) validate() error {
 		}
 		if err := writable(o.path); err != nil {
 			return usagef("%s %s: %v", o.flag, o.path, err)
+		}
+	}
+	if f.pprof != "" {
+		if err := os.MkdirAll(f.pprof, 0o755); err != nil {
+			return usagef("--pprof %s: %v", f.pprof, err)
+		}
+		if err := writable(filepath.Join(f.pprof, profiles.FileName(1, profiles.GPU))); err != nil {
+			return usagef("--pprof %s: %v", f.pprof, err)
 		}
 	}
 	if f.maxFDs == 0 {
@@ -259,6 +270,9 @@ func watch(cmd *cobra.Command, f *watchFlags, start func(*pipeline.Pipeline) (fu
 	sinks := []pipeline.Sink{tui.New(out, term.IsTerminal(int(out.Fd())))}
 	if f.json != "" || f.html != "" {
 		sinks = append(sinks, report.New(version, report.Outputs{JSON: f.json, HTML: f.html}))
+	}
+	if f.pprof != "" {
+		sinks = append(sinks, profiles.NewWriter(f.pprof))
 	}
 	if f.listen != "" {
 		srv, err := daemon.Listen(f.listen, f.web)

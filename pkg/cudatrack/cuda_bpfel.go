@@ -97,22 +97,6 @@ const (
 	cudaCudaShapeSHAPE_COUNT cudaCudaShape = 3
 )
 
-type cudaCudaSite struct {
-	_          structs.HostLayout
-	AllocBytes uint64
-	AllocCalls uint64
-	FreeBytes  uint64
-	FreeCalls  uint64
-}
-
-type cudaCudaSiteKey struct {
-	_       structs.HostLayout
-	Tgid    uint32
-	StackId int32
-	PyStack uint32
-	Pad     uint32
-}
-
 type cudaErrKind uint32
 
 const (
@@ -167,6 +151,22 @@ type cudaPyThread struct {
 	Task      uint64
 	Tstate    uint64
 	CheckedNs uint64
+}
+
+type cudaSiteCounts struct {
+	_             structs.HostLayout
+	Made          uint64
+	MadeBytes     uint64
+	Released      uint64
+	ReleasedBytes uint64
+}
+
+type cudaSiteKey struct {
+	_       structs.HostLayout
+	Tgid    uint32
+	StackId int32
+	PyStack uint32
+	Pad     uint32
 }
 
 type cudaThreadCalls struct {
@@ -225,7 +225,6 @@ const (
 	cudaMapCalls                         = "calls"
 	cudaMapCallsTid                      = "calls_tid"
 	cudaMapCudaCounters                  = "cuda_counters"
-	cudaMapCudaSites                     = "cuda_sites"
 	cudaMapErrors                        = "errors"
 	cudaMapFailures                      = "failures"
 	cudaMapLiveAllocs                    = "live_allocs"
@@ -238,6 +237,7 @@ const (
 	cudaMapPyStacks                      = "py_stacks"
 	cudaMapPyThreads                     = "py_threads"
 	cudaMapPyThreadsTid                  = "py_threads_tid"
+	cudaMapSites                         = "sites"
 	cudaMapTrackedPids                   = "tracked_pids"
 	cudaMapUnwindPending                 = "unwind_pending"
 	cudaMapUnwindRequests                = "unwind_requests"
@@ -377,7 +377,6 @@ type cudaMapSpecs struct {
 	Calls          *ebpf.MapSpec `ebpf:"calls"`
 	CallsTid       *ebpf.MapSpec `ebpf:"calls_tid"`
 	CudaCounters   *ebpf.MapSpec `ebpf:"cuda_counters"`
-	CudaSites      *ebpf.MapSpec `ebpf:"cuda_sites"`
 	Errors         *ebpf.MapSpec `ebpf:"errors"`
 	Failures       *ebpf.MapSpec `ebpf:"failures"`
 	LiveAllocs     *ebpf.MapSpec `ebpf:"live_allocs"`
@@ -390,6 +389,7 @@ type cudaMapSpecs struct {
 	PyStacks       *ebpf.MapSpec `ebpf:"py_stacks"`
 	PyThreads      *ebpf.MapSpec `ebpf:"py_threads"`
 	PyThreadsTid   *ebpf.MapSpec `ebpf:"py_threads_tid"`
+	Sites          *ebpf.MapSpec `ebpf:"sites"`
 	TrackedPids    *ebpf.MapSpec `ebpf:"tracked_pids"`
 	UnwindPending  *ebpf.MapSpec `ebpf:"unwind_pending"`
 	UnwindRequests *ebpf.MapSpec `ebpf:"unwind_requests"`
@@ -447,7 +447,6 @@ type cudaMaps struct {
 	Calls          *ebpf.Map `ebpf:"calls"`
 	CallsTid       *ebpf.Map `ebpf:"calls_tid"`
 	CudaCounters   *ebpf.Map `ebpf:"cuda_counters"`
-	CudaSites      *ebpf.Map `ebpf:"cuda_sites"`
 	Errors         *ebpf.Map `ebpf:"errors"`
 	Failures       *ebpf.Map `ebpf:"failures"`
 	LiveAllocs     *ebpf.Map `ebpf:"live_allocs"`
@@ -460,6 +459,7 @@ type cudaMaps struct {
 	PyStacks       *ebpf.Map `ebpf:"py_stacks"`
 	PyThreads      *ebpf.Map `ebpf:"py_threads"`
 	PyThreadsTid   *ebpf.Map `ebpf:"py_threads_tid"`
+	Sites          *ebpf.Map `ebpf:"sites"`
 	TrackedPids    *ebpf.Map `ebpf:"tracked_pids"`
 	UnwindPending  *ebpf.Map `ebpf:"unwind_pending"`
 	UnwindRequests *ebpf.Map `ebpf:"unwind_requests"`
@@ -474,7 +474,6 @@ func (m *cudaMaps) Close() error {
 		m.Calls,
 		m.CallsTid,
 		m.CudaCounters,
-		m.CudaSites,
 		m.Errors,
 		m.Failures,
 		m.LiveAllocs,
@@ -487,6 +486,7 @@ func (m *cudaMaps) Close() error {
 		m.PyStacks,
 		m.PyThreads,
 		m.PyThreadsTid,
+		m.Sites,
 		m.TrackedPids,
 		m.UnwindPending,
 		m.UnwindRequests,

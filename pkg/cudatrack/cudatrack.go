@@ -78,7 +78,7 @@ type Tracker struct {
 	// DataLoader workers, would pay both each time with per-process links.
 	hooks map[inodeKey]*attached
 	live  *bpfobj.Table[cudaCudaAllocKey, cudaCudaAlloc] // each allocation a process's
-	sites *bpfobj.Table[cudaCudaSiteKey, cudaCudaSite]   // each call site a process's
+	sites *bpfobj.Table[cudaSiteKey, cudaSiteCounts]     // each call site a process's
 	// Parsed libraries, shared by every process mapping the same file; a nil
 	// value records an executable without CUDA.
 	files map[fileKey]*Library
@@ -169,7 +169,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 		return nil, err
 	}
 	t.live = bpfobj.NewTable(t.maps.LiveAllocs, func(k cudaCudaAllocKey, _ cudaCudaAlloc) uint32 { return k.Tgid })
-	t.sites = bpfobj.NewTable(t.maps.CudaSites, func(k cudaCudaSiteKey, _ cudaCudaSite) uint32 { return k.Tgid })
+	t.sites = bpfobj.NewTable(t.maps.Sites, func(k cudaSiteKey, _ cudaSiteCounts) uint32 { return k.Tgid })
 	if cookies {
 		t.byShape[shapeAlloc] = coll.Programs["cuda_alloc_enter"]
 		t.byShape[shapePitch] = coll.Programs["cuda_pitch_enter"]
@@ -586,10 +586,10 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 				s.Sites = map[int64]SiteCount{}
 			}
 			c := s.Sites[id]
-			c.AllocBytes += e.Val.AllocBytes
-			c.AllocCalls += e.Val.AllocCalls
-			c.FreeBytes += e.Val.FreeBytes
-			c.FreeCalls += e.Val.FreeCalls
+			c.AllocBytes += e.Val.MadeBytes
+			c.AllocCalls += e.Val.Made
+			c.FreeBytes += e.Val.ReleasedBytes
+			c.FreeCalls += e.Val.Released
 			s.Sites[id] = c
 		}
 	}
@@ -603,7 +603,7 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 // any process) refers to, keeping those of failures drained since the last
 // time: they are symbolized after Poll. The unwind rules of processes gone
 // go too.
-func (t *Tracker) dropStacks(live map[uint32][]bpfobj.Entry[cudaCudaAllocKey, cudaCudaAlloc], sites map[uint32][]bpfobj.Entry[cudaCudaSiteKey, cudaCudaSite]) {
+func (t *Tracker) dropStacks(live map[uint32][]bpfobj.Entry[cudaCudaAllocKey, cudaCudaAlloc], sites map[uint32][]bpfobj.Entry[cudaSiteKey, cudaSiteCounts]) {
 	keep := t.failStacks
 	for _, g := range live {
 		for _, e := range g {

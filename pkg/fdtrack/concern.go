@@ -1,6 +1,7 @@
 package fdtrack
 
 import (
+	"cmp"
 	"slices"
 	"time"
 
@@ -158,13 +159,45 @@ func (c *Concern) fill(pr *model.Process, s *Sample) {
 	pr.FD.OpenSockets = f.sockets
 	// A copy: the stacks are set on it, and snapshots share the last one.
 	sites := slices.Clone(f.sites)
+	held := make(map[SiteRef]bool, len(sites))
 	for i := range sites {
-		if i >= c.topSites {
-			break
+		st := f.byID[sites[i].StackID]
+		ref := SiteRef{st.key.stack, st.key.py}
+		held[ref] = true
+		n := s.Sites[ref]
+		sites[i].OpenedTotal, sites[i].ClosedTotal = n.Opened, n.Closed
+		if i < c.topSites {
+			sites[i].Stack = c.frames(pr.PID, st)
 		}
-		sites[i].Stack = c.frames(pr.PID, f.byID[sites[i].StackID])
 	}
 	pr.FD.Sites = sites
+	pr.FD.PastSites = c.past(pr.PID, s.Sites, held)
+}
+
+// past returns the sites of pid that opened fds and hold none, most opened
+// first, the first topSites symbolized.
+func (c *Concern) past(pid int, counts map[SiteRef]SiteCount, held map[SiteRef]bool) []model.FDSite {
+	type pastSite struct {
+		st *site
+		n  SiteCount
+	}
+	var ps []pastSite
+	for ref, n := range counts {
+		if !held[ref] && n.Opened > 0 {
+			ps = append(ps, pastSite{c.site(siteKey{pid, ref.StackID, ref.PyStack}), n})
+		}
+	}
+	slices.SortFunc(ps, func(a, b pastSite) int {
+		return cmp.Or(cmp.Compare(b.n.Opened, a.n.Opened), cmp.Compare(a.st.id, b.st.id))
+	})
+	out := make([]model.FDSite, len(ps))
+	for i, p := range ps {
+		out[i] = model.FDSite{StackID: p.st.id, OpenedTotal: p.n.Opened, ClosedTotal: p.n.Closed}
+		if i < c.topSites {
+			out[i].Stack = c.frames(pid, p.st)
+		}
+	}
+	return out
 }
 
 // grouped is a process's fds grouped by call site, largest first.

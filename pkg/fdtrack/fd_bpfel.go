@@ -125,6 +125,22 @@ type fdPyThread struct {
 	CheckedNs uint64
 }
 
+type fdSiteCounts struct {
+	_             structs.HostLayout
+	Made          uint64
+	MadeBytes     uint64
+	Released      uint64
+	ReleasedBytes uint64
+}
+
+type fdSiteKey struct {
+	_       structs.HostLayout
+	Tgid    uint32
+	StackId int32
+	PyStack uint32
+	Pad     uint32
+}
+
 type fdUnwindKey struct {
 	_    structs.HostLayout
 	Mm   uint64
@@ -172,6 +188,7 @@ const (
 	fdMapPyStacks               = "py_stacks"
 	fdMapPyThreads              = "py_threads"
 	fdMapPyThreadsTid           = "py_threads_tid"
+	fdMapSites                  = "sites"
 	fdMapTrackedPids            = "tracked_pids"
 	fdMapUnwindPending          = "unwind_pending"
 	fdMapUnwindRequests         = "unwind_requests"
@@ -268,6 +285,7 @@ type fdMapSpecs struct {
 	PyStacks       *ebpf.MapSpec `ebpf:"py_stacks"`
 	PyThreads      *ebpf.MapSpec `ebpf:"py_threads"`
 	PyThreadsTid   *ebpf.MapSpec `ebpf:"py_threads_tid"`
+	Sites          *ebpf.MapSpec `ebpf:"sites"`
 	TrackedPids    *ebpf.MapSpec `ebpf:"tracked_pids"`
 	UnwindPending  *ebpf.MapSpec `ebpf:"unwind_pending"`
 	UnwindRequests *ebpf.MapSpec `ebpf:"unwind_requests"`
@@ -330,6 +348,7 @@ type fdMaps struct {
 	PyStacks       *ebpf.Map `ebpf:"py_stacks"`
 	PyThreads      *ebpf.Map `ebpf:"py_threads"`
 	PyThreadsTid   *ebpf.Map `ebpf:"py_threads_tid"`
+	Sites          *ebpf.Map `ebpf:"sites"`
 	TrackedPids    *ebpf.Map `ebpf:"tracked_pids"`
 	UnwindPending  *ebpf.Map `ebpf:"unwind_pending"`
 	UnwindRequests *ebpf.Map `ebpf:"unwind_requests"`
@@ -352,6 +371,7 @@ func (m *fdMaps) Close() error {
 		m.PyStacks,
 		m.PyThreads,
 		m.PyThreadsTid,
+		m.Sites,
 		m.TrackedPids,
 		m.UnwindPending,
 		m.UnwindRequests,

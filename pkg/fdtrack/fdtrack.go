@@ -40,6 +40,7 @@ type Tracker struct {
 	// The live fd table and the failure sites, each entry a process's.
 	table     *bpfobj.Table[fdFdKey, fdFdInfo]
 	failSites *bpfobj.Table[uint32, fdFdInfo]
+	sites     *bpfobj.Table[fdSiteKey, fdSiteCounts] // fds opened and closed per call site
 
 	// Per process: fds that vanished without a traced close (found by
 	// reconciling with /proc), added to the kernel's closed counters.
@@ -91,6 +92,7 @@ func New(cfg Config) (*Tracker, error) {
 	}
 	t.table = bpfobj.NewTable(t.maps.FdTable, func(k fdFdKey, _ fdFdInfo) uint32 { return k.Tgid })
 	t.failSites = bpfobj.NewTable(t.maps.FailSites, func(tgid uint32, _ fdFdInfo) uint32 { return tgid })
+	t.sites = bpfobj.NewTable(t.maps.Sites, func(k fdSiteKey, _ fdSiteCounts) uint32 { return k.Tgid })
 	sym := cfg.Symbolizer
 	if sym == nil {
 		sym = symbolize.New(cfg.ProcRoot)

@@ -42,6 +42,20 @@ type Sample struct {
 	// Num is -1. nil when none failed.
 	LastFailure *FD
 	AtStart     int // open fds when tracking began, from /proc
+	// Sites is what each call site opened and closed since tracking began.
+	Sites map[SiteRef]SiteCount
+}
+
+// SiteRef is a call site: an opening stack (canonical) and Python stack.
+type SiteRef struct {
+	StackID int32
+	PyStack uint32
+}
+
+// SiteCount is what one call site did since tracking began; a close counts
+// for the site that opened the fd.
+type SiteCount struct {
+	Opened, Closed uint64
 }
 
 // nFails is the number of errnos the BPF side counts failures by.
@@ -57,6 +71,9 @@ func (t *Tracker) Track(pid int) error {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
 	if err := t.failSites.Claim(tgid, t.tracked); err != nil {
+		return fmt.Errorf("tracking pid %d: %w", pid, err)
+	}
+	if err := t.sites.Claim(tgid, t.tracked); err != nil {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
 	zero := make([]fdFdCounts, ebpf.MustPossibleCPU())
@@ -112,6 +129,7 @@ func (t *Tracker) Untrack(pid int) {
 	// know it, else the next read sweeps it.
 	t.failSites.Forget(tgid)
 	t.table.Forget(tgid)
+	t.sites.Forget(tgid)
 	delete(t.started, tgid)
 	delete(t.atStart, tgid)
 	delete(t.drift, tgid)
@@ -218,6 +236,24 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		}
 		out[pid] = s
 	}
+	counts, err := t.sites.Read(t.tracked)
+	if err != nil {
+		return nil, fmt.Errorf("reading the fd call site table: %w", err)
+	}
+	for pid, s := range out {
+		for _, e := range counts[uint32(pid)] {
+			// A stack first finished in user space has an id of its own
+			// until known: one site may sit under two.
+			ref := SiteRef{t.unwinder.Canonical(e.Key.StackId), e.Key.PyStack}
+			if s.Sites == nil {
+				s.Sites = map[SiteRef]SiteCount{}
+			}
+			c := s.Sites[ref]
+			c.Opened += e.Val.Made
+			c.Closed += e.Val.Released
+			s.Sites[ref] = c
+		}
+	}
 	for pid, s := range out {
 		// The kernel keeps a failure site only once a call has failed.
 		var info fdFdInfo
@@ -251,7 +287,7 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		t.checkDrift(tgid, len(s.FDs))
 	}
 	if t.polls++; t.polls%bpfobj.StackGCEvery == 0 {
-		t.dropStacks(table)
+		t.dropStacks(table, counts)
 	}
 	return out, nil
 }
@@ -310,14 +346,21 @@ func byNum(g []bpfobj.Entry[fdFdKey, fdFdInfo]) []bpfobj.Entry[fdFdKey, fdFdInfo
 	return out
 }
 
-// dropStacks deletes the stacks that no live fd (of any process) and no
-// failure site refers to, and the unwind rules of processes gone.
-func (t *Tracker) dropStacks(table map[uint32][]bpfobj.Entry[fdFdKey, fdFdInfo]) {
+// dropStacks deletes the stacks that no live fd, call site count or
+// failure site (of any process) refers to, and the unwind rules of
+// processes gone.
+func (t *Tracker) dropStacks(table map[uint32][]bpfobj.Entry[fdFdKey, fdFdInfo], counts map[uint32][]bpfobj.Entry[fdSiteKey, fdSiteCounts]) {
 	keep := map[uint32]bool{}
 	for _, g := range table {
 		for _, e := range g {
 			keep[uint32(e.Val.StackId)] = true
 			keep[uint32(t.unwinder.Canonical(e.Val.StackId))] = true
+		}
+	}
+	for _, g := range counts {
+		for _, e := range g {
+			keep[uint32(e.Key.StackId)] = true
+			keep[uint32(t.unwinder.Canonical(e.Key.StackId))] = true
 		}
 	}
 	sites, err := t.failSites.Read(t.tracked)
@@ -374,6 +417,7 @@ var errorNames = map[fdErrKind]string{
 	fdErrKindERR_COUNTERS:    "fd_counters",
 	fdErrKindERR_READ_USER:   "fd_read_user",
 	fdErrKindERR_RINGBUF:     "fd_ringbuf", // unwind requests (bpf/unwind.h)
+	fdErrKindERR_SITES:       "fd_sites",
 }
 
 // Memory is the kernel memory of the object's maps and programs now.

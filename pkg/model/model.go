@@ -69,6 +69,9 @@ type FDSite struct {
 	Stack   []Frame     // symbolized frames, innermost first
 	Opened  []time.Time // open time of each live fd opened here
 	FDs     []int32     // the fd numbers, in the order of Opened
+	// Since tracking began (monotonic), from the kernel's per-site
+	// counters; a close counts for the site that opened the fd.
+	OpenedTotal, ClosedTotal uint64
 }
 
 // FDStats is the fd view of one process at one instant.
@@ -80,6 +83,9 @@ type FDStats struct {
 	Opened      map[string]uint64 // fds created since attach, by kind (monotonic)
 	Closed      map[string]uint64 // fds released since attach, by kind (monotonic)
 	Sites       []FDSite          // live fds by opening stack; sites with a known stack only
+	// PastSites are the sites that opened fds since attach and hold none
+	// now, most opened first (OpenedTotal and ClosedTotal only).
+	PastSites []FDSite
 	// Failed counts the fd-creating calls that failed because the process
 	// (EMFILE) or the system (ENFILE) was out of fds, since attach, by
 	// errno name (FDErrnos; monotonic).

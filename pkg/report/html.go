@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/atomicfile"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/history"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
@@ -76,7 +77,7 @@ func WriteHTMLFile(path string, r *Report) error {
 	if err := WriteHTML(&buf, r); err != nil {
 		return err
 	}
-	return writeAtomic(path, buf.Bytes())
+	return atomicfile.Write(path, buf.Bytes())
 }
 
 // WriteHTML renders r as a self-contained HTML page. The page is built from

@@ -10,10 +10,10 @@ import (
 	"io"
 	"maps"
 	"os"
-	"path/filepath"
 	"slices"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/atomicfile"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/history"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
@@ -196,7 +196,7 @@ func (w *Writer) writeJSON(r *Report) error {
 		_, err = w.stdout.Write(data)
 		return err
 	}
-	return writeAtomic(w.out.JSON, data)
+	return atomicfile.Write(w.out.JSON, data)
 }
 
 // report builds the document; now ends a run that produced no snapshot.
@@ -286,39 +286,4 @@ func copyInts(m map[string]int) map[string]int {
 	out := make(map[string]int, len(m))
 	maps.Copy(out, m)
 	return out
-}
-
-// writeAtomic writes data to a temporary file next to path and renames it
-// over path: a rename within one file system is atomic. An error names
-// path, not the temporary file.
-func writeAtomic(path string, data []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp*")
-	if err != nil {
-		var pe *os.PathError
-		if errors.As(err, &pe) {
-			err = pe.Err
-		}
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	tmp := f.Name()
-	_, err = f.Write(data)
-	if err == nil {
-		// CreateTemp makes the file 0600; the tool runs as root and the
-		// report is meant for the user who asked for it.
-		err = f.Chmod(0o644)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	return nil
 }

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/google/pprof/profile"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
+)
+
+// topValue runs go tool pprof -top with sample index idx on file and
+// returns the flat and cumulative values it gives fn, as printed ("18GB",
+// "120"); "" when fn is not listed.
+func topValue(t *testing.T, file, idx, fn string) (flat, cum string) {
+	t.Helper()
+	out, err := exec.Command("go", "tool", "pprof", "-top", "-sample_index="+idx, file).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go tool pprof -top %s: %v\n%s", file, err, out)
+	}
+	// "      18GB 99.57% 99.57%       18GB 99.57%  burst_step"
+	re := regexp.MustCompile(`(?m)^\s*(\S+)\s+\S+%\s+\S+%\s+(\S+)\s+\S+%\s+` + regexp.QuoteMeta(fn) + `$`)
+	m := re.FindStringSubmatch(string(out))
+	if m == nil {
+		t.Logf("go tool pprof -top -sample_index=%s %s:\n%s", idx, file, out)
+		return "", ""
+	}
+	return m[1], m[2]
+}
+
+// readProfile parses a profile file as go tool pprof does.
+func readProfile(t *testing.T, file string) *profile.Profile {
+	t.Helper()
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	p, err := profile.Parse(f)
+	if err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	return p
+}
+
+// run --pprof on a loop that leaks 8 MiB of (stand-in) GPU memory from
+// leak_step every 100 ms and every 3 s takes and frees 300 × 64 MiB in
+// burst_step, and on a Go program leaking files: the profiles parse, and
+// go tool pprof lists burst_step's bytes as allocated (alloc_space) and
+// leak_step's as held (inuse_space), and main.cacheShard's open fds.
+func TestPprofFiles(t *testing.T) {
+	testutil.RequireRoot(t)
+	dir := filepath.Join(t.TempDir(), "profiles") // made by the tool
+	rt := testutil.CUDAStubs(t)
+	out, code := cli(t, nil, "run", "--pprof", dir, "--", testutil.Fixture(t, "cudawork"), rt, "spike", "7")
+	if code != 0 {
+		t.Fatalf("exit %d; output:\n%s", code, out)
+	}
+	gpu, _ := filepath.Glob(filepath.Join(dir, "*-gpu.pb.gz"))
+	if len(gpu) != 1 {
+		t.Fatalf("GPU profiles %v, want one", gpu)
+	}
+	p := readProfile(t, gpu[0])
+	if p.DefaultSampleType != "inuse_space" || len(p.SampleType) != 4 || p.SampleType[1].Type != "alloc_space" {
+		t.Errorf("sample types %v, default %q", p.SampleType, p.DefaultSampleType)
+	}
+	// Two bursts in 7 s (at 3 and 6 s): 37.5 GiB (pprof's MB are MiB).
+	if v, _ := topValue(t, gpu[0], "alloc_space", "burst_step"); v != "38400MB" {
+		t.Errorf("burst_step alloc_space %q, want 38400MB", v)
+	}
+	if v, _ := topValue(t, gpu[0], "inuse_space", "burst_step"); v != "" {
+		t.Errorf("burst_step holds %s, want nothing", v)
+	}
+	if v, _ := topValue(t, gpu[0], "inuse_space", "leak_step"); !strings.HasSuffix(v, "MB") {
+		t.Errorf("leak_step inuse_space %q, want hundreds of MB", v)
+	}
+
+	dir = t.TempDir()
+	out, code = cli(t, nil, "run", "--pprof", dir, "--", testutil.GoProgram(t, "goleak"), "20", "4")
+	if code != 0 {
+		t.Fatalf("exit %d; output:\n%s", code, out)
+	}
+	fd, _ := filepath.Glob(filepath.Join(dir, "*-fd.pb.gz"))
+	if len(fd) != 1 {
+		t.Fatalf("fd profiles %v, want one", fd)
+	}
+	readProfile(t, fd[0])
+	// The fds are opened below it, in the Go runtime's syscall wrapper.
+	_, v := topValue(t, fd[0], "inuse_objects", "main.cacheShard")
+	if n, err := strconv.Atoi(v); err != nil || n < 60 || n > 90 {
+		t.Errorf("main.cacheShard holds %q fds, want 4 s × 20/s", v)
+	}
+}

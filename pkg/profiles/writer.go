@@ -1,0 +1,90 @@
+package profiles
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/atomicfile"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+)
+
+// Writer is a sink that writes, when closed, the profiles of every process
+// it saw into a folder: DIR/PID-gpu.pb.gz and DIR/PID-fd.pb.gz, each only
+// when it has a sample. A process is profiled as of its last snapshot
+// alive: by the snapshot that says it exited, its fds are gone.
+type Writer struct {
+	dir   string
+	procs map[procKey]*model.Process
+	order []procKey // first seen first: a reused pid's last process wins
+}
+
+type procKey struct {
+	pid     int
+	started int64
+}
+
+// NewWriter returns a Writer into dir, which must exist.
+func NewWriter(dir string) *Writer {
+	return &Writer{dir: dir, procs: map[procKey]*model.Process{}}
+}
+
+// Update keeps each process's latest state.
+func (w *Writer) Update(s *model.Snapshot) {
+	for _, p := range s.Processes {
+		k := procKey{p.PID, p.Started.UnixNano()}
+		last, ok := w.procs[k]
+		if !ok {
+			w.order = append(w.order, k)
+		}
+		if !ok || !p.Exited || last.Exited {
+			w.procs[k] = p
+		}
+	}
+}
+
+// Close writes the profiles, final included.
+func (w *Writer) Close(final *model.Snapshot) error {
+	now := time.Now()
+	if final != nil {
+		w.Update(final)
+		now = final.Time
+	}
+	var errs []error
+	for _, k := range w.order {
+		p := w.procs[k]
+		for _, kind := range Kinds {
+			if err := w.write(kind, p, now); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (w *Writer) write(kind string, p *model.Process, now time.Time) error {
+	prof, err := Of(kind, p, now)
+	if err != nil {
+		return fmt.Errorf("%s profile of pid %d: %w", kind, p.PID, err)
+	}
+	if len(prof.Sample) == 0 {
+		return nil
+	}
+	var buf bytes.Buffer
+	if err := prof.Write(&buf); err != nil { // gzipped
+		return fmt.Errorf("%s profile of pid %d: %w", kind, p.PID, err)
+	}
+	return atomicfile.Write(filepath.Join(w.dir, FileName(p.PID, kind)), buf.Bytes())
+}
+
+// FileName is the name of a process's profile of kind in --pprof's folder.
+func FileName(pid int, kind string) string {
+	return strconv.Itoa(pid) + "-" + kind + ".pb.gz"
+}
+
+// Kinds lists the kinds of profile.
+var Kinds = []string{GPU, FD}
+
