@@ -70,7 +70,7 @@ everything and exits 0.`,
 		},
 	}
 	fl := cmd.Flags()
-	addWebFlags(fl, &f.listen, &f.webConfig, ":9464", "/metrics, /healthz and /readyz")
+	addWebFlags(fl, &f.listen, &f.webConfig, ":9464", "/metrics, /healthz, /readyz and the current profiles (/debug/pprof/gpu, /debug/pprof/fd)")
 	fl.DurationVar(&f.interval, "interval", time.Second, "how often maps are read, detectors run and new processes are watched")
 	fl.DurationVar(&f.resync, "resync", time.Minute, "how often /proc is walked for processes the kernel events missed")
 	fl.StringVar(&f.matchComm, "match-comm", "", "watch only processes whose name (comm) matches REGEX")
@@ -174,6 +174,7 @@ func runDaemon(f *daemonFlags, rules daemon.Rules) error {
 	if f.findingsLog {
 		sinks = append(sinks, daemon.NewFindingsLog(os.Stdout))
 	}
+	sinks = append(sinks, serveProfiles(srv))
 	srv.Serve(reg, health, 3*f.interval+5*time.Second, f.webConfig)
 
 	cfg := pipeline.DefaultConfig()

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -8,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/pprof/profile"
 
@@ -95,5 +98,68 @@ func TestPprofFiles(t *testing.T) {
 	_, v := topValue(t, fd[0], "inuse_objects", "main.cacheShard")
 	if n, err := strconv.Atoi(v); err != nil || n < 60 || n > 90 {
 		t.Errorf("main.cacheShard holds %q fds, want 4 s × 20/s", v)
+	}
+}
+
+// attach --listen serves the current profiles: go tool pprof reads one
+// process's over HTTP, and the profile of all watched processes labels
+// each sample with its pid and comm.
+func TestPprofHTTP(t *testing.T) {
+	testutil.RequireRoot(t)
+	target := testutil.Start(t, testutil.GoProgram(t, "goleak"), "20", "60")
+	pid := strconv.Itoa(target.Process.Pid)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cmd := exec.Command(binary, "attach", "--pid", pid, "--listen", addr, "--duration", "30s")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() }()
+
+	url := "http://" + addr + "/debug/pprof/fd"
+	var all *profile.Profile
+	for deadline := time.Now().Add(20 * time.Second); all == nil || len(all.Sample) == 0; time.Sleep(time.Second) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no fd profile with samples at %s", url)
+		}
+		resp, err := http.Get(url)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			if err == nil {
+				resp.Body.Close()
+			}
+			continue
+		}
+		all, err = profile.Parse(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, s := range all.Sample {
+		if got := s.Label["pid"]; len(got) != 1 || got[0] != pid || s.Label["comm"][0] != "goleak" {
+			t.Fatalf("sample labels %v, want pid %s and comm goleak", s.Label, pid)
+		}
+	}
+	// Opened after attach: these fds have their stacks.
+	time.Sleep(2 * time.Second)
+	file := filepath.Join(t.TempDir(), "fd.pb.gz")
+	out, err := exec.Command("go", "tool", "pprof", "-proto", "-output", file, url+"?pid="+pid).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go tool pprof %s?pid=%s: %v\n%s", url, pid, err, out)
+	}
+	if _, cum := topValue(t, file, "inuse_objects", "main.cacheShard"); cum == "" || cum == "0" {
+		t.Errorf("main.cacheShard holds %q fds over HTTP", cum)
+	}
+	resp, err := http.Get(url + "?pid=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("profile of an unwatched pid: %s, want 404", resp.Status)
 	}
 }

@@ -59,7 +59,7 @@ func (f *watchFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.json, "json", "", "write a JSON report to FILE at the end (- for stdout)")
 	fl.StringVar(&f.html, "html", "", "write the report as a self-contained HTML page with charts to FILE at the end")
 	fl.StringVar(&f.pprof, "pprof", "", "write each process's GPU memory and fd profiles by call site (pprof format: go tool pprof, Pyroscope) into DIR at the end, as PID-gpu.pb.gz and PID-fd.pb.gz; DIR is made if missing")
-	addWebFlags(fl, &f.listen, &f.web, "", "Prometheus metrics (/metrics)")
+	addWebFlags(fl, &f.listen, &f.web, "", "Prometheus metrics (/metrics) and the current profiles (/debug/pprof/gpu, /debug/pprof/fd)")
 	fl.BoolVar(&f.classic, "runqueue-classic-buckets", false, "give the run-queue histogram on /metrics a few classic buckets too, for scrapers without native histograms (--runqueue-classic-buckets=true)")
 	fl.StringSliceVar(&f.failOn, "fail-on", nil, "exit 3 if a finding of KIND[,KIND...] is made: "+strings.Join(model.Kinds, ", "))
 	fl.Uint32Var(&f.maxFDs, "max-fds", 1<<16, "capacity of the kernel's live fd table, all targets together")
@@ -248,6 +248,16 @@ const killAfter = 10 * time.Second
 
 // watch runs the pipeline shared by attach and run: sinks, signals,
 // --duration, and the BPF objects unloaded on every path.
+// serveProfiles adds the current profiles (profiles.Paths) to srv and
+// returns the sink that keeps them current.
+func serveProfiles(srv *daemon.Server) pipeline.Sink {
+	live := &profiles.Live{}
+	for _, kind := range profiles.Kinds {
+		srv.Handle(profiles.Paths[kind], live.Handler(kind))
+	}
+	return live
+}
+
 // watchMemoryLimit is the Go runtime's soft memory limit for attach and run
 // when GOMEMLIMIT does not set one. The tool runs beside the workload it
 // diagnoses, and by default the heap may double its live size before a
@@ -281,7 +291,7 @@ func watch(cmd *cobra.Command, f *watchFlags, start func(*pipeline.Pipeline) (fu
 		}
 		defer srv.Close()
 		reg := prometheus.NewRegistry()
-		sinks = append(sinks, metrics.New(reg, version, metrics.Options{RunqueueClassicBuckets: f.classic}))
+		sinks = append(sinks, metrics.New(reg, version, metrics.Options{RunqueueClassicBuckets: f.classic}), serveProfiles(srv))
 		srv.Serve(reg, nil, 0, f.web)
 	}
 

@@ -14,12 +14,22 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/metrics"
 )
 
-// Server serves /metrics, /healthz and /readyz, with TLS and basic auth
-// from an exporter-toolkit web config file as node_exporter does.
+// Server serves /metrics, /healthz and /readyz and what Handle adds, with
+// TLS and basic auth from an exporter-toolkit web config file as
+// node_exporter does.
 type Server struct {
-	srv  *http.Server
-	ln   net.Listener
-	done chan error
+	srv   *http.Server
+	ln    net.Listener
+	done  chan error
+	extra map[string]http.Handler
+}
+
+// Handle adds a handler for pattern; before Serve.
+func (s *Server) Handle(pattern string, h http.Handler) {
+	if s.extra == nil {
+		s.extra = map[string]http.Handler{}
+	}
+	s.extra[pattern] = h
 }
 
 // Listen binds addr now, so that a port in use is an error at start, and
@@ -47,6 +57,9 @@ func (s *Server) Addr() net.Addr { return s.ln.Addr() }
 func (s *Server) Serve(g prometheus.Gatherer, h *Health, stale time.Duration, webConfig string) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", metrics.Handler(g))
+	for pattern, eh := range s.extra {
+		mux.Handle(pattern, eh)
+	}
 	if h != nil {
 		healthHandlers(mux, h, stale)
 	}

@@ -42,6 +42,8 @@ type burstGroup struct {
 
 	size, largest         uint64 // the latest occurrence's burst, and the largest
 	peakLive, largestPeak uint64 // live bytes at their peaks
+	base                  uint64 // live bytes before the latest occurrence
+	near                  string // what a peak came close to (Detector.nearFull); "" for nothing
 	w                     burstWindow
 	sites                 []recentSite // caught live in the latest flagged interval that had any
 }
@@ -122,9 +124,10 @@ func (d *Detector) judgeBurst(now time.Time, p *model.Process, st *procState, iv
 	}
 	// Memory taken over more than one interval is one burst, unless
 	// another site took over.
+	near := d.nearFull(p.PID, iv.peak)
 	if r := st.run; r != nil && (key == "" || r.group.key == "" || key == r.group.key) {
 		r.peak = max(r.peak, iv.peak)
-		r.group.record(now, key, r.peak-min(r.peak, r.start), r.peak, sites, w)
+		r.group.record(now, key, r.peak-min(r.peak, r.start), r.peak, sites, w, near)
 		return r.group, nil
 	}
 	g := st.burstGroup(key)
@@ -144,7 +147,8 @@ func (d *Detector) judgeBurst(now time.Time, p *model.Process, st *procState, iv
 	g.active = true
 	g.count++
 	g.last = now
-	g.record(now, key, rise, iv.peak, sites, w)
+	g.base = iv.start
+	g.record(now, key, rise, iv.peak, sites, w, near)
 	st.run = &occurrence{group: g, start: iv.start, peak: iv.peak}
 	return g, superseded
 }
@@ -175,8 +179,12 @@ func (st *procState) burstGroup(key string) *burstGroup {
 }
 
 // record notes a flagged interval of the group's latest occurrence, whose
-// burst is now size with live bytes at peak.
-func (g *burstGroup) record(now time.Time, key string, size, peak uint64, sites []recentSite, w burstWindow) {
+// burst is now size with live bytes at peak, which came near what near
+// says. A group that came near once stays so.
+func (g *burstGroup) record(now time.Time, key string, size, peak uint64, sites []recentSite, w burstWindow, near string) {
+	if near != "" {
+		g.near = near
+	}
 	if g.key == "" {
 		g.key = key
 	}
@@ -225,7 +233,15 @@ func (st *procState) learn(rise, alpha float64) {
 func (d *Detector) fillBurst(g *burstGroup, now time.Time, p *model.Process) model.Finding {
 	f := g.f
 	f.Comm, f.LastSeen, f.Active = p.Comm, now, g.active
-	f.Severity = model.SeverityWarning
+	startup := d.startupStep(g, p)
+	switch {
+	case g.near != "":
+		f.Severity = model.SeverityCritical
+	case startup:
+		f.Severity = model.SeverityInfo
+	default:
+		f.Severity = model.SeverityWarning
+	}
 	f.Stack = nil
 	if len(g.sites) > 0 {
 		f.Stack = slices.Clone(g.sites[0].stack)
@@ -252,10 +268,20 @@ func (d *Detector) fillBurst(g *burstGroup, now time.Time, p *model.Process) mod
 			fmt.Fprintf(&b, ": %.0f %% of the %s allocated then", 100*g.share(g.sites[0]), human(float64(g.w.bytes)))
 		}
 	}
+	var nearFull any // what the peak came close to; null for nothing
+	if g.near != "" {
+		nearFull = g.near
+	}
 	var period any // seconds between bursts; null until one recurs
 	if pd, ok := g.period(); ok {
 		period = series.Round(pd.Seconds(), 1)
 		fmt.Fprintf(&b, "; %d times, every ~%s, largest %s", g.count, roughDuration(pd.Seconds()), human(float64(g.largest)))
+	}
+	switch {
+	case g.near != "":
+		fmt.Fprintf(&b, "; live peak %s", g.near)
+	case startup:
+		b.WriteString("; still held: a start-up step (weights loaded, allocator warm-up, cache reserved)")
 	}
 	f.Summary = b.String()
 	f.Evidence = map[string]any{
@@ -272,9 +298,24 @@ func (d *Detector) fillBurst(g *burstGroup, now time.Time, p *model.Process) mod
 		"baseline_bytes_stddev":   math.Round(g.w.stddev),
 		"live_bytes":              p.CUDA.LiveBytes,
 		"top_sites":               top,
+		"startup_step":            startup,
+		"near_full":               nearFull,
 	}
 	return f
 }
+
+// startupStep tells whether g is a start-up step: one occurrence, begun
+// within StartupWindow of watching p, and still held (heldShare of it live
+// above what was live before).
+func (d *Detector) startupStep(g *burstGroup, p *model.Process) bool {
+	if g.count != 1 || p.Started.IsZero() || g.first.Sub(p.Started) > d.cfg.StartupWindow {
+		return false
+	}
+	return float64(p.CUDA.LiveBytes) >= float64(g.base)+heldShare*float64(g.size)
+}
+
+// heldShare is how much of a burst must stay live for it to count as held.
+const heldShare = 0.9
 
 // share is the part of the bytes allocated in the group's latest flagged
 // interval that site s allocated, 0 to 1.

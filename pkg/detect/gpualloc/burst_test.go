@@ -278,3 +278,50 @@ func TestBurstForgottenAfterRecurWithin(t *testing.T) {
 		t.Errorf("findings %v, want %v", got, want)
 	}
 }
+
+// A burst's severity follows what its memory does: 3 GiB loaded 20 s
+// after watching began and kept is a start-up step (info); released again,
+// a warning; kept but loaded after the start-up window, a warning; near
+// the budget or a device's memory, critical whatever it does.
+func TestBurstSeverity(t *testing.T) {
+	device := func() []model.GPU {
+		return []model.GPU{{Index: 0, MemoryTotal: 3*gib + 256*mib, MemoryUsed: 3 * gib, MemoryUsedMax: 3*gib + 100*mib, Processes: map[int]uint64{42: 3 * gib}}}
+	}
+	for _, tc := range []struct {
+		name     string
+		release  bool
+		cfg      func(*Config)
+		severity string
+		says     string
+	}{
+		{"held at start-up", false, func(*Config) {}, model.SeverityInfo, "; still held: a start-up step"},
+		{"released", true, func(*Config) {}, model.SeverityWarning, "; most at load_weights"},
+		{"held after start-up", false, func(c *Config) { c.StartupWindow = 10 * time.Second }, model.SeverityWarning, "; most at load_weights"},
+		{"held, near the budget", false, func(c *Config) { c.MemoryBudget = 3*gib + 256*mib }, model.SeverityCritical, "; live peak within 10 % of the 3.2 GiB budget"},
+		{"released, near the device's memory", true, func(c *Config) { c.Devices = device }, model.SeverityCritical, "; live peak GPU 0 within 10 % of its 3.2 GiB"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			tc.cfg(&cfg)
+			s := newSim(3)
+			s.started = at(0)
+			reps := run(t, New(cfg), s, 42, 40, func(s *sim, sec int, now time.Time) {
+				steadyTraffic(s, now)
+				switch {
+				case sec == 20:
+					s.alloc(loadSite, 12, 256*mib, now)
+				case sec == 22 && tc.release:
+					s.freeAll(loadSite)
+				}
+			})
+			bursts := ofKind(reps, model.KindGPUAllocBurst)
+			if len(bursts) == 0 {
+				t.Fatal("burst not found")
+			}
+			last := bursts[len(bursts)-1].f
+			if last.Severity != tc.severity || !strings.Contains(last.Summary, tc.says) {
+				t.Errorf("severity %q, summary %q; want %q, saying %q", last.Severity, last.Summary, tc.severity, tc.says)
+			}
+		})
+	}
+}

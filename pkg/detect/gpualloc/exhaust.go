@@ -48,8 +48,23 @@ func (d *Detector) exhaustion(p *model.Process, growth float64) exhaustion {
 // sampled it. A process NVML does not list (no permission, some containers)
 // is taken to use the only GPU when there is one.
 func (d *Detector) deviceFree(pid int) (uint64, bool) {
-	if d.cfg.Devices == nil {
+	used := d.devicesOf(pid)
+	if len(used) == 0 {
 		return 0, false
+	}
+	free := uint64(math.MaxUint64)
+	for _, g := range used {
+		free = min(free, g.MemoryTotal-min(g.MemoryUsed, g.MemoryTotal))
+	}
+	return free, true
+}
+
+// devicesOf returns the GPUs pid uses, as NVML last sampled them; the only
+// GPU when NVML does not list the process (no permission, some
+// containers); none without NVML.
+func (d *Detector) devicesOf(pid int) []model.GPU {
+	if d.cfg.Devices == nil {
+		return nil
 	}
 	gpus := d.cfg.Devices()
 	var used []model.GPU
@@ -61,14 +76,23 @@ func (d *Detector) deviceFree(pid int) (uint64, bool) {
 	if len(used) == 0 && len(gpus) == 1 {
 		used = gpus
 	}
-	if len(used) == 0 {
-		return 0, false
+	return used
+}
+
+// nearFull says what a process whose live device bytes peaked at peak came
+// close to, within NearFullShare: MemoryBudget, or the memory of a device
+// it uses at its most used since the previous poll; "" for neither.
+func (d *Detector) nearFull(pid int, peak uint64) string {
+	share := d.cfg.NearFullShare
+	if b := d.cfg.MemoryBudget; b > 0 && float64(peak) >= share*float64(b) {
+		return fmt.Sprintf("within %.0f %% of the %s budget", 100*(1-share), human(float64(b)))
 	}
-	free := uint64(math.MaxUint64)
-	for _, g := range used {
-		free = min(free, g.MemoryTotal-min(g.MemoryUsed, g.MemoryTotal))
+	for _, g := range d.devicesOf(pid) {
+		if g.MemoryTotal > 0 && float64(max(g.MemoryUsedMax, g.MemoryUsed)) >= share*float64(g.MemoryTotal) {
+			return fmt.Sprintf("GPU %d within %.0f %% of its %s", g.Index, 100*(1-share), human(float64(g.MemoryTotal)))
+		}
 	}
-	return free, true
+	return ""
 }
 
 // evidence records e: time_to_exhaustion_seconds (null when not known),

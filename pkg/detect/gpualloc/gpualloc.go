@@ -54,6 +54,14 @@ type Config struct {
 	// A burst at least RegrowRatio times the one that opened its site's
 	// finding is a new finding: the problem got markedly worse.
 	RegrowRatio float64
+	// A burst's severity follows what the memory does: one that began
+	// within StartupWindow of watching (of the process's start under
+	// run) and stays held is a start-up step (weights loaded, an
+	// allocator's warm-up, a KV-cache reservation): info. One that came
+	// within NearFullShare of the device's memory or of MemoryBudget is
+	// critical; any other is a warning.
+	StartupWindow time.Duration
+	NearFullShare float64
 
 	// Churn: an interval churns when allocate + synchronizing-free pairs
 	// (cudaFree, cuMemFree_v2) run at ChurnRate a second or more while
@@ -118,6 +126,8 @@ func DefaultConfig() Config {
 		QuietIntervals: 3,
 		RecurWithin:    10 * time.Minute,
 		RegrowRatio:    1.5,
+		StartupWindow:  10 * time.Minute,
+		NearFullShare:  0.9,
 		// A cudaMalloc plus a synchronizing cudaFree cost the host some
 		// 20 µs at best on current GPUs, and each free drains the device's
 		// queue: at 5000 pairs/s a tenth of a thread goes to the allocator
@@ -198,6 +208,7 @@ func New(cfg Config) *Detector {
 	orDef(&cfg.MinRatio, def.MinRatio)
 	orDef(&cfg.Alpha, def.Alpha)
 	orDef(&cfg.RegrowRatio, def.RegrowRatio)
+	orDef(&cfg.NearFullShare, def.NearFullShare)
 	orDef(&cfg.ChurnRate, def.ChurnRate)
 	orDef(&cfg.ChurnFlatShare, def.ChurnFlatShare)
 	orDefInt := func(v *int, d int) {
@@ -216,6 +227,7 @@ func New(cfg Config) *Detector {
 		}
 	}
 	orDefDur(&cfg.RecurWithin, def.RecurWithin)
+	orDefDur(&cfg.StartupWindow, def.StartupWindow)
 	orDefDur(&cfg.LeakFastWindow, def.LeakFastWindow)
 	orDefDur(&cfg.LeakWindow, def.LeakWindow)
 	orDefDur(&cfg.LeakMinAge, def.LeakMinAge)

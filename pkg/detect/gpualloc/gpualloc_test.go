@@ -56,6 +56,7 @@ type sim struct {
 	hostBytes, hostCalls     uint64 // pinned host allocations (cudaMallocHost), never live on the device
 	failures                 []model.CUDAFailure
 	rng                      *rand.Rand
+	started                  time.Time // when watching began; zero: unknown
 }
 
 func newSim(seed uint64) *sim { return &sim{rng: rand.New(rand.NewPCG(seed, 7))} }
@@ -145,7 +146,7 @@ func (s *sim) step(n int, now time.Time) {
 
 // process samples the simulated process; the peak starts over from there.
 func (s *sim) process(pid int) *model.Process {
-	p := &model.Process{PID: pid, Comm: "trainer", CUDA: model.CUDAStats{
+	p := &model.Process{PID: pid, Comm: "trainer", Started: s.started, CUDA: model.CUDAStats{
 		LiveBytes:     s.liveBytes,
 		LivePeakBytes: max(s.peak, s.liveBytes),
 		LiveAllocs:    len(s.live),
