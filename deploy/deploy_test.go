@@ -945,7 +945,7 @@ func writePrometheusRule(t *testing.T) {
 
 // findingAlert returns the finding kind an alert is about ("" for none).
 func findingKind(r rule) string {
-	m := regexp.MustCompile(`autoglm_finding\{kind="([a-z_]+)"\}`).FindStringSubmatch(r.Expr)
+	m := regexp.MustCompile(`autoglm_finding\{kind="([a-z_]+)"[,}]`).FindStringSubmatch(r.Expr)
 	if m == nil {
 		return ""
 	}
