@@ -83,6 +83,24 @@ func TestPprofFiles(t *testing.T) {
 	if v, _ := topValue(t, gpu[0], "inuse_space", "leak_step"); !strings.HasSuffix(v, "MB") {
 		t.Errorf("leak_step inuse_space %q, want hundreds of MB", v)
 	}
+	// The JSON report carries the call sites: `report --pprof` writes the
+	// same profile from it.
+	js := filepath.Join(t.TempDir(), "r.json")
+	out, code = cli(t, nil, "run", "--json", js, "--", testutil.Fixture(t, "cudawork"), rt, "spike", "4")
+	if code != 0 {
+		t.Fatalf("exit %d; output:\n%s", code, out)
+	}
+	fromReport := t.TempDir()
+	if out, code := cli(t, nil, "report", js, "--pprof", fromReport); code != 0 {
+		t.Fatalf("report --pprof: exit %d; output:\n%s", code, out)
+	}
+	gpu, _ = filepath.Glob(filepath.Join(fromReport, "*-gpu.pb.gz"))
+	if len(gpu) != 1 {
+		t.Fatalf("GPU profiles from the report %v, want one", gpu)
+	}
+	if v, _ := topValue(t, gpu[0], "alloc_space", "burst_step"); v != "19200MB" {
+		t.Errorf("from the report: burst_step alloc_space %q, want 19200MB", v)
+	}
 
 	dir = t.TempDir()
 	out, code = cli(t, nil, "run", "--pprof", dir, "--", testutil.GoProgram(t, "goleak"), "20", "4")

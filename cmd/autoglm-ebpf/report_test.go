@@ -145,7 +145,9 @@ func TestReportCommand(t *testing.T) {
 		msg  string
 	}{
 		{[]string{"report"}, exitUsage, "accepts 1 arg"},
-		{[]string{"report", old}, exitUsage, "--html FILE is required"},
+		{[]string{"report", old}, exitUsage, "--html FILE or --pprof DIR is required"},
+		// A report from before call sites were recorded has none to profile.
+		{[]string{"report", old, "--pprof", filepath.Join(dir, "prof")}, exitRuntime, "the report has no call sites to profile"},
 		{[]string{"report", old, "--html", "-"}, exitUsage, "--html needs a file name"},
 		{[]string{"attach", "--pid", "1", "--html", "-"}, exitUsage, "--html needs a file name"},
 		{[]string{"report", filepath.Join(dir, "missing.json"), "--html", out}, exitRuntime, "no such file"},

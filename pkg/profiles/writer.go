@@ -20,6 +20,8 @@ type Writer struct {
 	dir   string
 	procs map[procKey]*model.Process
 	order []procKey // first seen first: a reused pid's last process wins
+	// Written lists the files Close wrote.
+	Written []string
 }
 
 type procKey struct {
@@ -77,7 +79,12 @@ func (w *Writer) write(kind string, p *model.Process, now time.Time) error {
 	if err := prof.Write(&buf); err != nil { // gzipped
 		return fmt.Errorf("%s profile of pid %d: %w", kind, p.PID, err)
 	}
-	return atomicfile.Write(filepath.Join(w.dir, FileName(p.PID, kind)), buf.Bytes())
+	path := filepath.Join(w.dir, FileName(p.PID, kind))
+	if err := atomicfile.Write(path, buf.Bytes()); err != nil {
+		return err
+	}
+	w.Written = append(w.Written, path)
+	return nil
 }
 
 // FileName is the name of a process's profile of kind in --pprof's folder.

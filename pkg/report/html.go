@@ -158,6 +158,7 @@ type procView struct {
 	Exited   bool
 	Facts    []kv
 	Charts   []chart
+	Flames   []flame
 	Findings []findingView
 }
 
@@ -223,6 +224,11 @@ func buildPage(r *Report, data []byte) *page {
 			pg.NoHistory = true
 		}
 		pv.Charts = processCharts(&p, ax, pv.Findings)
+		var own []model.Finding
+		for _, f := range pv.Findings {
+			own = append(own, r.Findings[f.N-1])
+		}
+		pv.Flames = processFlames(&p, own)
 		for j := range pv.Charts {
 			pv.Charts[j].Source = fmt.Sprintf("p%d", i)
 		}

@@ -89,6 +89,9 @@ type Process struct {
 
 	// The figures above and more, at each interval of the run.
 	History *history.History `json:"history,omitempty"`
+
+	// Call sites as of the last snapshot alive; absent without any.
+	Sites *Sites `json:"sites,omitempty"`
 }
 
 // processKey tells apart two processes that had the same pid in one run.
@@ -114,6 +117,9 @@ type Writer struct {
 	// Every process ever seen: processes drop out of snapshots after they
 	// exit, but the report must still show them.
 	procs map[processKey]Process
+	// alive is each process's last snapshot alive, for its sites: by the
+	// one that says it exited, its fds are gone.
+	alive map[processKey]*model.Process
 	hist  *history.Recorder
 }
 
@@ -125,6 +131,7 @@ func New(version string, out Outputs) *Writer {
 		stdout:  os.Stdout,
 		created: time.Now(),
 		procs:   map[processKey]Process{},
+		alive:   map[processKey]*model.Process{},
 		hist:    history.New(history.DefaultConfig()),
 	}
 }
@@ -139,8 +146,12 @@ func (w *Writer) Update(s *model.Snapshot) {
 func (w *Writer) record(s *model.Snapshot) {
 	w.last = s
 	for _, p := range s.Processes {
+		k := processKey{p.PID, p.Started.UnixNano()}
+		if last, ok := w.alive[k]; !ok || !p.Exited || last.Exited {
+			w.alive[k] = p
+		}
 		// Copied: the report is written long after this snapshot.
-		w.procs[processKey{p.PID, p.Started.UnixNano()}] = Process{
+		w.procs[k] = Process{
 			PID:       p.PID,
 			Comm:      p.Comm,
 			Started:   p.Started,
@@ -249,6 +260,7 @@ func (w *Writer) processes() []Process {
 	for _, k := range keys {
 		p := w.procs[k]
 		p.History = w.hist.Process(p.PID, p.Started)
+		p.Sites = sitesOf(w.alive[k])
 		out = append(out, p)
 	}
 	return out
