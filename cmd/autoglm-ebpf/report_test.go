@@ -106,7 +106,7 @@ func TestDemoReport(t *testing.T) {
 		}
 	}
 	for _, frame := range []string{"cache_tokenizer", "warmup_kv_cache", "load_adapter"} {
-		if !strings.Contains(dom, "<li>"+frame+"+") {
+		if !strings.Contains(dom, "<li>"+frame+" (demo.c:") {
 			t.Errorf("no finding card with %s in its stack", frame)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"testing"
 )
 
@@ -13,14 +14,18 @@ import (
 // libtorch_cuda.so has (libtorch_cpu.so has twice that).
 const BigLibrarySymbols = 300_000
 
-// BigLibrary builds, once, testdata/bin/libbig.so: BigLibrarySymbols empty
-// functions plus leak_in_big_library, which opens /dev/null and keeps the
-// fd (testdata/biglib.c calls it), and returns its path.
+// BigLibrary builds, once (again when this file changed),
+// testdata/bin/libbig.so: BigLibrarySymbols empty functions plus
+// leak_in_big_library, which opens /dev/null and keeps the fd, and
+// burst_in_big_library, which takes 100 × 64 MiB through the allocator it
+// is given and frees them (testdata/biglib.c calls both), and returns its
+// path.
 func BigLibrary(t testing.TB) string {
 	t.Helper()
 	dir := filepath.Join(RepoRoot(), "testdata", "bin")
 	lib := filepath.Join(dir, "libbig.so")
-	if _, err := os.Stat(lib); err == nil {
+	_, self, _, _ := runtime.Caller(0)
+	if fresh(lib, self) {
 		return lib
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -43,6 +48,16 @@ func BigLibrary(t testing.TB) string {
 	src := filepath.Join(t.TempDir(), "leak.c")
 	if err := os.WriteFile(src, []byte(`#include <fcntl.h>
 __attribute__((noinline)) int leak_in_big_library(void) { return open("/dev/null", O_RDONLY); }
+__attribute__((noinline)) int burst_in_big_library(int (*alloc)(void **, unsigned long), int (*release)(void *))
+{
+	void *p[100];
+	for (int i = 0; i < 100; i++)
+		if (alloc(&p[i], 64UL << 20))
+			return -1;
+	for (int i = 0; i < 100; i++)
+		release(p[i]);
+	return 0;
+}
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
