@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/prometheus/procfs"
+	"golang.org/x/sys/unix"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
@@ -43,6 +44,9 @@ type FS struct {
 	// syscall for every read, when the read itself says whether pid is
 	// there. Unset (PID 0) where the mount has no "self" (test fixtures).
 	self procfs.Proc
+	// procMount: root is a proc file system, whose fd directories give
+	// their fd count as size (FDCount); not a test fixture's folder.
+	procMount bool
 }
 
 // PollCache shares one read of each process's /proc/PID/maps and fd
@@ -146,7 +150,9 @@ func New(procRoot string) (FS, error) {
 		return FS{}, err
 	}
 	self, _ := p.Self()
-	return FS{root: procRoot, proc: p, self: self}, nil
+	var sfs unix.Statfs_t
+	isProc := unix.Statfs(procRoot, &sfs) == nil && sfs.Type == unix.PROC_SUPER_MAGIC
+	return FS{root: procRoot, proc: p, self: self, procMount: isProc}, nil
 }
 
 // FD is one open file descriptor of a process.
@@ -230,15 +236,20 @@ func kindName(target string) string {
 
 // FDCount returns how many fds pid has open.
 func (fs FS) FDCount(pid int) (int, error) {
-	p, err := fs.process(pid)
-	if err != nil {
-		return 0, err
+	// Since Linux 6.2 the size of /proc/PID/fd is the count of open fds,
+	// kept by the kernel: a process holding 15 000 fds is not listed at
+	// every poll. Before, and for a process with none, it is 0: listed.
+	if fs.procMount {
+		var st unix.Stat_t
+		if err := unix.Stat(fs.path(pid, "fd"), &st); err != nil {
+			return 0, procErr(pid, err)
+		}
+		if st.Size > 0 {
+			return int(st.Size), nil
+		}
 	}
-	n, err := p.FileDescriptorsLen()
-	if err != nil {
-		return 0, procErr(pid, err)
-	}
-	return n, nil
+	nums, err := fs.fdNums(pid)
+	return len(nums), err
 }
 
 // NoFileLimit returns the soft RLIMIT_NOFILE of pid; "unlimited" reads as
