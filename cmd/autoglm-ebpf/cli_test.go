@@ -359,17 +359,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	bin := testutil.Fixture(t, "fdwork")
 	target := testutil.Start(t, bin, "pool", "60")
 	pid := strconv.Itoa(target.Process.Pid)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	cmd := exec.Command(binary, "attach", "--pid", pid, "--listen", addr, "--duration", "20s")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() }()
+	addr := attachListening(t, pid, "20s")
 
 	var body []byte
 	deadline := time.Now().Add(15 * time.Second)
@@ -412,6 +402,24 @@ func TestMetricsEndpoint(t *testing.T) {
 			t.Errorf("exposition lacks %s", m)
 		}
 	}
+}
+
+// attachListening runs attach on pid for duration with --listen on a free
+// local port, stopped when the test ends, and returns the address.
+func attachListening(t *testing.T, pid, duration string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cmd := exec.Command(binary, "attach", "--pid", pid, "--listen", addr, "--duration", duration)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() })
+	return addr
 }
 
 // A command that ignores SIGTERM does not keep `run` from ending: it is

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -126,17 +125,7 @@ func TestPprofHTTP(t *testing.T) {
 	testutil.RequireRoot(t)
 	target := testutil.Start(t, testutil.GoProgram(t, "goleak"), "20", "60")
 	pid := strconv.Itoa(target.Process.Pid)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	cmd := exec.Command(binary, "attach", "--pid", pid, "--listen", addr, "--duration", "30s")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = cmd.Process.Signal(os.Interrupt); _ = cmd.Wait() }()
+	addr := attachListening(t, pid, "30s")
 
 	url := "http://" + addr + "/debug/pprof/fd"
 	var all *profile.Profile

@@ -97,11 +97,12 @@ func checkExhausted(t *testing.T, c *Concern, p *model.Process, f *model.Finding
 	}
 }
 
-// Tracked from before exec: the fixture fills its table, then keeps failing.
-func TestExhaustedTrackedBefore(t *testing.T) {
-	c := newConcern(t)
+// fdworkFromExec starts fdwork with args, tracked by c from before exec,
+// and returns its process for Observe.
+func fdworkFromExec(t *testing.T, c *Concern, args ...string) *model.Process {
+	t.Helper()
 	bin := testutil.Fixture(t, "fdwork", "-pthread")
-	g, err := launch.Start([]string{bin, "exhaust", "256", "20", "30"}, nil, nil, os.Stderr)
+	g, err := launch.Start(append([]string{bin}, args...), nil, nil, os.Stderr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,6 +115,13 @@ func TestExhaustedTrackedBefore(t *testing.T) {
 	if err := g.Release(); err != nil {
 		t.Fatal(err)
 	}
+	return p
+}
+
+// Tracked from before exec: the fixture fills its table, then keeps failing.
+func TestExhaustedTrackedBefore(t *testing.T) {
+	c := newConcern(t)
+	p := fdworkFromExec(t, c, "exhaust", "256", "20", "30")
 	f, polls := pollFor(t, c, p, model.KindFDExhausted, 3)
 	if f == nil {
 		t.Fatalf("no fd_exhausted in %d polls; open %d, failures %v", polls, p.FD.Open, p.FD.Failed)

@@ -1,14 +1,11 @@
 package fdtrack
 
 import (
-	"os"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/open-autoglm/autoglm-ebpf/pkg/launch"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
-	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
 
 // The kernel's per-site counters, tracked from before exec: hold_open
@@ -18,20 +15,7 @@ import (
 // it holds none.
 func TestSiteCounts(t *testing.T) {
 	c := newConcern(t)
-	bin := testutil.Fixture(t, "fdwork", "-pthread")
-	g, err := launch.Start([]string{bin, "near", "64", "10", "30"}, nil, nil, os.Stderr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(g.Abort)
-	pid := g.Cmd.Process.Pid
-	if err := c.Track(pid); err != nil {
-		t.Fatal(err)
-	}
-	p := &model.Process{PID: pid, Comm: "fdwork", Started: time.Now()}
-	if err := g.Release(); err != nil {
-		t.Fatal(err)
-	}
+	p := fdworkFromExec(t, c, "near", "64", "10", "30")
 	has := func(s model.FDSite, fn string) bool {
 		return slices.ContainsFunc(s.Stack, func(f model.Frame) bool { return f.Function == fn })
 	}

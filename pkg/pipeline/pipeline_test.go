@@ -29,6 +29,39 @@ type recorder struct {
 	closed bool
 }
 
+// runFromExec runs argv under a pipeline watching it from before exec, as
+// `run` does, until stop says so (it sees every snapshot) or timeout, and
+// returns the final snapshot.
+func runFromExec(t *testing.T, argv []string, timeout time.Duration, stop func(*model.Snapshot) bool) *model.Snapshot {
+	t.Helper()
+	proc, _ := procinfo.New("/proc")
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	rec := &recorder{proc: proc, cancel: cancel, stop: stop}
+	p, err := New(DefaultConfig(), rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	g, err := launch.Start(argv, nil, nil, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Abort)
+	if err := p.Watch(g.Cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	p.Ready()
+	if err := g.Release(); err != nil {
+		t.Fatal(err)
+	}
+	final, err := p.Run(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return final
+}
+
 func (r *recorder) Update(s *model.Snapshot) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -241,12 +274,8 @@ func TestChildLeakFound(t *testing.T) {
 func TestSocketLeakNamesOpeningStack(t *testing.T) {
 	testutil.RequireRoot(t)
 	bin := testutil.Fixture(t, "sockwork")
-	proc, _ := procinfo.New("/proc")
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
 	polls := 0
-	rec := &recorder{proc: proc, cancel: cancel}
-	rec.stop = func(s *model.Snapshot) bool {
+	final := runFromExec(t, []string{bin, "leaky-server", "10", "120"}, 90*time.Second, func(s *model.Snapshot) bool {
 		polls++
 		for _, f := range s.Findings {
 			if f.Kind == model.KindSocketLeak {
@@ -254,28 +283,7 @@ func TestSocketLeakNamesOpeningStack(t *testing.T) {
 			}
 		}
 		return polls > 40
-	}
-	p, err := New(DefaultConfig(), rec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	g, err := launch.Start([]string{bin, "leaky-server", "10", "120"}, nil, nil, os.Stderr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(g.Abort)
-	if err := p.Watch(g.Cmd.Process.Pid); err != nil {
-		t.Fatal(err)
-	}
-	p.Ready()
-	if err := g.Release(); err != nil {
-		t.Fatal(err)
-	}
-	final, err := p.Run(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
 	var standing []model.Finding
 	var fdLeak *model.Finding
 	for i, f := range final.Findings {

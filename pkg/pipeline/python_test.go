@@ -1,7 +1,6 @@
 package pipeline
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"slices"
@@ -9,9 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/open-autoglm/autoglm-ebpf/pkg/launch"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
-	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
 
@@ -26,36 +23,11 @@ func TestPythonLeakNamesFunction(t *testing.T) {
 	}
 	script := testutil.PythonScript("leak.py")
 	line := testutil.LineOf(t, script, "# leak: open")
-	proc, _ := procinfo.New("/proc")
-	ctx, cancel := context.WithTimeout(context.Background(), 3*intervals*time.Second)
-	defer cancel()
 	polls := 0
-	rec := &recorder{proc: proc, cancel: cancel}
-	rec.stop = func(s *model.Snapshot) bool {
+	final := runFromExec(t, []string{testutil.DebianPython, script, "20", "60"}, 3*intervals*time.Second, func(s *model.Snapshot) bool {
 		polls++
 		return polls > intervals || slices.ContainsFunc(s.Findings, func(f model.Finding) bool { return f.Kind == model.KindFDLeak })
-	}
-	p, err := New(DefaultConfig(), rec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	g, err := launch.Start([]string{testutil.DebianPython, script, "20", "60"}, nil, nil, os.Stderr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(g.Abort)
-	if err := p.Watch(g.Cmd.Process.Pid); err != nil {
-		t.Fatal(err)
-	}
-	p.Ready()
-	if err := g.Release(); err != nil {
-		t.Fatal(err)
-	}
-	final, err := p.Run(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	})
 	for _, f := range final.Findings {
 		if f.Kind != model.KindFDLeak {
 			continue
