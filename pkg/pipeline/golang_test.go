@@ -22,7 +22,7 @@ func TestGoLeakNamesFunction(t *testing.T) {
 	src := filepath.Join(testutil.RepoRoot(), "testdata", "goleak", "main.go")
 	line := testutil.LineOf(t, src, "// leak: open")
 	polls := 0
-	final := runFromExec(t, []string{bin, "20", "60"}, 3*intervals*time.Second, func(s *model.Snapshot) bool {
+	final, _ := runFromExec(t, DefaultConfig(), []string{bin, "20", "60"}, 3*intervals*time.Second, func(s *model.Snapshot) bool {
 		polls++
 		return polls > intervals || slices.ContainsFunc(s.Findings, func(f model.Finding) bool { return f.Kind == model.KindFDLeak })
 	})

@@ -29,16 +29,16 @@ type recorder struct {
 	closed bool
 }
 
-// runFromExec runs argv under a pipeline watching it from before exec, as
-// `run` does, until stop says so (it sees every snapshot) or timeout, and
-// returns the final snapshot.
-func runFromExec(t *testing.T, argv []string, timeout time.Duration, stop func(*model.Snapshot) bool) *model.Snapshot {
+// runFromExec runs argv under a pipeline of cfg watching it from before
+// exec, as `run` does, until stop says so (it sees every snapshot) or
+// timeout, and returns the final snapshot and argv's pid.
+func runFromExec(t *testing.T, cfg Config, argv []string, timeout time.Duration, stop func(*model.Snapshot) bool) (*model.Snapshot, int) {
 	t.Helper()
 	proc, _ := procinfo.New("/proc")
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	rec := &recorder{proc: proc, cancel: cancel, stop: stop}
-	p, err := New(DefaultConfig(), rec)
+	p, err := New(cfg, rec)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func runFromExec(t *testing.T, argv []string, timeout time.Duration, stop func(*
 	if err != nil {
 		t.Fatal(err)
 	}
-	return final
+	return final, g.Cmd.Process.Pid
 }
 
 func (r *recorder) Update(s *model.Snapshot) {
@@ -219,40 +219,14 @@ func runScenario(t *testing.T, bin string, sc scenario) {
 func TestChildLeakFound(t *testing.T) {
 	testutil.RequireRoot(t)
 	bin := testutil.Fixture(t, "fdwork")
-	proc, _ := procinfo.New("/proc")
-	ctx, cancel := context.WithTimeout(context.Background(), 3*intervals*time.Second)
-	defer cancel()
 	polls := 0
-	rec := &recorder{proc: proc, cancel: cancel}
-	rec.stop = func(s *model.Snapshot) bool {
-		polls++
-		return polls > intervals+2 || len(s.Findings) > 0
-	}
 	cfg := DefaultConfig()
 	cfg.Children = true
-	p, err := New(cfg, rec)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
 	// "; true" keeps the shell from exec'ing the command in place.
-	g, err := launch.Start([]string{"/bin/sh", "-c", bin + " leak 40 60; true"}, nil, nil, os.Stderr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(g.Abort)
-	shell := g.Cmd.Process.Pid
-	if err := p.Watch(shell); err != nil {
-		t.Fatal(err)
-	}
-	p.Ready()
-	if err := g.Release(); err != nil {
-		t.Fatal(err)
-	}
-	final, err := p.Run(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	final, shell := runFromExec(t, cfg, []string{"/bin/sh", "-c", bin + " leak 40 60; true"}, 3*intervals*time.Second, func(s *model.Snapshot) bool {
+		polls++
+		return polls > intervals+2 || len(s.Findings) > 0
+	})
 	if len(final.Targets) != 1 || final.Targets[0] != shell {
 		t.Errorf("targets %v, want only the shell %d", final.Targets, shell)
 	}
@@ -275,7 +249,7 @@ func TestSocketLeakNamesOpeningStack(t *testing.T) {
 	testutil.RequireRoot(t)
 	bin := testutil.Fixture(t, "sockwork")
 	polls := 0
-	final := runFromExec(t, []string{bin, "leaky-server", "10", "120"}, 90*time.Second, func(s *model.Snapshot) bool {
+	final, _ := runFromExec(t, DefaultConfig(), []string{bin, "leaky-server", "10", "120"}, 90*time.Second, func(s *model.Snapshot) bool {
 		polls++
 		for _, f := range s.Findings {
 			if f.Kind == model.KindSocketLeak {

@@ -24,7 +24,7 @@ func TestPythonLeakNamesFunction(t *testing.T) {
 	script := testutil.PythonScript("leak.py")
 	line := testutil.LineOf(t, script, "# leak: open")
 	polls := 0
-	final := runFromExec(t, []string{testutil.DebianPython, script, "20", "60"}, 3*intervals*time.Second, func(s *model.Snapshot) bool {
+	final, _ := runFromExec(t, DefaultConfig(), []string{testutil.DebianPython, script, "20", "60"}, 3*intervals*time.Second, func(s *model.Snapshot) bool {
 		polls++
 		return polls > intervals || slices.ContainsFunc(s.Findings, func(f model.Finding) bool { return f.Kind == model.KindFDLeak })
 	})
