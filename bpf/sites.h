@@ -53,13 +53,16 @@ static __always_inline void count_site(u32 tgid, s32 stack_id, u32 py_stack, u64
 		}
 	}
 	/* Atomic adds whose results are unused: the one atomic every kernel
-	 * takes. */
+	 * takes. An add of a constant 0 (fds have no bytes) is not written:
+	 * clang turns it into an atomic or, which kernels before 5.12 refuse. */
 	if (released) {
 		__sync_fetch_and_add(&s->released, 1);
-		__sync_fetch_and_add(&s->released_bytes, bytes);
+		if (bytes)
+			__sync_fetch_and_add(&s->released_bytes, bytes);
 	} else {
 		__sync_fetch_and_add(&s->made, 1);
-		__sync_fetch_and_add(&s->made_bytes, bytes);
+		if (bytes)
+			__sync_fetch_and_add(&s->made_bytes, bytes);
 	}
 }
 
