@@ -127,7 +127,7 @@ step_cuda() {
 # A GPU memory leak: leak_weights takes 1 MiB every 50 ms and never frees.
 step_gpuleak() {
 	tool_run gpuleak --duration 24s -- "$fix/cudawork" "$fix/cuda/libcudart.so.11.0" leak 60
-	finding gpuleak gpu_memory_leak "$(frame leak_weights) and (.summary | contains(\"made at leak_weights+\"))" "made at leak_weights"
+	finding gpuleak gpu_memory_leak "$(frame leak_weights) and (.summary | contains(\"made at leak_weights (cudawork.c:\"))" "made at leak_weights (cudawork.c:LINE)"
 }
 
 # A context-switch storm: pipe ping-pong between threads. It starts after
