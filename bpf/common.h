@@ -38,7 +38,7 @@ enum err_kind {
 	ERR_READ_USER = 4,   /* bpf_probe_read_user failed */
 	ERR_READ_KERNEL = 5, /* bpf_probe_read_kernel failed */
 	ERR_RINGBUF = 6,     /* ring buffer reserve failed (buffer full) */
-	ERR_SITES = 7,       /* a call site's counters could not be made (site table full) */
+	ERR_SITES = 7,       /* a call site's counters could not be made (site table full, process at its cap) */
 	ERR_MAX = 8,
 };
 

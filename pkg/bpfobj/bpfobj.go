@@ -51,13 +51,15 @@ func PruneTracepoints(spec *ebpf.CollectionSpec, root string, required func(prog
 }
 
 // LoadCollection fits spec to the running kernel (Kernel.Adapt) and loads
-// it. Errors start with "loading " + what and say what the user can do: the
-// verifier log in full, or the privileges needed.
-func LoadCollection(spec *ebpf.CollectionSpec, what string) (*ebpf.Collection, error) {
+// it, with the maps of replace in place of its own of those names (maps
+// shared between objects, pkg/stacks). Errors start with "loading " + what
+// and say what the user can do: the verifier log in full, or the
+// privileges needed.
+func LoadCollection(spec *ebpf.CollectionSpec, what string, replace map[string]*ebpf.Map) (*ebpf.Collection, error) {
 	if err := Probe().Adapt(spec); err != nil {
 		return nil, fmt.Errorf("loading %s: %w", what, err)
 	}
-	coll, err := ebpf.NewCollection(spec)
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: replace})
 	if err != nil {
 		return nil, &LoadError{What: what, Err: err}
 	}
@@ -190,8 +192,11 @@ type Options struct {
 	// PruneTracepoints); Cannot says what the tool then cannot do.
 	Required func(prog, tp string) bool
 	Cannot   string
-	// Tune adjusts the spec before loading (map sizes).
-	Tune func(*ebpf.CollectionSpec)
+	// Tune adjusts the spec before loading (map sizes, constants).
+	Tune func(*ebpf.CollectionSpec) error
+	// Replace are maps the object is loaded with in place of its own of
+	// those names (LoadCollection).
+	Replace map[string]*ebpf.Map
 }
 
 // Object is a loaded collection whose programs sit on tracepoints of one mode.
@@ -261,16 +266,18 @@ func (obj *Object) open(spec *ebpf.CollectionSpec, mode, root string, o Options)
 		}
 		obj.Skipped = skipped
 	}
-	if o.Tune != nil {
-		o.Tune(spec)
-	}
 	what := fmt.Sprintf("%s (%s)", o.What, mode)
-	coll, err := LoadCollection(spec, what)
+	if o.Tune != nil {
+		if err := o.Tune(spec); err != nil {
+			return fmt.Errorf("loading %s: %w", what, err)
+		}
+	}
+	coll, err := LoadCollection(spec, what, o.Replace)
 	if err != nil {
 		return err
 	}
 	obj.coll = coll
-	obj.members = MembersOf(coll)
+	obj.members = MembersOf(coll, o.Replace)
 	if err := coll.Assign(o.Maps); err != nil {
 		obj.Close()
 		return err
@@ -314,9 +321,16 @@ type Members struct {
 	Programs []*ebpf.Program
 }
 
-// MembersOf lists what coll holds now.
-func MembersOf(coll *ebpf.Collection) Members {
-	return Members{Maps: slices.Collect(maps.Values(coll.Maps)), Programs: slices.Collect(maps.Values(coll.Programs))}
+// MembersOf lists what coll holds now, but for the maps of those names in
+// replaced (another owner's, counted there).
+func MembersOf(coll *ebpf.Collection, replaced map[string]*ebpf.Map) Members {
+	m := Members{Programs: slices.Collect(maps.Values(coll.Programs))}
+	for name, mp := range coll.Maps {
+		if _, ok := replaced[name]; !ok {
+			m.Maps = append(m.Maps, mp)
+		}
+	}
+	return m
 }
 
 // Memory sums what the kernel charges for each map and program (memlock in

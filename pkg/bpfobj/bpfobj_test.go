@@ -126,7 +126,7 @@ func TestLoadAttachCounters(t *testing.T) {
 	// the object and carries the verifier log.
 	bad := tracepointSpec("syscalls/sys_enter_close")
 	bad.Programs["syscalls_sys_enter_close"].Instructions = asm.Instructions{asm.Return()}
-	if _, err := LoadCollection(bad, "test BPF programs"); err == nil ||
+	if _, err := LoadCollection(bad, "test BPF programs", nil); err == nil ||
 		!strings.HasPrefix(err.Error(), "loading test BPF programs: ") || !strings.Contains(err.Error(), "R0") {
 		t.Fatalf("loading a bad program: %v", err)
 	}

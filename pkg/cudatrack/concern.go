@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
-	"github.com/open-autoglm/autoglm-ebpf/pkg/pyframes"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/stacks"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
 )
 
@@ -29,9 +29,8 @@ type Concern struct {
 	det      Detector
 	topSites int
 	failures map[int][]model.CUDAFailure
-	frames   map[int]map[int64][]model.Frame // by pid, then siteID: a process forgotten drops its own
-	counts   map[int]map[int64]SiteCount     // by pid, then siteID: as of the previous poll
-	py       *pyframes.Tracker
+	frames   map[int]map[stacks.Site][]model.Frame // by pid: a process forgotten drops its own
+	counts   map[int]map[stacks.Site]stacks.Counts // by pid: as of the previous poll
 }
 
 // New loads the CUDA BPF object. det may be nil (no findings).
@@ -47,7 +46,7 @@ func New(cfg Config, det Detector, sym *symbolize.Symbolizer) (*Concern, error) 
 	if top <= 0 {
 		top = 64
 	}
-	return &Concern{Tracker: t, sym: sym, det: det, topSites: top, failures: map[int][]model.CUDAFailure{}, frames: map[int]map[int64][]model.Frame{}, counts: map[int]map[int64]SiteCount{}, py: t.newPy()}, nil
+	return &Concern{Tracker: t, sym: sym, det: det, topSites: top, failures: map[int][]model.CUDAFailure{}, frames: map[int]map[stacks.Site][]model.Frame{}, counts: map[int]map[stacks.Site]stacks.Counts{}}, nil
 }
 
 // Name is the concern's name in logs and `check`.
@@ -59,7 +58,6 @@ func (c *Concern) Track(pid int) error {
 	if err := c.Tracker.Track(pid); err != nil {
 		return err
 	}
-	c.py.Track(pid)
 	c.sym.Refresh(pid)
 	return nil
 }
@@ -67,7 +65,6 @@ func (c *Concern) Track(pid int) error {
 // Untrack drops the kernel and detector state of an exited process.
 func (c *Concern) Untrack(pid int) {
 	c.Tracker.Untrack(pid)
-	c.py.Untrack(pid)
 	if c.det != nil {
 		c.det.Forget(pid)
 	}
@@ -82,7 +79,7 @@ func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Findin
 	pids := make([]int, len(procs))
 	for i, p := range procs {
 		pids[i] = p.PID
-		c.py.Refresh(p.PID, now)
+		c.stacks.Refresh(p.PID, now)
 		if ps := c.procs[p.PID]; ps != nil && ps.tracked.After(now) {
 			continue // Track looked at its libraries during this poll
 		}
@@ -113,7 +110,7 @@ func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Findin
 			Code:  f.Code,
 			Error: ErrorName(layer, f.Code),
 			// Symbolized now: the library may be unloaded by the next poll.
-			Stack: c.stack(f.PID, siteID(f.StackID, f.PyStack)),
+			Stack: c.stack(f.PID, stacks.Site{Stack: f.StackID, Py: f.PyStack}),
 		})
 		if len(kept) > maxFailures {
 			kept = kept[len(kept)-maxFailures:]
@@ -172,7 +169,7 @@ func (c *Concern) fill(p *model.Process, s *Sample) {
 		if a.StackID < 0 {
 			continue
 		}
-		id := siteID(a.StackID, a.PyStack)
+		id := stacks.Site{Stack: a.StackID, Py: a.PyStack}.ID()
 		site := bySite[id]
 		if site == nil {
 			site = &model.CUDASite{StackID: id}
@@ -185,15 +182,16 @@ func (c *Concern) fill(p *model.Process, s *Sample) {
 	// and are now; the kernel's mark adds what came and went in between.
 	cs.LivePeakBytes = max(s.PeakBytes, before, cs.LiveBytes)
 	last := c.counts[p.PID]
-	for id, n := range s.Sites {
+	for key, n := range s.Sites {
+		id := key.ID()
 		site := bySite[id]
 		if site == nil {
 			site = &model.CUDASite{StackID: id}
 			bySite[id] = site
 		}
-		site.AllocBytes, site.AllocCalls, site.FreeBytes, site.FreeCalls = n.AllocBytes, n.AllocCalls, n.FreeBytes, n.FreeCalls
-		was := last[id]
-		site.RecentBytes, site.RecentCalls = n.AllocBytes-min(was.AllocBytes, n.AllocBytes), n.AllocCalls-min(was.AllocCalls, n.AllocCalls)
+		site.AllocBytes, site.AllocCalls, site.FreeBytes, site.FreeCalls = n.MadeBytes, n.Made, n.ReleasedBytes, n.Released
+		was := last[key]
+		site.RecentBytes, site.RecentCalls = n.MadeBytes-min(was.MadeBytes, n.MadeBytes), n.Made-min(was.Made, n.Made)
 	}
 	if len(s.Sites) > 0 {
 		c.counts[p.PID] = s.Sites
@@ -221,36 +219,30 @@ func (c *Concern) symbolizeTop(pid int, sites []model.CUDASite) {
 	})
 	for i := range sites[:min(len(sites), c.topSites)] {
 		if sites[i].RecentBytes > 0 {
-			sites[i].Stack = c.stack(pid, sites[i].StackID)
+			sites[i].Stack = c.stack(pid, stacks.SiteOf(sites[i].StackID))
 		}
 	}
 	slices.SortStableFunc(sites, func(a, b model.CUDASite) int {
 		return cmp.Compare(b.Bytes, a.Bytes)
 	})
 	for i := range sites[:min(len(sites), c.topSites)] {
-		sites[i].Stack = c.stack(pid, sites[i].StackID)
+		sites[i].Stack = c.stack(pid, stacks.SiteOf(sites[i].StackID))
 	}
 }
 
-// stack symbolizes a stack of pid once. It starts at the caller of the
-// CUDA function (unwind.go); id is a siteID, so its Python frames are
-// merged in.
-func (c *Concern) stack(pid int, id int64) []model.Frame {
-	if id < 0 {
-		return nil
-	}
-	if fr, ok := c.frames[pid][id]; ok {
+// stack symbolizes a call site of pid once, its Python frames merged in.
+// It starts at the caller of the CUDA function (unwind.go).
+func (c *Concern) stack(pid int, site stacks.Site) []model.Frame {
+	if fr, ok := c.frames[pid][site]; ok {
 		return fr
 	}
-	native, py := splitSite(id)
-	pcs, err := c.Stack(native)
-	if err != nil {
-		return nil
+	fr := c.stacks.Frames(pid, site)
+	if fr == nil {
+		return nil // gone, or not finished yet: looked at again next time
 	}
-	fr := pyframes.Merge(c.sym.Frames(pid, pcs), c.py.Frames(pid, py))
 	if c.frames[pid] == nil {
-		c.frames[pid] = map[int64][]model.Frame{}
+		c.frames[pid] = map[stacks.Site][]model.Frame{}
 	}
-	c.frames[pid][id] = fr
+	c.frames[pid][site] = fr
 	return fr
 }

@@ -169,6 +169,12 @@ type cudaSiteKey struct {
 	Pad     uint32
 }
 
+type cudaSiteOwnerKey struct {
+	_     structs.HostLayout
+	Tgid  uint32
+	Which uint32
+}
+
 type cudaThreadCalls struct {
 	_     structs.HostLayout
 	Task  uint64
@@ -237,6 +243,7 @@ const (
 	cudaMapPyStacks                      = "py_stacks"
 	cudaMapPyThreads                     = "py_threads"
 	cudaMapPyThreadsTid                  = "py_threads_tid"
+	cudaMapSiteOwners                    = "site_owners"
 	cudaMapSites                         = "sites"
 	cudaMapTrackedPids                   = "tracked_pids"
 	cudaMapUnwindPending                 = "unwind_pending"
@@ -277,6 +284,7 @@ const (
 	cudaProgEnterCudaMallocPitch         = "enter_cudaMallocPitch"
 	cudaVarHaveTaskPtRegs                = "have_task_pt_regs"
 	cudaVarHaveTaskStorage               = "have_task_storage"
+	cudaVarMaxSitesPerProc               = "max_sites_per_proc"
 	cudaVarUnusedCudaAlloc               = "unused_cuda_alloc"
 	cudaVarUnusedCudaAllocKey            = "unused_cuda_alloc_key"
 	cudaVarUnusedCudaApi                 = "unused_cuda_api"
@@ -389,6 +397,7 @@ type cudaMapSpecs struct {
 	PyStacks       *ebpf.MapSpec `ebpf:"py_stacks"`
 	PyThreads      *ebpf.MapSpec `ebpf:"py_threads"`
 	PyThreadsTid   *ebpf.MapSpec `ebpf:"py_threads_tid"`
+	SiteOwners     *ebpf.MapSpec `ebpf:"site_owners"`
 	Sites          *ebpf.MapSpec `ebpf:"sites"`
 	TrackedPids    *ebpf.MapSpec `ebpf:"tracked_pids"`
 	UnwindPending  *ebpf.MapSpec `ebpf:"unwind_pending"`
@@ -405,6 +414,7 @@ type cudaMapSpecs struct {
 type cudaVariableSpecs struct {
 	HaveTaskPtRegs         *ebpf.VariableSpec `ebpf:"have_task_pt_regs"`
 	HaveTaskStorage        *ebpf.VariableSpec `ebpf:"have_task_storage"`
+	MaxSitesPerProc        *ebpf.VariableSpec `ebpf:"max_sites_per_proc"`
 	UnusedCudaAlloc        *ebpf.VariableSpec `ebpf:"unused_cuda_alloc"`
 	UnusedCudaAllocKey     *ebpf.VariableSpec `ebpf:"unused_cuda_alloc_key"`
 	UnusedCudaApi          *ebpf.VariableSpec `ebpf:"unused_cuda_api"`
@@ -459,6 +469,7 @@ type cudaMaps struct {
 	PyStacks       *ebpf.Map `ebpf:"py_stacks"`
 	PyThreads      *ebpf.Map `ebpf:"py_threads"`
 	PyThreadsTid   *ebpf.Map `ebpf:"py_threads_tid"`
+	SiteOwners     *ebpf.Map `ebpf:"site_owners"`
 	Sites          *ebpf.Map `ebpf:"sites"`
 	TrackedPids    *ebpf.Map `ebpf:"tracked_pids"`
 	UnwindPending  *ebpf.Map `ebpf:"unwind_pending"`
@@ -486,6 +497,7 @@ func (m *cudaMaps) Close() error {
 		m.PyStacks,
 		m.PyThreads,
 		m.PyThreadsTid,
+		m.SiteOwners,
 		m.Sites,
 		m.TrackedPids,
 		m.UnwindPending,
@@ -503,6 +515,7 @@ func (m *cudaMaps) Close() error {
 type cudaVariables struct {
 	HaveTaskPtRegs         *ebpf.Variable `ebpf:"have_task_pt_regs"`
 	HaveTaskStorage        *ebpf.Variable `ebpf:"have_task_storage"`
+	MaxSitesPerProc        *ebpf.Variable `ebpf:"max_sites_per_proc"`
 	UnusedCudaAlloc        *ebpf.Variable `ebpf:"unused_cuda_alloc"`
 	UnusedCudaAllocKey     *ebpf.Variable `ebpf:"unused_cuda_alloc_key"`
 	UnusedCudaApi          *ebpf.Variable `ebpf:"unused_cuda_api"`

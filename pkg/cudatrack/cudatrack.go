@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -28,8 +29,8 @@ import (
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/stacks"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
-	"github.com/open-autoglm/autoglm-ebpf/pkg/unwind"
 )
 
 // Config sizes the kernel side.
@@ -43,6 +44,9 @@ type Config struct {
 	// Symbolizer reads the call-frame information that stacks are unwound
 	// with; nil: one of the tracker's own.
 	Symbolizer *symbolize.Symbolizer
+	// Stacks is the stack service shared with the other objects; nil: one
+	// of the tracker's own (with Symbolizer), closed with it.
+	Stacks *stacks.Service
 }
 
 // Tracker owns the loaded CUDA BPF object and the uprobe links of the
@@ -78,7 +82,7 @@ type Tracker struct {
 	// DataLoader workers, would pay both each time with per-process links.
 	hooks map[inodeKey]*attached
 	live  *bpfobj.Table[cudaCudaAllocKey, cudaCudaAlloc] // each allocation a process's
-	sites *bpfobj.Table[cudaSiteKey, cudaSiteCounts]     // each call site a process's
+	sites *stacks.Sites                                  // what went through each call site
 	// Parsed libraries, shared by every process mapping the same file; a nil
 	// value records an executable without CUDA.
 	files map[fileKey]*Library
@@ -88,10 +92,9 @@ type Tracker struct {
 	polls      int             // for the stack map's garbage collection
 	failStacks map[uint32]bool // stacks of failures drained, not yet symbolized
 
-	// Unwinding (unwind.go).
-	sym          *symbolize.Symbolizer
-	unwindReader *ringbuf.Reader
-	unwinder     *unwind.Server
+	stacks    *stacks.Service
+	ownStacks bool // made by NewTracker: closed by Close
+	view      *stacks.View
 }
 
 // procState is what one tracked process has attached.
@@ -153,23 +156,35 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	if err != nil {
 		return nil, err
 	}
-	coll, err := bpfobj.LoadCollection(spec, "cuda BPF programs")
+	t := &Tracker{procRoot: cfg.ProcRoot, proc: proc.WithPollCache(cfg.Cache), multi: multi, procs: map[int]*procState{}, hooks: map[inodeKey]*attached{}, files: map[fileKey]*Library{}, failStacks: map[uint32]bool{},
+		stacks: cfg.Stacks}
+	if t.stacks == nil {
+		sym := cfg.Symbolizer
+		if sym == nil {
+			sym = symbolize.New(cfg.ProcRoot)
+		}
+		if t.stacks, err = stacks.New(stacks.Config{Proc: t.proc, Symbolizer: sym}); err != nil {
+			return nil, err
+		}
+		t.ownStacks = true
+	}
+	replace := t.stacks.Replacements()
+	if err = t.stacks.Prepare(spec); err == nil {
+		t.coll, err = bpfobj.LoadCollection(spec, "cuda BPF programs", replace)
+	}
 	if err != nil {
-		return nil, err
-	}
-	sym := cfg.Symbolizer
-	if sym == nil {
-		sym = symbolize.New(cfg.ProcRoot)
-	}
-	t := &Tracker{procRoot: cfg.ProcRoot, proc: proc.WithPollCache(cfg.Cache), coll: coll, multi: multi, procs: map[int]*procState{}, hooks: map[inodeKey]*attached{}, files: map[fileKey]*Library{}, failStacks: map[uint32]bool{},
-		sym: sym}
-	t.members = bpfobj.MembersOf(coll)
-	if err := coll.Assign(&t.maps); err != nil {
 		t.Close()
 		return nil, err
 	}
+	t.members = bpfobj.MembersOf(t.coll, replace)
+	if err := t.coll.Assign(&t.maps); err != nil {
+		t.Close()
+		return nil, err
+	}
+	coll := t.coll
 	t.live = bpfobj.NewTable(t.maps.LiveAllocs, func(k cudaCudaAllocKey, _ cudaCudaAlloc) uint32 { return k.Tgid })
-	t.sites = bpfobj.NewTable(t.maps.Sites, func(k cudaSiteKey, _ cudaSiteCounts) uint32 { return k.Tgid })
+	t.sites = t.stacks.Sites(t.maps.Sites, t.maps.SiteOwners)
+	t.view = t.stacks.Join("cuda")
 	if cookies {
 		t.byShape[shapeAlloc] = coll.Programs["cuda_alloc_enter"]
 		t.byShape[shapePitch] = coll.Programs["cuda_pitch_enter"]
@@ -191,12 +206,6 @@ func NewTracker(cfg Config) (*Tracker, error) {
 		t.Close()
 		return nil, fmt.Errorf("opening the cuda failure ring buffer: %w", err)
 	}
-	t.unwindReader, err = ringbuf.NewReader(t.maps.UnwindRequests)
-	if err != nil {
-		t.Close()
-		return nil, fmt.Errorf("opening the cuda unwind ring buffer: %w", err)
-	}
-	t.unwinder = unwind.Serve(t.unwindReader, t.unwindMaps(), sym)
 	return t, nil
 }
 
@@ -212,6 +221,7 @@ func (t *Tracker) Track(pid int) error {
 		t.procs[pid] = &procState{libs: map[fileKey]*hooked{}}
 	}
 	t.procs[pid].tracked = time.Now()
+	t.view.Track(pid) // Python frames from its first allocation on
 	_, err := t.Refresh(pid)
 	return err
 }
@@ -485,6 +495,7 @@ func (t *Tracker) Untrack(pid int) {
 	}
 	t.live.Forget(tgid)
 	t.sites.Forget(tgid)
+	t.view.Untrack(pid)
 }
 
 // uncount deletes what count made, the filter first.
@@ -515,15 +526,10 @@ type Sample struct {
 	// Poll, as the kernel saw at each allocation; 0 when nothing was
 	// allocated since.
 	PeakBytes uint64
-	// Sites is what went through each call site since tracking began, by
-	// site id (siteID).
-	Sites map[int64]SiteCount
-}
-
-// SiteCount is what went through one call site of device memory since
-// tracking began; a free counts for the site of the block it frees.
-type SiteCount struct {
-	AllocBytes, AllocCalls, FreeBytes, FreeCalls uint64
+	// Sites is what went through each call site since tracking began:
+	// allocations made and freed, a free counted for the site of the
+	// block it frees.
+	Sites map[stacks.Site]stacks.Counts
 }
 
 // Poll reads the counters of each pid and the live table once.
@@ -576,53 +582,29 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 	for pid, s := range out {
 		for _, e := range live[uint32(pid)] {
 			key, val := e.Key, e.Val
-			s.Allocs = append(s.Allocs, Alloc{Addr: key.Addr, Size: val.Size, API: int(val.Api), StackID: t.unwinder.Canonical(val.StackId), Time: toWall(val.TimeNs), PyStack: val.PyStack})
+			s.Allocs = append(s.Allocs, Alloc{Addr: key.Addr, Size: val.Size, API: int(val.Api), StackID: t.stacks.Canonical(val.StackId), Time: toWall(val.TimeNs), PyStack: val.PyStack})
 		}
-		for _, e := range sites[uint32(pid)] {
-			// Stacks unwound in user space have ids of their own until
-			// known: the counts of one site may sit under several.
-			id := siteID(t.unwinder.Canonical(e.Key.StackId), e.Key.PyStack)
-			if s.Sites == nil {
-				s.Sites = map[int64]SiteCount{}
-			}
-			c := s.Sites[id]
-			c.AllocBytes += e.Val.MadeBytes
-			c.AllocCalls += e.Val.Made
-			c.FreeBytes += e.Val.ReleasedBytes
-			c.FreeCalls += e.Val.Released
-			s.Sites[id] = c
-		}
+		s.Sites = sites[uint32(pid)]
 	}
 	if t.polls++; t.polls%bpfobj.StackGCEvery == 0 {
-		t.dropStacks(live, sites)
+		t.keepStacks(live)
 	}
 	return out, nil
 }
 
-// dropStacks deletes the stacks that no live allocation or call site (of
-// any process) refers to, keeping those of failures drained since the last
-// time: they are symbolized after Poll. The unwind rules of processes gone
-// go too.
-func (t *Tracker) dropStacks(live map[uint32][]bpfobj.Entry[cudaCudaAllocKey, cudaCudaAlloc], sites map[uint32][]bpfobj.Entry[cudaSiteKey, cudaSiteCounts]) {
+// keepStacks gives the stack service the stacks this view refers to: of
+// live allocations and call sites (of any process), and of failures drained
+// since the last time, symbolized after Poll.
+func (t *Tracker) keepStacks(live map[uint32][]bpfobj.Entry[cudaCudaAllocKey, cudaCudaAlloc]) {
 	keep := t.failStacks
 	for _, g := range live {
 		for _, e := range g {
 			keep[uint32(e.Val.StackId)] = true
-			keep[uint32(t.unwinder.Canonical(e.Val.StackId))] = true
+			keep[uint32(t.stacks.Canonical(e.Val.StackId))] = true
 		}
 	}
-	for _, g := range sites {
-		for _, e := range g {
-			keep[uint32(e.Key.StackId)] = true
-			keep[uint32(t.unwinder.Canonical(e.Key.StackId))] = true
-		}
-	}
-	kept := func(id uint32) bool { return keep[id] }
-	if _, err := bpfobj.DropStacks(t.maps.UnwoundStacks, kept); err != nil {
-		slog.Warn("dropping unused cuda stacks", "err", err)
-	}
-	t.unwinder.Forget(kept)
-	t.dropRules()
+	t.sites.Keep(keep, t.tracked)
+	t.view.Sweep(keep)
 	t.failStacks = map[uint32]bool{}
 }
 
@@ -658,10 +640,10 @@ func (t *Tracker) Failures() ([]Failure, error) {
 		}
 		out = append(out, Failure{
 			PID: int(f.Tgid), TID: int(f.Tid), API: int(f.Api), Code: int(f.Code),
-			Size: f.Size, StackID: t.unwinder.Canonical(f.StackId), Time: toWall(f.TimeNs), PyStack: f.PyStack,
+			Size: f.Size, StackID: t.stacks.Canonical(f.StackId), Time: toWall(f.TimeNs), PyStack: f.PyStack,
 		})
 		t.failStacks[uint32(f.StackId)] = true
-		t.failStacks[uint32(t.unwinder.Canonical(f.StackId))] = true
+		t.failStacks[uint32(t.stacks.Canonical(f.StackId))] = true
 	}
 }
 
@@ -683,7 +665,14 @@ func (t *Tracker) Lost() (map[string]uint64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading error counters: %w", err)
 	}
-	t.unwinder.Lost("cuda", out)
+	if t.ownStacks {
+		// Else the owner of the shared service counts its losses.
+		shared, err := t.stacks.Lost()
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(out, shared)
+	}
 	return out, nil
 }
 
@@ -702,17 +691,18 @@ func (t *Tracker) Close() error {
 		errs = append(errs, t.reader.Close())
 		t.reader = nil
 	}
-	if t.unwindReader != nil {
-		errs = append(errs, t.unwindReader.Close())
-		if t.unwinder != nil {
-			t.unwinder.Wait()
-		}
-		t.unwindReader = nil
+	if t.view != nil {
+		t.view.Leave()
+		t.view = nil
 	}
 	errs = append(errs, t.maps.Close())
 	if t.coll != nil {
 		t.coll.Close()
 		t.coll = nil
+	}
+	if t.ownStacks {
+		errs = append(errs, t.stacks.Close())
+		t.ownStacks = false
 	}
 	return errors.Join(errs...)
 }

@@ -25,24 +25,6 @@ func TestPyLayout(t *testing.T) {
 	}
 }
 
-func TestSiteID(t *testing.T) {
-	for _, tc := range []struct {
-		native int32
-		py     uint32
-	}{{0, 1}, {8191, 0xffffffff}, {1<<31 - 1, 0x80000000}, {5, 0}} {
-		id := siteID(tc.native, tc.py)
-		if id < 0 {
-			t.Errorf("siteID(%d, %#x) = %d < 0", tc.native, tc.py, id)
-		}
-		if n, p := splitSite(id); n != tc.native || p != tc.py {
-			t.Errorf("splitSite(siteID(%d, %#x)) = %d, %#x", tc.native, tc.py, n, p)
-		}
-	}
-	if siteID(-1, 7) != -1 {
-		t.Error("a site without a native stack is not -1")
-	}
-}
-
 // A Python function that calls cudaMalloc through ctypes is named, with its
 // line, in the allocation site's stack and in a failed allocation's
 // finding, on every interpreter at hand; so is one whose burst is freed

@@ -8,7 +8,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdexhaust"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
-	"github.com/open-autoglm/autoglm-ebpf/pkg/pyframes"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/stacks"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
 )
 
@@ -20,11 +20,9 @@ type Concern struct {
 	sym      *symbolize.Symbolizer
 	det      *fdleak.Detector
 	exhaust  *fdexhaust.Detector
-	py       *pyframes.Tracker
 	topSites int
-	sites    map[int]map[siteKey]*site // by pid: a process forgotten drops its own
-	nextSite int64
-	targets  map[findingKey]leakRead // what each fd leak's fds point at
+	sites    map[int]map[stacks.Site]*site // by pid: a process forgotten drops its own
+	targets  map[findingKey]leakRead       // what each fd leak's fds point at
 	limits   map[int]limitRead
 	filled   map[int]grouped // by pid: the last grouping of its fds
 }
@@ -44,17 +42,10 @@ type limitRead struct {
 // read each poll.
 const limitEvery = 10
 
-// siteKey identifies an opening call site of one process: its native stack
-// and its Python frames.
-type siteKey struct {
-	pid   int
-	stack int32
-	py    uint32
-}
-
+// site is an opening call site of one process.
 type site struct {
-	id     int64
-	key    siteKey
+	id     int64 // key.ID()
+	key    stacks.Site
 	frames []model.Frame // symbolized on first use
 }
 
@@ -69,7 +60,7 @@ func NewConcern(cfg Config, det fdleak.Config, sym *symbolize.Symbolizer, topSit
 	if err != nil {
 		return nil, err
 	}
-	return &Concern{Tracker: t, sym: sym, det: fdleak.New(det), exhaust: fdexhaust.New(fdexhaust.Config{}), py: t.newPy(), topSites: topSites, sites: map[int]map[siteKey]*site{}, targets: map[findingKey]leakRead{}, limits: map[int]limitRead{}, filled: map[int]grouped{}}, nil
+	return &Concern{Tracker: t, sym: sym, det: fdleak.New(det), exhaust: fdexhaust.New(fdexhaust.Config{}), topSites: topSites, sites: map[int]map[stacks.Site]*site{}, targets: map[findingKey]leakRead{}, limits: map[int]limitRead{}, filled: map[int]grouped{}}, nil
 }
 
 // Name is the concern's name in logs and `check`.
@@ -80,7 +71,6 @@ func (c *Concern) Untrack(pid int) {
 	c.Tracker.Untrack(pid)
 	c.det.Forget(pid)
 	c.exhaust.Forget(pid)
-	c.py.Untrack(pid)
 	delete(c.sites, pid)
 	delete(c.limits, pid)
 	delete(c.filled, pid)
@@ -97,7 +87,7 @@ func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Findin
 	pids := make([]int, len(procs))
 	for i, p := range procs {
 		pids[i] = p.PID
-		c.py.Refresh(p.PID, now)
+		c.stacks.Refresh(p.PID, now)
 	}
 	samples, err := c.Poll(pids)
 	if err != nil {
@@ -148,7 +138,7 @@ func (c *Concern) fill(pr *model.Process, s *Sample) {
 	pr.FD.OpenAtAttach = s.AtStart
 	pr.FD.LastFailure = nil
 	if lf := s.LastFailure; lf != nil {
-		st := c.site(c.keyOf(pr.PID, *lf))
+		st := c.site(pr.PID, siteOf(*lf))
 		pr.FD.LastFailure = &model.FDFailure{Time: lf.Opened, Kind: kindName(lf.Kind), StackID: st.id, Stack: c.frames(pr.PID, st)}
 	}
 	f, ok := c.filled[pr.PID]
@@ -159,13 +149,12 @@ func (c *Concern) fill(pr *model.Process, s *Sample) {
 	pr.FD.OpenSockets = f.sockets
 	// A copy: the stacks are set on it, and snapshots share the last one.
 	sites := slices.Clone(f.sites)
-	held := make(map[SiteRef]bool, len(sites))
+	held := make(map[stacks.Site]bool, len(sites))
 	for i := range sites {
 		st := f.byID[sites[i].StackID]
-		ref := SiteRef{st.key.stack, st.key.py}
-		held[ref] = true
-		n := s.Sites[ref]
-		sites[i].OpenedTotal, sites[i].ClosedTotal = n.Opened, n.Closed
+		held[st.key] = true
+		n := s.Sites[st.key]
+		sites[i].OpenedTotal, sites[i].ClosedTotal = n.Made, n.Released
 		if i < c.topSites {
 			sites[i].Stack = c.frames(pr.PID, st)
 		}
@@ -176,23 +165,23 @@ func (c *Concern) fill(pr *model.Process, s *Sample) {
 
 // past returns the sites of pid that opened fds and hold none, most opened
 // first, the first topSites symbolized.
-func (c *Concern) past(pid int, counts map[SiteRef]SiteCount, held map[SiteRef]bool) []model.FDSite {
+func (c *Concern) past(pid int, counts map[stacks.Site]stacks.Counts, held map[stacks.Site]bool) []model.FDSite {
 	type pastSite struct {
 		st *site
-		n  SiteCount
+		n  stacks.Counts
 	}
 	var ps []pastSite
-	for ref, n := range counts {
-		if !held[ref] && n.Opened > 0 {
-			ps = append(ps, pastSite{c.site(siteKey{pid, ref.StackID, ref.PyStack}), n})
+	for key, n := range counts {
+		if !held[key] && n.Made > 0 {
+			ps = append(ps, pastSite{c.site(pid, key), n})
 		}
 	}
 	slices.SortFunc(ps, func(a, b pastSite) int {
-		return cmp.Or(cmp.Compare(b.n.Opened, a.n.Opened), cmp.Compare(a.st.id, b.st.id))
+		return cmp.Or(cmp.Compare(b.n.Made, a.n.Made), cmp.Compare(a.st.id, b.st.id))
 	})
 	out := make([]model.FDSite, len(ps))
 	for i, p := range ps {
-		out[i] = model.FDSite{StackID: p.st.id, OpenedTotal: p.n.Opened, ClosedTotal: p.n.Closed}
+		out[i] = model.FDSite{StackID: p.st.id, OpenedTotal: p.n.Made, ClosedTotal: p.n.Released}
 		if i < c.topSites {
 			out[i].Stack = c.frames(pid, p.st)
 		}
@@ -219,7 +208,7 @@ func (c *Concern) group(pid int, fds []FD) grouped {
 		if !fd.Known() {
 			continue
 		}
-		st := c.site(c.keyOf(pid, fd))
+		st := c.site(pid, siteOf(fd))
 		ms := bySite[st]
 		if ms == nil {
 			ms = &model.FDSite{StackID: st.id}
@@ -242,22 +231,19 @@ func (c *Concern) group(pid int, fds []FD) grouped {
 	return g
 }
 
-// keyOf is the call site of fd in pid.
-func (c *Concern) keyOf(pid int, fd FD) siteKey {
-	return siteKey{pid, fd.StackID, fd.PyStack}
-}
+// siteOf is the call site fd was opened at.
+func siteOf(fd FD) stacks.Site { return stacks.Site{Stack: fd.StackID, Py: fd.PyStack} }
 
-// site returns the call site of k, numbering new ones.
-func (c *Concern) site(k siteKey) *site {
-	of := c.sites[k.pid]
+// site returns the call site k of pid.
+func (c *Concern) site(pid int, k stacks.Site) *site {
+	of := c.sites[pid]
 	if of == nil {
-		of = map[siteKey]*site{}
-		c.sites[k.pid] = of
+		of = map[stacks.Site]*site{}
+		c.sites[pid] = of
 	}
 	st := of[k]
 	if st == nil {
-		c.nextSite++
-		st = &site{id: c.nextSite, key: k}
+		st = &site{id: k.ID(), key: k}
 		of[k] = st
 	}
 	return st
@@ -265,14 +251,9 @@ func (c *Concern) site(k siteKey) *site {
 
 // frames symbolizes a site once, its Python frames merged in.
 func (c *Concern) frames(pid int, st *site) []model.Frame {
-	if st.frames != nil {
-		return st.frames
+	if st.frames == nil {
+		st.frames = c.stacks.Frames(pid, st.key)
 	}
-	pcs, err := c.Stack(st.key.stack)
-	if err != nil {
-		return nil
-	}
-	st.frames = pyframes.Merge(c.sym.Frames(pid, pcs), c.py.Frames(pid, st.key.py))
 	return st.frames
 }
 

@@ -141,6 +141,12 @@ type fdSiteKey struct {
 	Pad     uint32
 }
 
+type fdSiteOwnerKey struct {
+	_     structs.HostLayout
+	Tgid  uint32
+	Which uint32
+}
+
 type fdUnwindKey struct {
 	_    structs.HostLayout
 	Mm   uint64
@@ -188,6 +194,7 @@ const (
 	fdMapPyStacks               = "py_stacks"
 	fdMapPyThreads              = "py_threads"
 	fdMapPyThreadsTid           = "py_threads_tid"
+	fdMapSiteOwners             = "site_owners"
 	fdMapSites                  = "sites"
 	fdMapTrackedPids            = "tracked_pids"
 	fdMapUnwindPending          = "unwind_pending"
@@ -204,6 +211,7 @@ const (
 	fdProgSysExitTp             = "sys_exit_tp"
 	fdVarHaveTaskPtRegs         = "have_task_pt_regs"
 	fdVarHaveTaskStorage        = "have_task_storage"
+	fdVarMaxSitesPerProc        = "max_sites_per_proc"
 	fdVarUnusedErrKind          = "unused_err_kind"
 	fdVarUnusedFdCounts         = "unused_fd_counts"
 	fdVarUnusedFdFail           = "unused_fd_fail"
@@ -285,6 +293,7 @@ type fdMapSpecs struct {
 	PyStacks       *ebpf.MapSpec `ebpf:"py_stacks"`
 	PyThreads      *ebpf.MapSpec `ebpf:"py_threads"`
 	PyThreadsTid   *ebpf.MapSpec `ebpf:"py_threads_tid"`
+	SiteOwners     *ebpf.MapSpec `ebpf:"site_owners"`
 	Sites          *ebpf.MapSpec `ebpf:"sites"`
 	TrackedPids    *ebpf.MapSpec `ebpf:"tracked_pids"`
 	UnwindPending  *ebpf.MapSpec `ebpf:"unwind_pending"`
@@ -301,6 +310,7 @@ type fdMapSpecs struct {
 type fdVariableSpecs struct {
 	HaveTaskPtRegs         *ebpf.VariableSpec `ebpf:"have_task_pt_regs"`
 	HaveTaskStorage        *ebpf.VariableSpec `ebpf:"have_task_storage"`
+	MaxSitesPerProc        *ebpf.VariableSpec `ebpf:"max_sites_per_proc"`
 	UnusedErrKind          *ebpf.VariableSpec `ebpf:"unused_err_kind"`
 	UnusedFdCounts         *ebpf.VariableSpec `ebpf:"unused_fd_counts"`
 	UnusedFdFail           *ebpf.VariableSpec `ebpf:"unused_fd_fail"`
@@ -348,6 +358,7 @@ type fdMaps struct {
 	PyStacks       *ebpf.Map `ebpf:"py_stacks"`
 	PyThreads      *ebpf.Map `ebpf:"py_threads"`
 	PyThreadsTid   *ebpf.Map `ebpf:"py_threads_tid"`
+	SiteOwners     *ebpf.Map `ebpf:"site_owners"`
 	Sites          *ebpf.Map `ebpf:"sites"`
 	TrackedPids    *ebpf.Map `ebpf:"tracked_pids"`
 	UnwindPending  *ebpf.Map `ebpf:"unwind_pending"`
@@ -371,6 +382,7 @@ func (m *fdMaps) Close() error {
 		m.PyStacks,
 		m.PyThreads,
 		m.PyThreadsTid,
+		m.SiteOwners,
 		m.Sites,
 		m.TrackedPids,
 		m.UnwindPending,
@@ -388,6 +400,7 @@ func (m *fdMaps) Close() error {
 type fdVariables struct {
 	HaveTaskPtRegs         *ebpf.Variable `ebpf:"have_task_pt_regs"`
 	HaveTaskStorage        *ebpf.Variable `ebpf:"have_task_storage"`
+	MaxSitesPerProc        *ebpf.Variable `ebpf:"max_sites_per_proc"`
 	UnusedErrKind          *ebpf.Variable `ebpf:"unused_err_kind"`
 	UnusedFdCounts         *ebpf.Variable `ebpf:"unused_fd_counts"`
 	UnusedFdFail           *ebpf.Variable `ebpf:"unused_fd_fail"`

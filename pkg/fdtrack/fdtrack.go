@@ -5,16 +5,14 @@ package fdtrack
 
 import (
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/ringbuf"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/stacks"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
-	"github.com/open-autoglm/autoglm-ebpf/pkg/unwind"
 )
 
 // Config sizes the kernel maps.
@@ -30,6 +28,9 @@ type Config struct {
 	// Symbolizer reads the call-frame information that stacks are unwound
 	// with; nil: one of the tracker's own.
 	Symbolizer *symbolize.Symbolizer
+	// Stacks is the stack service shared with the other objects; nil: one
+	// of the tracker's own (with Symbolizer), closed with it.
+	Stacks *stacks.Service
 }
 
 // Tracker owns the loaded fd BPF object and its links.
@@ -40,7 +41,7 @@ type Tracker struct {
 	// The live fd table and the failure sites, each entry a process's.
 	table     *bpfobj.Table[fdFdKey, fdFdInfo]
 	failSites *bpfobj.Table[uint32, fdFdInfo]
-	sites     *bpfobj.Table[fdSiteKey, fdSiteCounts] // fds opened and closed per call site
+	sites     *stacks.Sites // fds opened and closed per call site
 
 	// Per process: fds that vanished without a traced close (found by
 	// reconciling with /proc), added to the kernel's closed counters.
@@ -55,8 +56,9 @@ type Tracker struct {
 	// cost that many entries to rebuild each poll, idle or not.
 	last map[uint32]lastFDs
 
-	unwindReader *ringbuf.Reader
-	unwinder     *unwind.Server
+	stacks    *stacks.Service
+	ownStacks bool // made by New: closed by Close
+	view      *stacks.View
 }
 
 // New loads the fd object and attaches it: tp_btf where the kernel allows,
@@ -78,30 +80,37 @@ func New(cfg Config) (*Tracker, error) {
 		atStart:     map[uint32]int{},
 		last:        map[uint32]lastFDs{},
 	}
+	if t.stacks = cfg.Stacks; t.stacks == nil {
+		sym := cfg.Symbolizer
+		if sym == nil {
+			sym = symbolize.New(cfg.ProcRoot)
+		}
+		if t.stacks, err = stacks.New(stacks.Config{Proc: t.proc, Symbolizer: sym}); err != nil {
+			return nil, err
+		}
+		t.ownStacks = true
+	}
 	t.obj, err = bpfobj.Open(loadFd, bpfobj.Options{
 		What: "fd BPF programs", Maps: &t.maps, Tracepoint: cfg.Tracepoint,
 		Cannot: "trace fds (CONFIG_FTRACE_SYSCALLS off?)",
-		Tune: func(spec *ebpf.CollectionSpec) {
+		Tune: func(spec *ebpf.CollectionSpec) error {
 			if cfg.MaxFDs > 0 {
 				spec.Maps[fdMapFdTable].MaxEntries = cfg.MaxFDs
 			}
+			return t.stacks.Prepare(spec)
 		},
+		Replace: t.stacks.Replacements(),
 	})
 	if err != nil {
+		if t.ownStacks {
+			_ = t.stacks.Close()
+		}
 		return nil, err
 	}
 	t.table = bpfobj.NewTable(t.maps.FdTable, func(k fdFdKey, _ fdFdInfo) uint32 { return k.Tgid })
 	t.failSites = bpfobj.NewTable(t.maps.FailSites, func(tgid uint32, _ fdFdInfo) uint32 { return tgid })
-	t.sites = bpfobj.NewTable(t.maps.Sites, func(k fdSiteKey, _ fdSiteCounts) uint32 { return k.Tgid })
-	sym := cfg.Symbolizer
-	if sym == nil {
-		sym = symbolize.New(cfg.ProcRoot)
-	}
-	if t.unwindReader, err = ringbuf.NewReader(t.maps.UnwindRequests); err != nil {
-		_ = t.obj.Close()
-		return nil, fmt.Errorf("opening the fd unwind ring buffer: %w", err)
-	}
-	t.unwinder = unwind.Serve(t.unwindReader, t.unwindMaps(), sym)
+	t.sites = t.stacks.Sites(t.maps.Sites, t.maps.SiteOwners)
+	t.view = t.stacks.Join("fd")
 	return t, nil
 }
 
@@ -114,10 +123,17 @@ func (t *Tracker) BTFError() error { return t.obj.BTFError }
 // Close detaches and unloads everything; safe to call more than once.
 func (t *Tracker) Close() error {
 	var errs []error
-	if t.unwindReader != nil {
-		errs = append(errs, t.unwindReader.Close())
-		t.unwinder.Wait()
-		t.unwindReader = nil
+	if t.view != nil {
+		t.view.Leave()
+		t.view = nil
 	}
-	return errors.Join(append(errs, t.obj.Close())...)
+	errs = append(errs, t.obj.Close())
+	if t.ownStacks {
+		errs = append(errs, t.stacks.Close())
+		t.ownStacks = false
+	}
+	return errors.Join(errs...)
 }
+
+// Stacks is the stack service the tracker's stacks are in.
+func (t *Tracker) Stacks() *stacks.Service { return t.stacks }

@@ -77,7 +77,7 @@ func BenchmarkPythonFrames(b *testing.B) {
 					b.Fatal(err)
 				}
 				if !tc.frames {
-					c.py.Untrack(pid)
+					c.view.Untrack(pid) // no Python frames: the interpreter is not followed
 				}
 				cnt0, ns0 := runStats(b, prog)
 				p.Signal(b)

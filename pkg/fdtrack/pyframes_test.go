@@ -53,7 +53,7 @@ func TestPythonFramesAtOpen(t *testing.T) {
 				if err := c.Track(pr.PID); err != nil {
 					t.Fatal(err)
 				}
-				if got := c.py.Version(pr.PID); !strings.HasPrefix(version, got) || got == "" {
+				if got := c.stacks.PyVersion(pr.PID); !strings.HasPrefix(version, got) || got == "" {
 					t.Fatalf("found Python %q, want %s", got, version)
 				}
 				time.Sleep(time.Second)
@@ -88,7 +88,7 @@ func TestPythonFramesAtOpen(t *testing.T) {
 					t.Fatal(err)
 				}
 				for k, v := range lost {
-					if strings.HasPrefix(k, "fd_py_") && v != 0 {
+					if strings.HasPrefix(k, "stacks_py_") && v != 0 {
 						t.Errorf("%s = %d", k, v)
 					}
 				}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/stacks"
 )
 
 // nKinds is the number of fd kinds the BPF side distinguishes.
@@ -42,20 +44,9 @@ type Sample struct {
 	// Num is -1. nil when none failed.
 	LastFailure *FD
 	AtStart     int // open fds when tracking began, from /proc
-	// Sites is what each call site opened and closed since tracking began.
-	Sites map[SiteRef]SiteCount
-}
-
-// SiteRef is a call site: an opening stack (canonical) and Python stack.
-type SiteRef struct {
-	StackID int32
-	PyStack uint32
-}
-
-// SiteCount is what one call site did since tracking began; a close counts
-// for the site that opened the fd.
-type SiteCount struct {
-	Opened, Closed uint64
+	// Sites is what each call site opened (Made) and closed (Released)
+	// since tracking began; a close counts for the site that opened the fd.
+	Sites map[stacks.Site]stacks.Counts
 }
 
 // nFails is the number of errnos the BPF side counts failures by.
@@ -76,6 +67,7 @@ func (t *Tracker) Track(pid int) error {
 	if err := t.sites.Claim(tgid, t.tracked); err != nil {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
+	t.view.Track(pid) // Python frames from its first open on
 	zero := make([]fdFdCounts, ebpf.MustPossibleCPU())
 	if err := t.maps.FdCounters.Update(tgid, zero, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
@@ -130,6 +122,7 @@ func (t *Tracker) Untrack(pid int) {
 	t.failSites.Forget(tgid)
 	t.table.Forget(tgid)
 	t.sites.Forget(tgid)
+	t.view.Untrack(pid)
 	delete(t.started, tgid)
 	delete(t.atStart, tgid)
 	delete(t.drift, tgid)
@@ -241,24 +234,13 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		return nil, fmt.Errorf("reading the fd call site table: %w", err)
 	}
 	for pid, s := range out {
-		for _, e := range counts[uint32(pid)] {
-			// A stack first finished in user space has an id of its own
-			// until known: one site may sit under two.
-			ref := SiteRef{t.unwinder.Canonical(e.Key.StackId), e.Key.PyStack}
-			if s.Sites == nil {
-				s.Sites = map[SiteRef]SiteCount{}
-			}
-			c := s.Sites[ref]
-			c.Opened += e.Val.Made
-			c.Closed += e.Val.Released
-			s.Sites[ref] = c
-		}
+		s.Sites = counts[uint32(pid)]
 	}
 	for pid, s := range out {
 		// The kernel keeps a failure site only once a call has failed.
 		var info fdFdInfo
 		if s.Failed != [nFails]uint64{} && t.maps.FailSites.Lookup(uint32(pid), &info) == nil {
-			s.LastFailure = &FD{Num: -1, Kind: info.Kind, StackID: t.unwinder.Canonical(info.StackId),
+			s.LastFailure = &FD{Num: -1, Kind: info.Kind, StackID: t.stacks.Canonical(info.StackId),
 				Opened: nowWall.Add(-time.Duration(nowMono - info.OpenNs)), PyStack: info.PyStack}
 		}
 	}
@@ -276,8 +258,8 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 				if e.Val.OpenNs != 0 {
 					opened = nowWall.Add(-time.Duration(nowMono - e.Val.OpenNs))
 				}
-				settled = settled && t.unwinder.Settled(e.Val.StackId)
-				s.FDs = append(s.FDs, FD{Num: e.Key.Fd, Kind: e.Val.Kind, StackID: t.unwinder.Canonical(e.Val.StackId), Opened: opened, PyStack: e.Val.PyStack})
+				settled = settled && t.stacks.Settled(e.Val.StackId)
+				s.FDs = append(s.FDs, FD{Num: e.Key.Fd, Kind: e.Val.Kind, StackID: t.stacks.Canonical(e.Val.StackId), Opened: opened, PyStack: e.Val.PyStack})
 			}
 			delete(t.last, tgid)
 			if settled {
@@ -287,7 +269,7 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		t.checkDrift(tgid, len(s.FDs))
 	}
 	if t.polls++; t.polls%bpfobj.StackGCEvery == 0 {
-		t.dropStacks(table, counts)
+		t.keepStacks(table)
 	}
 	return out, nil
 }
@@ -346,23 +328,17 @@ func byNum(g []bpfobj.Entry[fdFdKey, fdFdInfo]) []bpfobj.Entry[fdFdKey, fdFdInfo
 	return out
 }
 
-// dropStacks deletes the stacks that no live fd, call site count or
-// failure site (of any process) refers to, and the unwind rules of
-// processes gone.
-func (t *Tracker) dropStacks(table map[uint32][]bpfobj.Entry[fdFdKey, fdFdInfo], counts map[uint32][]bpfobj.Entry[fdSiteKey, fdSiteCounts]) {
+// keepStacks gives the stack service the stacks this view refers to: of
+// live fds, call site counts and failure sites, of any process.
+func (t *Tracker) keepStacks(table map[uint32][]bpfobj.Entry[fdFdKey, fdFdInfo]) {
 	keep := map[uint32]bool{}
 	for _, g := range table {
 		for _, e := range g {
 			keep[uint32(e.Val.StackId)] = true
-			keep[uint32(t.unwinder.Canonical(e.Val.StackId))] = true
+			keep[uint32(t.stacks.Canonical(e.Val.StackId))] = true
 		}
 	}
-	for _, g := range counts {
-		for _, e := range g {
-			keep[uint32(e.Key.StackId)] = true
-			keep[uint32(t.unwinder.Canonical(e.Key.StackId))] = true
-		}
-	}
+	t.sites.Keep(keep, t.tracked)
 	sites, err := t.failSites.Read(t.tracked)
 	if err != nil {
 		slog.Warn("reading fd failure sites", "err", err)
@@ -371,15 +347,10 @@ func (t *Tracker) dropStacks(table map[uint32][]bpfobj.Entry[fdFdKey, fdFdInfo],
 	for _, g := range sites {
 		for _, e := range g {
 			keep[uint32(e.Val.StackId)] = true
-			keep[uint32(t.unwinder.Canonical(e.Val.StackId))] = true
+			keep[uint32(t.stacks.Canonical(e.Val.StackId))] = true
 		}
 	}
-	kept := func(id uint32) bool { return keep[id] }
-	if _, err := bpfobj.DropStacks(t.maps.UnwoundStacks, kept); err != nil {
-		slog.Warn("dropping unused fd stacks", "err", err)
-	}
-	t.unwinder.Forget(kept)
-	t.dropRules()
+	t.view.Sweep(keep)
 }
 
 // tracked reports whether tgid is tracked: a read of a table drops the
@@ -429,7 +400,14 @@ func (t *Tracker) Lost() (map[string]uint64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading error counters: %w", err)
 	}
-	t.unwinder.Lost("fd", out)
+	if t.ownStacks {
+		// Else the owner of the shared service counts its losses.
+		shared, err := t.stacks.Lost()
+		if err != nil {
+			return nil, err
+		}
+		maps.Copy(out, shared)
+	}
 	return out, nil
 }
 

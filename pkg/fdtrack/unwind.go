@@ -1,32 +1,11 @@
 package fdtrack
 
-import (
-	"log/slog"
-
-	"github.com/open-autoglm/autoglm-ebpf/pkg/unwind"
-)
-
 // Opening stacks are unwound at the syscall in the kernel (bpf/unwind.h)
-// with rules learnt from the binaries' .eh_frame (pkg/unwind serves the
-// kernel's requests).
-
-func (t *Tracker) unwindMaps() unwind.Maps {
-	return unwind.Maps{Rules: t.maps.UnwindRules, Stacks: t.maps.UnwoundStacks, Pending: t.maps.UnwindPending}
-}
-
-// dropRules deletes the unwind rules of processes no longer tracked.
-func (t *Tracker) dropRules() {
-	err := t.unwindMaps().DropRules(func(tgid uint32) bool {
-		_, ok := t.started[tgid]
-		return ok
-	})
-	if err != nil {
-		slog.Warn("listing fd unwind rules", "err", err)
-	}
-}
+// with rules learnt from the binaries' .eh_frame; pkg/stacks serves the
+// kernel's requests for every object.
 
 // Stack returns the user-space addresses of a stack id, innermost first:
 // the instruction pointer at the syscall, then the return addresses.
 func (t *Tracker) Stack(id int32) ([]uint64, error) {
-	return t.unwindMaps().Stack(id)
+	return t.stacks.Stack(id)
 }

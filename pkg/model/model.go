@@ -166,7 +166,8 @@ type Snapshot struct {
 	// when it runs, "loading" while its BPF side loads.
 	Views map[string]string
 	// BPFMemory is the kernel memory of each loaded view's BPF maps and
-	// programs (their memlock), by view.
+	// programs (their memlock), by view; "stacks" is that of the stack and
+	// Python frame maps the fd and cuda views share (pkg/stacks).
 	BPFMemory map[string]uint64
 }
 

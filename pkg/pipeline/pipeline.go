@@ -30,6 +30,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/schedtrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/socktrack"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/stacks"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
 )
 
@@ -116,6 +117,7 @@ type Pipeline struct {
 	closed   bool // Close was called: concerns that load now are closed at once
 	proc     procinfo.FS
 	sym      *symbolize.Symbolizer
+	stacks   *stacks.Service     // the call stacks of every view
 	cache    *procinfo.PollCache // one read of /proc/PID/maps and fd per process per poll
 	sinks    []Sink
 	gpu      *nvml.Sampler
@@ -185,6 +187,10 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 	for _, v := range model.Views {
 		p.views[v] = "loading"
 	}
+	// Made before the views that share it; the fd view cannot do without.
+	if p.stacks, err = stacks.New(stacks.Config{Proc: proc.WithPollCache(cache), Symbolizer: p.sym}); err != nil {
+		return nil, err
+	}
 
 	// NVML is optional: without a driver the sampler reports one clear
 	// error and the GPU join is skipped.
@@ -205,7 +211,7 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 		new  func() (Concern, error)
 	}{
 		{"fd", func() (Concern, error) {
-			return fdtrack.NewConcern(fdtrack.Config{MaxFDs: cfg.MaxFDs, ProcRoot: cfg.ProcRoot, Cache: p.cache}, cfg.FDLeak, p.sym, cfg.TopSites)
+			return fdtrack.NewConcern(fdtrack.Config{MaxFDs: cfg.MaxFDs, ProcRoot: cfg.ProcRoot, Cache: p.cache, Stacks: p.stacks}, cfg.FDLeak, p.sym, cfg.TopSites)
 		}},
 		{"sched", func() (Concern, error) {
 			return schedtrack.NewConcern(schedtrack.Config{ProcRoot: cfg.ProcRoot}, cfg.CtxStorm)
@@ -218,7 +224,7 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 			// free memory as NVML samples it.
 			gpuAlloc := cfg.GPUAlloc
 			gpuAlloc.Devices = p.gpu.GPUs
-			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites, Cache: p.cache, Symbolizer: p.sym},
+			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites, Cache: p.cache, Symbolizer: p.sym, Stacks: p.stacks},
 				p.gpu.Joining(gpualloc.New(gpuAlloc)), p.sym)
 		}},
 	}
@@ -627,10 +633,14 @@ func failureReason(err error) string {
 func (p *Pipeline) snapshot(now time.Time) *model.Snapshot {
 	s := &model.Snapshot{Time: now, Start: p.start, Targets: p.targets, Findings: slices.Clone(p.findings), Lost: map[string]uint64{},
 		TrackFailures: maps.Clone(p.trackFailures), Views: maps.Clone(p.views)}
-	if p.snapshots++; p.snapshots%memoryEvery == 1 || len(p.memory) != len(p.concerns) {
-		p.memory = make(map[string]uint64, len(p.concerns))
+	if p.snapshots++; p.snapshots%memoryEvery == 1 || !p.memoryOfAll() {
+		p.memory = make(map[string]uint64, len(p.concerns)+1)
 		for _, c := range p.concerns {
 			p.memory[c.Name()] = c.Memory()
+		}
+		if p.stacks != nil {
+			// The maps the fd and cuda objects share, counted once.
+			p.memory["stacks"] = p.stacks.Memory()
 		}
 	}
 	s.BPFMemory = maps.Clone(p.memory)
@@ -647,12 +657,29 @@ func (p *Pipeline) snapshot(now time.Time) *model.Snapshot {
 		}
 		maps.Copy(s.Lost, lost)
 	}
+	if p.stacks != nil {
+		if lost, err := p.stacks.Lost(); err != nil {
+			slog.Warn("reading the stack service's counters", "err", err)
+		} else {
+			maps.Copy(s.Lost, lost)
+		}
+	}
 	if p.cfg.Source != nil {
 		if lost, err := p.cfg.Source.Lost(); err == nil {
 			maps.Copy(s.Lost, lost)
 		}
 	}
 	return s
+}
+
+// memoryOfAll reports whether p.memory has every loaded concern's.
+func (p *Pipeline) memoryOfAll() bool {
+	for _, c := range p.concerns {
+		if _, ok := p.memory[c.Name()]; !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // Close unloads every concern's BPF programs and maps and stops NVML. The
@@ -677,5 +704,10 @@ func (p *Pipeline) Close() error {
 	}
 	wg.Wait()
 	p.concerns = nil
+	if p.stacks != nil {
+		// After the objects that use its maps.
+		errs = append(errs, p.stacks.Close())
+		p.stacks = nil
+	}
 	return errors.Join(errs...)
 }

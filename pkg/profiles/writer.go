@@ -94,4 +94,3 @@ func FileName(pid int, kind string) string {
 
 // Kinds lists the kinds of profile.
 var Kinds = []string{GPU, FD}
-

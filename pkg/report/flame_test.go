@@ -1,8 +1,8 @@
 package report
 
 import (
-	"os"
 	"image/color"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"

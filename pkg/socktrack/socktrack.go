@@ -87,11 +87,12 @@ func New(cfg Config) (*Tracker, error) {
 	t.obj, err = bpfobj.Open(loadSock, bpfobj.Options{
 		What: "socket BPF programs", Maps: &t.maps,
 		Required: func(_, tp string) bool { return tp == Tracepoint }, Cannot: "trace TCP state changes",
-		Tune: func(spec *ebpf.CollectionSpec) {
+		Tune: func(spec *ebpf.CollectionSpec) error {
 			if cfg.MaxSockets > 0 {
 				spec.Maps[sockMapSockTable].MaxEntries = cfg.MaxSockets
 				spec.Maps[sockMapSockInodes].MaxEntries = cfg.MaxSockets
 			}
+			return nil
 		},
 	})
 	if err != nil {

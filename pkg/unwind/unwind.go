@@ -6,8 +6,8 @@
 // the kernel chose, and teaches the kernel the rules it used, so that the
 // next stack through the same code is unwound in the kernel alone.
 //
-// Each object has its own maps, with its own generated Go types; the owner
-// reaches them through Tables.
+// pkg/stacks creates the maps once for every object and reaches them
+// through Tables.
 package unwind
 
 import (
@@ -173,9 +173,10 @@ func (s *Server) Canonical(id int32) int32 {
 	return c
 }
 
-// Forget drops the canonical ids of stacks that were deleted from the map,
-// and the ids mapped to them: a stack still there is looked at afresh.
-func (s *Server) Forget(kept func(id uint32) bool) {
+// Forget drops the canonical ids of stacks deleted from the map (kept is
+// false), and the ids mapped to them: a stack still there is looked at
+// afresh. Ids waited for in vain are forgotten once nothing refers to them.
+func (s *Server) Forget(kept, referenced func(id uint32) bool) {
 	for id, c := range s.canon {
 		if !kept(uint32(id)) || !kept(uint32(c)) {
 			delete(s.canon, id)
@@ -187,7 +188,7 @@ func (s *Server) Forget(kept func(id uint32) bool) {
 		}
 	}
 	for id := range s.waited {
-		if !kept(uint32(id)) {
+		if !referenced(uint32(id)) {
 			delete(s.waited, id)
 		}
 	}

@@ -89,9 +89,14 @@ func TestCanonical(t *testing.T) {
 	}
 	// The request's stack is collected; the kernel's id names the site now.
 	delete(f.stacks, req)
-	s.Forget(func(id uint32) bool { _, ok := f.stacks[int32(id)]; return ok })
+	present := func(id uint32) bool { _, ok := f.stacks[int32(id)]; return ok }
+	s.Forget(present, func(id uint32) bool { return id != uint32(lost) && present(id) })
 	if got := s.Canonical(hashed); got != hashed {
 		t.Errorf("after the first id is gone: %d, want %d", got, hashed)
+	}
+	// The request waited for in vain, referred to no more, is forgotten.
+	if s.waited[lost] {
+		t.Error("an id nothing refers to is still remembered as waited for")
 	}
 }
 
