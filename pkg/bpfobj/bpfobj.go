@@ -136,34 +136,9 @@ func Counters[K ~uint32](m *ebpf.Map, names map[K]string) (map[string]uint64, er
 	return out, nil
 }
 
-// DropStacks deletes from a stack trace map every stack id for which keep
-// is false, and returns how many it deleted. A stack map is never emptied
-// by the kernel: without this, the stacks of closed fds, freed allocations
-// and exited processes fill it over a long run (a daemon), and new stacks
-// are then lost.
-func DropStacks(stacks *ebpf.Map, keep func(id uint32) bool) (int, error) {
-	var ids []uint32
-	var id uint32
-	err := stacks.NextKey(nil, &id)
-	for err == nil {
-		ids = append(ids, id)
-		err = stacks.NextKey(id, &id)
-	}
-	if !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return 0, err
-	}
-	n := 0
-	for _, id := range ids {
-		if !keep(id) && stacks.Delete(id) == nil {
-			n++
-		}
-	}
-	return n, nil
-}
-
-// StackGCEvery is how many polls pass between two DropStacks: often
-// enough that a busy node does not fill a stack map in between, rarely
-// enough that walking the map's keys costs little.
+// StackGCEvery is how many polls pass between two sweeps of a view's
+// stacks (pkg/stacks): often enough that a busy node does not fill a stack
+// map in between, rarely enough that walking the map's keys costs little.
 const StackGCEvery = 10
 
 // How an object's programs attach: typed BTF tracepoints (tp_btf: no tracefs,

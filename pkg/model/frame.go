@@ -34,6 +34,11 @@ type Frame struct {
 	Line     int    `json:"line,omitempty"`     // source line; 0 when unknown
 	Module   string `json:"module,omitempty"`   // base name of the mapped file
 	Offset   uint64 `json:"offset,omitempty"`
+	// Path is the mapped file as the process names it (inside its mount
+	// namespace), BuildID its GNU build-id in hex: what a profile's mapping
+	// carries, for pprof to find the file or its debug info.
+	Path    string `json:"path,omitempty"`
+	BuildID string `json:"build_id,omitempty"`
 	// Symbol is the ELF symbol as the file spells it (C++ and Rust names
 	// mangled), kept only where it differs from Function.
 	Symbol string `json:"symbol,omitempty"`

@@ -8,6 +8,7 @@
 package profiles
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 	"time"
@@ -131,7 +132,7 @@ func (b *Builder) location(f model.Frame) *profile.Location {
 		system = name
 	}
 	if f.Kind == model.FrameNative {
-		l.Mapping = b.mapping(f.Module)
+		l.Mapping = b.mapping(f)
 		// The ELF address: pprof shows it, and it tells two call
 		// instructions of one line apart.
 		l.Address = f.Offset
@@ -156,18 +157,23 @@ func (b *Builder) function(name, system, file string) *profile.Function {
 	return fn
 }
 
-// mapping is the module's; nil for frames outside any file. Its functions
-// and lines come with the frames: pprof must not symbolize them again.
-func (b *Builder) mapping(module string) *profile.Mapping {
-	if module == "" {
+// mapping is the file f lies in: its path as the process names it (the
+// module's base name where the path is not known, as in reports written
+// before paths were kept) and its build-id; nil for frames outside any
+// file. Its functions and lines come with the frames: pprof must not
+// symbolize them again.
+func (b *Builder) mapping(f model.Frame) *profile.Mapping {
+	if f.Module == "" {
 		return nil
 	}
-	if m, ok := b.maps[module]; ok {
+	file := cmp.Or(f.Path, f.Module)
+	key := file + "\x00" + f.BuildID
+	if m, ok := b.maps[key]; ok {
 		return m
 	}
-	m := &profile.Mapping{ID: uint64(len(b.p.Mapping) + 1), File: module, HasFunctions: true, HasFilenames: true, HasLineNumbers: true, HasInlineFrames: true}
+	m := &profile.Mapping{ID: uint64(len(b.p.Mapping) + 1), File: file, BuildID: f.BuildID, HasFunctions: true, HasFilenames: true, HasLineNumbers: true, HasInlineFrames: true}
 	b.p.Mapping = append(b.p.Mapping, m)
-	b.maps[module] = m
+	b.maps[key] = m
 	return m
 }
 

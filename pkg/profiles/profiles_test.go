@@ -2,6 +2,7 @@ package profiles
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 	"time"
 
@@ -13,9 +14,9 @@ import (
 var t0 = time.Date(2026, 12, 2, 3, 4, 5, 0, time.UTC)
 
 func process() *model.Process {
-	main := model.Frame{Kind: model.FrameNative, Function: "main", Module: "app", File: "/src/app.c", Line: 40, Offset: 0x20}
-	leak := model.Frame{Kind: model.FrameNative, Function: "leak_step", Module: "app", File: "/src/app.c", Line: 12, Offset: 0x9}
-	burst := model.Frame{Kind: model.FrameNative, Function: "burst_step", Module: "app", File: "/src/app.c", Line: 20, Offset: 0x11}
+	main := model.Frame{Kind: model.FrameNative, Function: "main", Module: "app", Path: "/opt/app", BuildID: "ab12", File: "/src/app.c", Line: 40, Offset: 0x20}
+	leak := model.Frame{Kind: model.FrameNative, Function: "leak_step", Module: "app", Path: "/opt/app", BuildID: "ab12", File: "/src/app.c", Line: 12, Offset: 0x9}
+	burst := model.Frame{Kind: model.FrameNative, Function: "burst_step", Module: "app", Path: "/opt/app", BuildID: "ab12", File: "/src/app.c", Line: 20, Offset: 0x11}
 	py := model.Frame{Kind: model.FramePython, Function: "warm_kv_cache", File: "/srv/kv.py", Line: 7}
 	return &model.Process{PID: 42, Comm: "app", Pod: model.Pod{Namespace: "ml", Name: "app-0", Container: "app"},
 		CUDA: model.CUDAStats{Sites: []model.CUDASite{
@@ -71,19 +72,27 @@ func TestGPUProfile(t *testing.T) {
 		}
 	}
 	// Lines and files as the frames have them; the Python frame without a
-	// mapping, native ones with their module.
+	// mapping, native ones with their file's path and build-id, one
+	// mapping a file.
 	for _, l := range p.Location {
 		fn := l.Line[0].Function
 		switch fn.Name {
 		case "leak_step":
-			if fn.Filename != "/src/app.c" || l.Line[0].Line != 12 || l.Mapping == nil || l.Mapping.File != "app" || l.Address != 0x9 {
+			if fn.Filename != "/src/app.c" || l.Line[0].Line != 12 || l.Mapping == nil || l.Mapping.File != "/opt/app" || l.Mapping.BuildID != "ab12" || l.Address != 0x9 {
 				t.Errorf("leak_step location %+v, function %+v", l, fn)
+			}
+		case "burst_step":
+			if l.Mapping == nil || l.Mapping.File != "/opt/app" {
+				t.Errorf("burst_step location %+v", l)
 			}
 		case "warm_kv_cache":
 			if fn.Filename != "/srv/kv.py" || l.Line[0].Line != 7 || l.Mapping != nil {
 				t.Errorf("warm_kv_cache location %+v, function %+v", l, fn)
 			}
 		}
+	}
+	if n := len(slices.DeleteFunc(slices.Clone(p.Mapping), func(m *profile.Mapping) bool { return m.File != "/opt/app" })); n != 1 {
+		t.Errorf("%d mappings of /opt/app, want 1", n)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"debug/elf"
 	"encoding/binary"
+	"encoding/hex"
 	"math"
 	"os"
 	"slices"
@@ -21,6 +22,7 @@ import (
 type elfInfo struct {
 	f       *os.File
 	build   buildKey // zero when the file has no GNU build-id
+	buildID string   // its hex, for profiles' mappings
 	loads   []load
 	order   binary.ByteOrder
 	class   elf.Class
@@ -92,6 +94,7 @@ func parseELF(f *os.File) (*elfInfo, error) {
 	}
 	if id := buildID(ef); id != "" {
 		info.build = buildKey{id: id, size: st.Size()}
+		info.buildID = hex.EncodeToString([]byte(id))
 	}
 	info.secEnds = make([]uint64, len(ef.Sections))
 	for i, sec := range ef.Sections {

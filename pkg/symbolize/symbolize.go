@@ -226,11 +226,12 @@ func (s *Symbolizer) frame(pid int, m *mapping, addr uint64, caller bool) model.
 		return model.Frame{Kind: model.FrameNative, Address: addr}
 	}
 	// Without the ELF headers the file offset is the best stable offset.
-	f := model.Frame{Kind: model.FrameNative, Module: filepath.Base(m.path), Offset: addr - m.start + m.offset}
+	f := model.Frame{Kind: model.FrameNative, Module: filepath.Base(m.path), Path: m.path, Offset: addr - m.start + m.offset}
 	e := s.elfFor(pid, m)
 	if e == nil {
 		return f
 	}
+	f.BuildID = e.info.buildID
 	vaddr, ok := e.info.vaddr(f.Offset)
 	if !ok {
 		return f

@@ -114,13 +114,23 @@ func runTarget(t *testing.T, bin string) (int, string) {
 }
 
 func TestFramesLiveProcess(t *testing.T) {
-	bin := buildTarget(t, "target", "-fPIE", "-pie")
+	bin := buildTarget(t, "target", "-fPIE", "-pie", "-Wl,--build-id=sha1")
 	pid, addr := startTarget(t, bin)
 	s := New("/proc")
 
 	got := frameTexts(s, pid, []uint64{addr + 4, 0x10})
 	if got[0] != "leakyfn+0x4 (target)" {
 		t.Errorf("frame of leakyfn+4 = %q, want %q", got[0], "leakyfn+0x4 (target)")
+	}
+	// The file as the process maps it, and its build-id as readelf reads it.
+	out, err := exec.Command("readelf", "-n", bin).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, id, _ := strings.Cut(string(out), "Build ID: ")
+	id, _, _ = strings.Cut(id, "\n")
+	if f := s.Frames(pid, []uint64{addr + 4})[0]; f.Path != bin || f.BuildID == "" || f.BuildID != strings.TrimSpace(id) {
+		t.Errorf("leakyfn's file %q, build-id %q; want %q, %q", f.Path, f.BuildID, bin, id)
 	}
 	// The zero page is never mapped.
 	if got[1] != "0x10" {
