@@ -18,35 +18,18 @@ import (
 // alive: by the snapshot that says it exited, its fds are gone.
 type Writer struct {
 	dir   string
-	procs map[procKey]*model.Process
-	order []procKey // first seen first: a reused pid's last process wins
+	procs model.LastAlive // first seen first: a reused pid's last process wins
 	// Written lists the files Close wrote.
 	Written []string
 }
 
-type procKey struct {
-	pid     int
-	started int64
-}
-
 // NewWriter returns a Writer into dir, which must exist.
 func NewWriter(dir string) *Writer {
-	return &Writer{dir: dir, procs: map[procKey]*model.Process{}}
+	return &Writer{dir: dir}
 }
 
 // Update keeps each process's latest state.
-func (w *Writer) Update(s *model.Snapshot) {
-	for _, p := range s.Processes {
-		k := procKey{p.PID, p.Started.UnixNano()}
-		last, ok := w.procs[k]
-		if !ok {
-			w.order = append(w.order, k)
-		}
-		if !ok || !p.Exited || last.Exited {
-			w.procs[k] = p
-		}
-	}
-}
+func (w *Writer) Update(s *model.Snapshot) { w.procs.Update(s) }
 
 // Close writes the profiles, final included.
 func (w *Writer) Close(final *model.Snapshot) error {
@@ -56,8 +39,7 @@ func (w *Writer) Close(final *model.Snapshot) error {
 		now = final.Time
 	}
 	var errs []error
-	for _, k := range w.order {
-		p := w.procs[k]
+	for _, p := range w.procs.All() {
 		for _, kind := range Kinds {
 			if err := w.write(kind, p, now); err != nil {
 				errs = append(errs, err)

@@ -117,9 +117,8 @@ type Writer struct {
 	// Every process ever seen: processes drop out of snapshots after they
 	// exit, but the report must still show them.
 	procs map[processKey]Process
-	// alive is each process's last snapshot alive, for its sites: by the
-	// one that says it exited, its fds are gone.
-	alive map[processKey]*model.Process
+	// alive is each process's last snapshot alive, for its sites.
+	alive model.LastAlive
 	hist  *history.Recorder
 }
 
@@ -131,7 +130,6 @@ func New(version string, out Outputs) *Writer {
 		stdout:  os.Stdout,
 		created: time.Now(),
 		procs:   map[processKey]Process{},
-		alive:   map[processKey]*model.Process{},
 		hist:    history.New(history.DefaultConfig()),
 	}
 }
@@ -145,11 +143,9 @@ func (w *Writer) Update(s *model.Snapshot) {
 // record keeps s as the latest state.
 func (w *Writer) record(s *model.Snapshot) {
 	w.last = s
+	w.alive.Update(s)
 	for _, p := range s.Processes {
 		k := processKey{p.PID, p.Started.UnixNano()}
-		if last, ok := w.alive[k]; !ok || !p.Exited || last.Exited {
-			w.alive[k] = p
-		}
 		// Copied: the report is written long after this snapshot.
 		w.procs[k] = Process{
 			PID:       p.PID,
@@ -260,7 +256,7 @@ func (w *Writer) processes() []Process {
 	for _, k := range keys {
 		p := w.procs[k]
 		p.History = w.hist.Process(p.PID, p.Started)
-		p.Sites = sitesOf(w.alive[k])
+		p.Sites = sitesOf(w.alive.Of(p.PID, p.Started))
 		out = append(out, p)
 	}
 	return out
