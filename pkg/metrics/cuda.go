@@ -48,6 +48,12 @@ func (m *Metrics) cudaSeries(s *model.Snapshot, out []prometheus.Metric) []prome
 	for _, p := range s.Processes {
 		if !p.Exited {
 			ids[p.PID] = m.procLabels(p)
+			for _, u := range p.CUDA.GPUUtil {
+				labels := append(append([]string{strconv.Itoa(u.Device)}, ids[p.PID]...), u.Source)
+				out = append(out,
+					constMetric(m.d.gpuSMUtilDesc, prometheus.GaugeValue, u.SM, labels...),
+					constMetric(m.d.gpuMemUtilDesc, prometheus.GaugeValue, u.Memory, labels...))
+			}
 		}
 		cur := m.counts[p.PID].cuda
 		if cur == nil {

@@ -13,7 +13,7 @@ import (
 var cudaNames = []string{"autoglm_cuda_alloc_bytes_total", "autoglm_cuda_free_bytes_total", "autoglm_cuda_alloc_calls_total",
 	"autoglm_cuda_live_bytes", "autoglm_cuda_alloc_failures_total", "autoglm_cuda_untracked_bytes",
 	"autoglm_gpu_memory_used_bytes", "autoglm_gpu_memory_total_bytes", "autoglm_gpu_utilization_ratio",
-	"autoglm_gpu_process_memory_used_bytes"}
+	"autoglm_gpu_process_memory_used_bytes", "autoglm_gpu_sm_utilization_ratio", "autoglm_gpu_memory_controller_utilization_ratio"}
 
 func failure(ms int, api, errName string) model.CUDAFailure {
 	return model.CUDAFailure{Time: t0.Add(time.Duration(ms) * time.Millisecond), API: api, Size: 1 << 30, Code: 2, Error: errName}
@@ -47,6 +47,8 @@ func TestCUDAValues(t *testing.T) {
 		failure(2, "cudaMalloc", "cudaErrorMemoryAllocation"),
 		failure(3, "cuMemAlloc_v2", "CUDA_ERROR_OUT_OF_MEMORY"))
 	cp.CUDA.HasNVML, cp.CUDA.NVMLUsedBytes, cp.CUDA.UntrackedBytes = true, 3<<30+512<<20, 512<<20
+	cp.CUDA.GPUUtil = []model.GPUUtil{{Device: 0, UUID: "GPU-aaaa", SM: 0.25, Memory: 0.125, Source: model.UtilProcess},
+		{Device: 1, UUID: "GPU-bbbb", SM: 0.5, Memory: 0.0625, Source: model.UtilDevice}}
 	plain := proc(200, "fdwork", 5, 1, 0, false) // no CUDA activity: no CUDA series
 	s := snap(1, []*model.Process{cp, plain}, nil, nil)
 	s.GPUs = gpus()
@@ -89,6 +91,14 @@ autoglm_gpu_utilization_ratio{gpu="1",uuid="GPU-bbbb"} 0
 # HELP autoglm_gpu_process_memory_used_bytes Device memory a watched process uses on the GPU, per NVML.
 # TYPE autoglm_gpu_process_memory_used_bytes gauge
 autoglm_gpu_process_memory_used_bytes{comm="trainer",gpu="0",pid="100"} 3.758096384e+09
+# HELP autoglm_gpu_sm_utilization_ratio Share of the last poll interval in which a kernel of the process ran on the GPU, the mean of NVML's samples; source="device": the whole GPU's figure, where it keeps none per process (MIG, some vGPU).
+# TYPE autoglm_gpu_sm_utilization_ratio gauge
+autoglm_gpu_sm_utilization_ratio{comm="trainer",gpu="0",pid="100",source="process"} 0.25
+autoglm_gpu_sm_utilization_ratio{comm="trainer",gpu="1",pid="100",source="device"} 0.5
+# HELP autoglm_gpu_memory_controller_utilization_ratio Share of the last poll interval in which the GPU's memory was read or written for the process, the mean of NVML's samples; source as for autoglm_gpu_sm_utilization_ratio.
+# TYPE autoglm_gpu_memory_controller_utilization_ratio gauge
+autoglm_gpu_memory_controller_utilization_ratio{comm="trainer",gpu="0",pid="100",source="process"} 0.125
+autoglm_gpu_memory_controller_utilization_ratio{comm="trainer",gpu="1",pid="100",source="device"} 0.0625
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), cudaNames...); err != nil {
 		t.Fatal(err)
@@ -138,15 +148,19 @@ func TestCUDAExitedDropped(t *testing.T) {
 
 	// pid 200 exits: its CUDA series are served once more, its GPU share
 	// no more (NVML no longer lists it, and it is gone).
-	s = snap(2, []*model.Process{cudaProc(100, "trainer", false), cudaProc(200, "other", true)}, nil, nil)
+	gone := cudaProc(200, "other", true)
+	gone.CUDA.GPUUtil = []model.GPUUtil{{Device: 0, SM: 0.9, Source: model.UtilProcess}}
+	s = snap(2, []*model.Process{cudaProc(100, "trainer", false), gone}, nil, nil)
 	s.GPUs = gpus()
 	s.GPUs[0].Processes[200] = 1 << 30
 	m.Update(s)
 	if _, ok := value(t, reg, "autoglm_cuda_live_bytes", map[string]string{"pid": "200"}); !ok {
 		t.Fatal("live_bytes of the exiting process missing in its last snapshot")
 	}
-	if n := count(t, reg, "autoglm_gpu_process_memory_used_bytes", map[string]string{"pid": "200"}); n != 0 {
-		t.Error("GPU share of an exited process exported")
+	for _, name := range []string{"autoglm_gpu_process_memory_used_bytes", "autoglm_gpu_sm_utilization_ratio"} {
+		if n := count(t, reg, name, map[string]string{"pid": "200"}); n != 0 {
+			t.Errorf("%s of an exited process exported", name)
+		}
 	}
 
 	s = snap(3, []*model.Process{cudaProc(100, "trainer", false)}, nil, nil)

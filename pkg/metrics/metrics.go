@@ -55,6 +55,8 @@ type descs struct {
 	gpuTotalDesc       *prometheus.Desc
 	gpuUtilDesc        *prometheus.Desc
 	gpuProcessUsedDesc *prometheus.Desc
+	gpuSMUtilDesc      *prometheus.Desc
+	gpuMemUtilDesc     *prometheus.Desc
 	ctxSwitchesDesc    *prometheus.Desc
 	runqLatencyDesc    *prometheus.Desc
 }
@@ -118,6 +120,12 @@ func newDescs(pods bool) *descs {
 		"Share of the last sample period in which a kernel ran on the GPU, per NVML.", []string{"gpu", "uuid"}, nil)
 	d.gpuProcessUsedDesc = prometheus.NewDesc("autoglm_gpu_process_memory_used_bytes",
 		"Device memory a watched process uses on the GPU, per NVML.", append([]string{"gpu"}, names()...), nil)
+	d.gpuSMUtilDesc = prometheus.NewDesc("autoglm_gpu_sm_utilization_ratio",
+		"Share of the last poll interval in which a kernel of the process ran on the GPU, the mean of NVML's samples; source=\"device\": the whole GPU's figure, where it keeps none per process (MIG, some vGPU).",
+		append([]string{"gpu"}, names("source")...), nil)
+	d.gpuMemUtilDesc = prometheus.NewDesc("autoglm_gpu_memory_controller_utilization_ratio",
+		"Share of the last poll interval in which the GPU's memory was read or written for the process, the mean of NVML's samples; source as for autoglm_gpu_sm_utilization_ratio.",
+		append([]string{"gpu"}, names("source")...), nil)
 	d.ctxSwitchesDesc = prometheus.NewDesc("autoglm_context_switches_total",
 		"Context switches of the process's threads since attach, by type (voluntary: blocked; involuntary: preempted).",
 		names("type"), nil)
@@ -129,7 +137,7 @@ func newDescs(pods bool) *descs {
 
 // all lists every description, for Describe.
 func (d *descs) all() []*prometheus.Desc {
-	return []*prometheus.Desc{d.openFDsDesc, d.fdLimitDesc, d.openedDesc, d.closedDesc, d.fdFailuresDesc, d.socketsDesc, d.socketFDsDesc, d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.trackFailuresDesc, d.viewUpDesc, d.bpfMemoryDesc, d.buildInfoDesc, d.cudaAllocBytesDesc, d.cudaFreeBytesDesc, d.cudaAllocCallsDesc, d.cudaLiveBytesDesc, d.cudaFailuresDesc, d.cudaUntrackedDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.ctxSwitchesDesc, d.runqLatencyDesc}
+	return []*prometheus.Desc{d.openFDsDesc, d.fdLimitDesc, d.openedDesc, d.closedDesc, d.fdFailuresDesc, d.socketsDesc, d.socketFDsDesc, d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.trackFailuresDesc, d.viewUpDesc, d.bpfMemoryDesc, d.buildInfoDesc, d.cudaAllocBytesDesc, d.cudaFreeBytesDesc, d.cudaAllocCallsDesc, d.cudaLiveBytesDesc, d.cudaFailuresDesc, d.cudaUntrackedDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.gpuSMUtilDesc, d.gpuMemUtilDesc, d.ctxSwitchesDesc, d.runqLatencyDesc}
 }
 
 // Metrics is a sink that serves the latest snapshot to Prometheus.

@@ -77,7 +77,29 @@ type CUDAStats struct {
 	HasNVML                    bool
 	UntrackedBytes             int64    // NVMLUsedBytes - LiveBytes: contexts, caching, paths not hooked
 	Libraries                  []string // CUDA libraries hooked in this process
+	// GPUUtil is how busy the process kept each device it ran on since the
+	// previous poll, by device index; nil without NVML or any device.
+	GPUUtil []GPUUtil
 }
+
+// GPUUtil is how busy a process kept one device over a poll interval, the
+// mean of NVML's samples in it.
+type GPUUtil struct {
+	Device int     // NVML index
+	UUID   string  // the device's (a MIG instance's own on MIG)
+	SM     float64 // 0..1: share of the time a kernel of the process ran
+	Memory float64 // 0..1: share of the time device memory was read or written for it
+	// Source says whose figure it is: UtilProcess, NVML's per-process
+	// samples; UtilDevice, the whole device's, for every process on it,
+	// where the device keeps no per-process samples (MIG, some vGPU).
+	Source string
+}
+
+// Sources of GPUUtil.
+const (
+	UtilProcess = "process"
+	UtilDevice  = "device"
+)
 
 // Active reports whether the process shows any CUDA activity; sinks show
 // CUDA figures only for those.
@@ -88,7 +110,7 @@ func (c *CUDAStats) Active() bool {
 			n += v
 		}
 	}
-	return len(c.Libraries) > 0 || c.LiveBytes > 0 || len(c.Failures) > 0 || n > 0
+	return len(c.Libraries) > 0 || c.LiveBytes > 0 || len(c.Failures) > 0 || n > 0 || len(c.GPUUtil) > 0
 }
 
 // CUDAFailure is one failed allocation.
@@ -126,6 +148,11 @@ type GPU struct {
 	// MemoryUsed among them.
 	MemoryUsedMin, MemoryUsedMax uint64
 	MemoryTotal                  uint64
-	Utilization                  float64        // 0..1
+	Utilization                  float64        // 0..1: share of the time a kernel ran
+	MemoryUtilization            float64        // 0..1: share of the time device memory was read or written
 	Processes                    map[int]uint64 // device memory used on this GPU, by pid
+	// PerProcessUtil says whether the device keeps per-process
+	// utilization samples (GPUUtil's UtilProcess); false on MIG and some
+	// vGPU setups, and before the first sample.
+	PerProcessUtil bool
 }

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -47,6 +48,14 @@ type Sampler struct {
 	// The window closed by the last Roll.
 	rolledGPUs  []model.GPU
 	rolledProcs map[int]Range
+	// Utilization per process and device: the readings of the open window
+	// and the means of the closed one, by pid. lastSeen is, per device,
+	// the newest per-process sample read (NVML's microsecond timestamp):
+	// each reading asks for the samples since. Only the sampling goroutine
+	// touches lastSeen.
+	winUtil    map[utilKey]utilSum
+	rolledUtil map[int][]model.GPUUtil
+	lastSeen   map[int]uint64
 
 	done chan struct{} // closed once the loop has shut NVML down
 }
@@ -55,6 +64,7 @@ type Sampler struct {
 // in tests.
 func New(lib gonvml.Interface) *Sampler {
 	return &Sampler{lib: lib, procs: map[int]uint64{}, winProcs: map[int]Range{}, winGPUs: map[int]Range{}, rolledProcs: map[int]Range{},
+		winUtil: map[utilKey]utilSum{}, rolledUtil: map[int][]model.GPUUtil{}, lastSeen: map[int]uint64{},
 		done: make(chan struct{})}
 }
 
@@ -137,6 +147,9 @@ func (s *Sampler) sample() error {
 	}
 	gpus := make([]model.GPU, 0, n)
 	procs := map[int]uint64{}
+	util := map[utilKey]utilReading{}
+	var listedOn []utilKey
+	uuids := map[int]string{}
 	for i := range n {
 		dev, ret := s.lib.DeviceGetHandleByIndex(i)
 		if ret != gonvml.SUCCESS {
@@ -153,15 +166,18 @@ func (s *Sampler) sample() error {
 		if mem, ret := dev.GetMemoryInfo(); ret == gonvml.SUCCESS {
 			g.MemoryUsed, g.MemoryTotal = mem.Used, mem.Total
 		}
-		if u, ret := dev.GetUtilizationRates(); ret == gonvml.SUCCESS {
-			g.Utilization = float64(u.Gpu) / 100
+		u, uret := dev.GetUtilizationRates()
+		if uret == gonvml.SUCCESS {
+			g.Utilization, g.MemoryUtilization = float64(u.Gpu)/100, float64(u.Memory)/100
 		}
+		listed := map[int]bool{} // with or without a memory figure
 		for _, list := range []func() ([]gonvml.ProcessInfo, gonvml.Return){dev.GetComputeRunningProcesses, dev.GetGraphicsRunningProcesses} {
 			infos, ret := list()
 			if ret != gonvml.SUCCESS {
 				continue
 			}
 			for _, pi := range infos {
+				listed[int(pi.Pid)] = true
 				// Without permission (or under some virtualization) the
 				// driver lists the process but not its memory.
 				if pi.UsedGpuMemory == notAvailable {
@@ -176,11 +192,37 @@ func (s *Sampler) sample() error {
 		for pid, b := range g.Processes {
 			procs[pid] += b
 		}
+		g.PerProcessUtil = s.readUtil(dev, i, g.UUID, listed, util)
+		if g.PerProcessUtil {
+			for pid := range listed {
+				// Listed, so reported even if no reading comes this
+				// window: 0.
+				listedOn = append(listedOn, utilKey{pid, i})
+				uuids[i] = g.UUID
+			}
+		} else if uret == gonvml.SUCCESS {
+			for pid := range listed {
+				util[utilKey{pid, i}] = utilReading{g.Utilization, g.MemoryUtilization, g.UUID, true}
+			}
+		}
 		gpus = append(gpus, g)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.gpus, s.procs = gpus, procs
+	for _, k := range listedOn {
+		if _, ok := s.winUtil[k]; !ok {
+			s.winUtil[k] = utilSum{uuid: uuids[k.dev]}
+		}
+	}
+	for k, r := range util {
+		sum := s.winUtil[k]
+		sum.sm += r.sm
+		sum.mem += r.mem
+		sum.n++
+		sum.uuid, sum.device = r.uuid, r.device
+		s.winUtil[k] = sum
+	}
 	for pid, b := range procs {
 		r, ok := s.winProcs[pid]
 		s.winProcs[pid] = r.with(b, !ok)
@@ -222,6 +264,88 @@ func (s *Sampler) Roll() {
 	for _, g := range s.gpus {
 		s.winGPUs[g.Index] = Range{g.MemoryUsed, g.MemoryUsed, g.MemoryUsed}
 	}
+	s.rolledUtil = make(map[int][]model.GPUUtil, len(s.rolledUtil))
+	for k, sum := range s.winUtil {
+		src := model.UtilProcess
+		if sum.device {
+			src = model.UtilDevice
+		}
+		u := model.GPUUtil{Device: k.dev, UUID: sum.uuid, Source: src}
+		if sum.n > 0 {
+			u.SM, u.Memory = sum.sm/float64(sum.n), sum.mem/float64(sum.n)
+		}
+		s.rolledUtil[k.pid] = append(s.rolledUtil[k.pid], u)
+	}
+	for _, us := range s.rolledUtil {
+		slices.SortFunc(us, func(a, b model.GPUUtil) int { return a.Device - b.Device })
+	}
+	clear(s.winUtil)
+}
+
+// utilKey is a process on a device.
+type utilKey struct{ pid, dev int }
+
+// utilReading is one sample's utilization of a process on a device.
+type utilReading struct {
+	sm, mem float64
+	uuid    string
+	device  bool // the device's own figure (model.UtilDevice)
+}
+
+// utilSum adds up a window's readings (none yet: n is 0).
+type utilSum struct {
+	sm, mem float64
+	n       int
+	uuid    string
+	device  bool
+}
+
+// readUtil reads the per-process utilization samples device i took since
+// the last read into out and reports whether the device keeps such
+// samples. The driver takes them at its own pace, slower than ours: a read
+// with no new sample is no reading at all; one with new samples reads 0
+// for each process listed on the device that has none (it ran no kernel).
+func (s *Sampler) readUtil(dev gonvml.Device, i int, uuid string, listed map[int]bool, out map[utilKey]utilReading) bool {
+	samples, ret := dev.GetProcessUtilization(s.lastSeen[i])
+	if ret != gonvml.SUCCESS && ret != gonvml.ERROR_NOT_FOUND { // NOT_FOUND: no sample since
+		return false
+	}
+	type acc struct {
+		sm, mem uint64
+		n       int
+	}
+	per := map[int]acc{}
+	newest := s.lastSeen[i]
+	for _, x := range samples {
+		if x.TimeStamp <= s.lastSeen[i] {
+			continue
+		}
+		newest = max(newest, x.TimeStamp)
+		a := per[int(x.Pid)]
+		a.sm += uint64(x.SmUtil)
+		a.mem += uint64(x.MemUtil)
+		a.n++
+		per[int(x.Pid)] = a
+	}
+	s.lastSeen[i] = newest
+	if len(per) == 0 {
+		return true
+	}
+	for pid := range listed {
+		out[utilKey{pid, i}] = utilReading{uuid: uuid}
+	}
+	for pid, a := range per {
+		out[utilKey{pid, i}] = utilReading{sm: float64(a.sm) / float64(a.n) / 100, mem: float64(a.mem) / float64(a.n) / 100, uuid: uuid}
+	}
+	return true
+}
+
+// Utilization returns how busy pid kept each device, as of the last Roll:
+// the means of the window's samples, by device index.
+func (s *Sampler) Utilization(pid int) []model.GPUUtil {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.rolledUtil[pid])
 }
 
 // notAvailable is NVML_VALUE_NOT_AVAILABLE as an unsigned long long.
@@ -285,6 +409,7 @@ type joining struct {
 func (j joining) Observe(now time.Time, p *model.Process) []model.Finding {
 	used, ok := j.s.ProcessMemory(p.PID)
 	Join(p, used, ok)
+	p.CUDA.GPUUtil = j.s.Utilization(p.PID)
 	return j.Detector.Observe(now, p)
 }
 

@@ -3,6 +3,8 @@ package nvml
 import (
 	"context"
 	"errors"
+	"math"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -22,9 +24,15 @@ type fakeGPU struct {
 	mu       sync.Mutex
 	used     uint64
 	util     uint32
+	memUtil  uint32
 	utilRet  gonvml.Return
 	compute  []gonvml.ProcessInfo
 	graphics []gonvml.ProcessInfo
+	// Per-process utilization samples, as NVML keeps them: each read
+	// returns those newer than the timestamp asked for (asked records it).
+	samples []gonvml.ProcessUtilizationSample
+	sampRet gonvml.Return
+	asked   []uint64
 }
 
 func (f *fakeGPU) setUsed(b uint64) {
@@ -43,7 +51,25 @@ func (f *fakeGPU) device(uuid string) *mock.Device {
 			return gonvml.Memory{Total: 80 * gib, Used: f.used, Free: 80*gib - f.used}, gonvml.SUCCESS
 		},
 		GetUtilizationRatesFunc: func() (gonvml.Utilization, gonvml.Return) {
-			return gonvml.Utilization{Gpu: f.util}, f.utilRet
+			return gonvml.Utilization{Gpu: f.util, Memory: f.memUtil}, f.utilRet
+		},
+		GetProcessUtilizationFunc: func(since uint64) ([]gonvml.ProcessUtilizationSample, gonvml.Return) {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			f.asked = append(f.asked, since)
+			if f.sampRet != gonvml.SUCCESS {
+				return nil, f.sampRet
+			}
+			var out []gonvml.ProcessUtilizationSample
+			for _, x := range f.samples {
+				if x.TimeStamp > since {
+					out = append(out, x)
+				}
+			}
+			if len(out) == 0 {
+				return nil, gonvml.ERROR_NOT_FOUND
+			}
+			return out, gonvml.SUCCESS
 		},
 		GetComputeRunningProcessesFunc:  func() ([]gonvml.ProcessInfo, gonvml.Return) { return f.compute, gonvml.SUCCESS },
 		GetGraphicsRunningProcessesFunc: func() ([]gonvml.ProcessInfo, gonvml.Return) { return f.graphics, gonvml.SUCCESS },
@@ -61,7 +87,7 @@ func twoGPUs() (*mock.Interface, []*fakeGPU) {
 			graphics: []gonvml.ProcessInfo{{Pid: 100, UsedGpuMemory: 4 * gib}},
 		},
 		{
-			used: 3 * gib, utilRet: gonvml.ERROR_NOT_SUPPORTED, // as on a MIG device
+			used: 3 * gib, utilRet: gonvml.ERROR_NOT_SUPPORTED, sampRet: gonvml.ERROR_NOT_SUPPORTED, // as on a MIG device
 			compute: []gonvml.ProcessInfo{{Pid: 100, UsedGpuMemory: 2 * gib}, {Pid: 300, UsedGpuMemory: notAvailable}},
 		},
 	}
@@ -358,3 +384,63 @@ func TestJoining(t *testing.T) {
 }
 
 func t0() time.Time { return time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC) }
+
+// Per-process utilization is the mean, over a window, of the readings
+// that found new samples: the samples NVML took since the previous
+// reading, 0 for a process listed on the device without one. A device without per-process
+// samples (vGPU) lends its own figure to each process on it, and says so;
+// one without either (MIG) gives none.
+func TestProcessUtilization(t *testing.T) {
+	busy := &fakeGPU{used: gib, util: 70, memUtil: 20,
+		compute: []gonvml.ProcessInfo{{Pid: 100, UsedGpuMemory: gib}, {Pid: 200, UsedGpuMemory: gib}},
+		samples: []gonvml.ProcessUtilizationSample{{Pid: 100, TimeStamp: 10, SmUtil: 80, MemUtil: 30}, {Pid: 100, TimeStamp: 20, SmUtil: 60, MemUtil: 10}}}
+	vgpu := &fakeGPU{used: gib, util: 40, memUtil: 5, sampRet: gonvml.ERROR_NOT_SUPPORTED,
+		compute: []gonvml.ProcessInfo{{Pid: 100, UsedGpuMemory: gib}}}
+	mig := &fakeGPU{used: gib, utilRet: gonvml.ERROR_NOT_SUPPORTED, sampRet: gonvml.ERROR_NOT_SUPPORTED,
+		compute: []gonvml.ProcessInfo{{Pid: 300, UsedGpuMemory: gib}}}
+	devs := []gonvml.Device{busy.device("GPU-busy"), vgpu.device("GPU-vgpu"), mig.device("MIG-aaaa")}
+	lib := &mock.Interface{
+		DeviceGetCountFunc:         func() (int, gonvml.Return) { return len(devs), gonvml.SUCCESS },
+		DeviceGetHandleByIndexFunc: func(i int) (gonvml.Device, gonvml.Return) { return devs[i], gonvml.SUCCESS },
+	}
+	s := New(lib)
+	if err := s.sample(); err != nil {
+		t.Fatal(err)
+	}
+	busy.mu.Lock()
+	busy.samples = append(busy.samples, gonvml.ProcessUtilizationSample{Pid: 100, TimeStamp: 30, SmUtil: 10, MemUtil: 0})
+	busy.mu.Unlock()
+	// The third read finds no new sample: no reading, not a 0.
+	for range 2 {
+		if err := s.sample(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Roll()
+	if !slices.Equal(busy.asked, []uint64{0, 20, 30}) {
+		t.Errorf("samples asked since %v, want 0, 20, 30", busy.asked)
+	}
+	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+	u := s.Utilization(100)
+	if len(u) != 2 || u[0].Device != 0 || u[0].UUID != "GPU-busy" || u[0].Source != model.UtilProcess || !near(u[0].SM, 0.40) || !near(u[0].Memory, 0.10) {
+		t.Errorf("pid 100 on GPU 0: %+v; want SM 0.40 ((70+10)/2 %%), memory 0.10, from its own samples", u)
+	}
+	if len(u) == 2 && (u[1].Device != 1 || u[1].Source != model.UtilDevice || !near(u[1].SM, 0.40) || !near(u[1].Memory, 0.05)) {
+		t.Errorf("pid 100 on GPU 1: %+v; want the device's 0.40 and 0.05, said to be the device's", u[1])
+	}
+	if u := s.Utilization(200); len(u) != 1 || u[0].SM != 0 || u[0].Source != model.UtilProcess {
+		t.Errorf("pid 200, listed without a sample: %+v; want 0 on GPU 0", u)
+	}
+	if u := s.Utilization(300); len(u) != 0 {
+		t.Errorf("pid 300 on a device with no utilization at all: %+v", u)
+	}
+	g := s.GPUs()
+	if !g[0].PerProcessUtil || g[1].PerProcessUtil || g[2].PerProcessUtil || !near(g[0].MemoryUtilization, 0.20) {
+		t.Errorf("devices: %+v", g)
+	}
+	// The next window starts empty.
+	s.Roll()
+	if u := s.Utilization(100); len(u) != 0 {
+		t.Errorf("a window without samples: %+v", u)
+	}
+}

@@ -19,6 +19,7 @@ func TestCUDAAndGPUs(t *testing.T) {
 		Failures:   []model.CUDAFailure{{API: "cudaMalloc", Code: 2, Error: "cudaErrorMemoryAllocation"}},
 		HasNVML:    true, NVMLUsedBytes: 3<<30 + 1<<20, UntrackedBytes: 1 << 20,
 		Libraries: []string{"/usr/lib/libcudart.so.12"},
+		GPUUtil:   []model.GPUUtil{{Device: 0, UUID: "GPU-aaaa", SM: 0.75, Memory: 0.5, Source: model.UtilProcess}},
 	}
 	noNVML := proc(200, "loader", 3, false)
 	noNVML.CUDA = model.CUDAStats{Libraries: []string{"/usr/lib/libcuda.so.1"}}
@@ -29,7 +30,7 @@ func TestCUDAAndGPUs(t *testing.T) {
 		Time: t0.Add(10 * time.Second), Start: t0, Targets: []int{100, 200, 300},
 		Processes: []*model.Process{withNVML, noNVML, plain},
 		GPUs: []model.GPU{{Index: 0, UUID: "GPU-aaaa", Name: "H100", MemoryUsed: 10 << 30, MemoryTotal: 80 << 30, Utilization: 0.25,
-			Processes: map[int]uint64{100: 3<<30 + 1<<20, 999: 1 << 30}}},
+			MemoryUtilization: 0.125, PerProcessUtil: true, Processes: map[int]uint64{100: 3<<30 + 1<<20, 999: 1 << 30}}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +50,8 @@ func TestCUDAAndGPUs(t *testing.T) {
 		"live_bytes": float64(3 << 30), "alloc_bytes": map[string]any{"cudaMalloc": float64(5 << 30)},
 		"free_bytes": map[string]any{"cudaFree": float64(2 << 30)}, "alloc_calls": map[string]any{"cudaMalloc": 40.0},
 		"failures": 1.0, "nvml_used_bytes": float64(3<<30 + 1<<20), "untracked_bytes": float64(1 << 20),
-		"libraries": []any{"/usr/lib/libcudart.so.12"},
+		"libraries":       []any{"/usr/lib/libcudart.so.12"},
+		"gpu_utilization": []any{map[string]any{"device": 0.0, "uuid": "GPU-aaaa", "sm": 0.75, "memory": 0.5, "source": "process"}},
 	}
 	if !reflect.DeepEqual(cuda, want) {
 		t.Errorf("pid 100 cuda = %v\nwant %v", cuda, want)
@@ -65,7 +67,7 @@ func TestCUDAAndGPUs(t *testing.T) {
 		t.Error("cuda present for a process without CUDA activity")
 	}
 	wantGPU := map[string]any{"index": 0.0, "uuid": "GPU-aaaa", "name": "H100", "memory_used_bytes": float64(10 << 30),
-		"memory_total_bytes": float64(80 << 30), "utilization_ratio": 0.25,
+		"memory_total_bytes": float64(80 << 30), "utilization_ratio": 0.25, "memory_utilization_ratio": 0.125, "per_process_utilization": true,
 		"process_memory_used_bytes": map[string]any{"100": float64(3<<30 + 1<<20), "999": float64(1 << 30)}}
 	if len(raw.GPUs) != 1 || !reflect.DeepEqual(raw.GPUs[0], wantGPU) {
 		t.Errorf("gpus = %v\nwant [%v]", raw.GPUs, wantGPU)

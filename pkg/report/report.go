@@ -46,6 +46,10 @@ type GPU struct {
 	MemoryUsedBytes  uint64  `json:"memory_used_bytes"`
 	MemoryTotalBytes uint64  `json:"memory_total_bytes"`
 	UtilizationRatio float64 `json:"utilization_ratio"`
+	// The share of the time its memory was read or written, and whether
+	// it keeps per-process utilization samples.
+	MemoryUtilizationRatio float64 `json:"memory_utilization_ratio"`
+	PerProcessUtilization  bool    `json:"per_process_utilization"`
 	// Device memory by pid, every process NVML lists, watched or not.
 	ProcessMemoryUsedBytes map[int]uint64 `json:"process_memory_used_bytes"`
 	// Used memory over the run.
@@ -63,6 +67,18 @@ type CUDA struct {
 	NVMLUsedBytes  *uint64  `json:"nvml_used_bytes,omitempty"`
 	UntrackedBytes *int64   `json:"untracked_bytes,omitempty"`
 	Libraries      []string `json:"libraries"`
+	// How busy it kept each device over its last poll interval; absent
+	// without NVML or a device.
+	GPUUtilization []GPUUtil `json:"gpu_utilization,omitempty"`
+}
+
+// GPUUtil is model.GPUUtil in the report.
+type GPUUtil struct {
+	Device int     `json:"device"`
+	UUID   string  `json:"uuid,omitempty"`
+	SM     float64 `json:"sm"`
+	Memory float64 `json:"memory"`
+	Source string  `json:"source"`
 }
 
 // Process is the last known state of one watched process.
@@ -227,6 +243,7 @@ func (w *Writer) report(now time.Time) *Report {
 			r.GPUs = append(r.GPUs, GPU{
 				Index: g.Index, UUID: g.UUID, Name: g.Name,
 				MemoryUsedBytes: g.MemoryUsed, MemoryTotalBytes: g.MemoryTotal, UtilizationRatio: g.Utilization,
+				MemoryUtilizationRatio: g.MemoryUtilization, PerProcessUtilization: g.PerProcessUtil,
 				ProcessMemoryUsedBytes: maps.Clone(g.Processes),
 				History:                w.hist.GPU(g.UUID, g.Index),
 			})
@@ -278,6 +295,9 @@ func cudaOf(c *model.CUDAStats) *CUDA {
 	if c.HasNVML {
 		used, untracked := c.NVMLUsedBytes, c.UntrackedBytes
 		out.NVMLUsedBytes, out.UntrackedBytes = &used, &untracked
+	}
+	for _, u := range c.GPUUtil {
+		out.GPUUtilization = append(out.GPUUtilization, GPUUtil(u))
 	}
 	return out
 }
