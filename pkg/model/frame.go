@@ -27,18 +27,18 @@ const (
 // which encode their keys sorted; a page rendered from a report file must
 // equal the run's.
 type Frame struct {
-	Address  uint64 `json:"address,omitempty"`  // in the process, where nothing else is known
+	Address uint64 `json:"address,omitempty"` // in the process, where nothing else is known
+	// BuildID is the mapped file's GNU build-id in hex and Path the file as
+	// the process names it (inside its mount namespace): what a profile's
+	// mapping carries, for pprof to find the file or its debug info.
+	BuildID  string `json:"build_id,omitempty"`
 	File     string `json:"file,omitempty"`     // source file
 	Function string `json:"function,omitempty"` // demangled, without parameters
 	Kind     string `json:"kind"`               // FrameNative or FramePython
 	Line     int    `json:"line,omitempty"`     // source line; 0 when unknown
 	Module   string `json:"module,omitempty"`   // base name of the mapped file
 	Offset   uint64 `json:"offset,omitempty"`
-	// Path is the mapped file as the process names it (inside its mount
-	// namespace), BuildID its GNU build-id in hex: what a profile's mapping
-	// carries, for pprof to find the file or its debug info.
-	Path    string `json:"path,omitempty"`
-	BuildID string `json:"build_id,omitempty"`
+	Path     string `json:"path,omitempty"`
 	// Symbol is the ELF symbol as the file spells it (C++ and Rust names
 	// mangled), kept only where it differs from Function.
 	Symbol string `json:"symbol,omitempty"`
