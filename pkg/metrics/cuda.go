@@ -80,6 +80,9 @@ func (m *Metrics) cudaSeries(s *model.Snapshot, out []prometheus.Metric) []prome
 		}
 	}
 
+	for k, n := range s.GPUXIDs {
+		out = append(out, constMetric(m.d.gpuXIDDesc, prometheus.CounterValue, float64(n), strconv.Itoa(k.Device), label(k.UUID), strconv.FormatUint(k.XID, 10)))
+	}
 	for _, g := range s.GPUs {
 		idx := strconv.Itoa(g.Index)
 		uuid := label(g.UUID)

@@ -13,7 +13,8 @@ import (
 var cudaNames = []string{"autoglm_cuda_alloc_bytes_total", "autoglm_cuda_free_bytes_total", "autoglm_cuda_alloc_calls_total",
 	"autoglm_cuda_live_bytes", "autoglm_cuda_alloc_failures_total", "autoglm_cuda_untracked_bytes",
 	"autoglm_gpu_memory_used_bytes", "autoglm_gpu_memory_total_bytes", "autoglm_gpu_utilization_ratio",
-	"autoglm_gpu_process_memory_used_bytes", "autoglm_gpu_sm_utilization_ratio", "autoglm_gpu_memory_controller_utilization_ratio"}
+	"autoglm_gpu_process_memory_used_bytes", "autoglm_gpu_sm_utilization_ratio", "autoglm_gpu_memory_controller_utilization_ratio",
+	"autoglm_gpu_xid_errors_total"}
 
 func failure(ms int, api, errName string) model.CUDAFailure {
 	return model.CUDAFailure{Time: t0.Add(time.Duration(ms) * time.Millisecond), API: api, Size: 1 << 30, Code: 2, Error: errName}
@@ -52,6 +53,7 @@ func TestCUDAValues(t *testing.T) {
 	plain := proc(200, "fdwork", 5, 1, 0, false) // no CUDA activity: no CUDA series
 	s := snap(1, []*model.Process{cp, plain}, nil, nil)
 	s.GPUs = gpus()
+	s.GPUXIDs = map[model.XIDKey]uint64{{Device: 0, UUID: "GPU-aaaa", XID: 79}: 1, {Device: 0, UUID: "GPU-aaaa", XID: 31}: 3}
 	m.Update(s)
 
 	want := `
@@ -99,6 +101,10 @@ autoglm_gpu_sm_utilization_ratio{comm="trainer",gpu="1",pid="100",source="device
 # TYPE autoglm_gpu_memory_controller_utilization_ratio gauge
 autoglm_gpu_memory_controller_utilization_ratio{comm="trainer",gpu="0",pid="100",source="process"} 0.125
 autoglm_gpu_memory_controller_utilization_ratio{comm="trainer",gpu="1",pid="100",source="device"} 0.0625
+# HELP autoglm_gpu_xid_errors_total XID errors (driver-reported GPU faults) per device and XID since the start, from NVML's events.
+# TYPE autoglm_gpu_xid_errors_total counter
+autoglm_gpu_xid_errors_total{gpu="0",uuid="GPU-aaaa",xid="31"} 3
+autoglm_gpu_xid_errors_total{gpu="0",uuid="GPU-aaaa",xid="79"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), cudaNames...); err != nil {
 		t.Fatal(err)

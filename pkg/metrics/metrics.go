@@ -57,6 +57,7 @@ type descs struct {
 	gpuProcessUsedDesc *prometheus.Desc
 	gpuSMUtilDesc      *prometheus.Desc
 	gpuMemUtilDesc     *prometheus.Desc
+	gpuXIDDesc         *prometheus.Desc
 	ctxSwitchesDesc    *prometheus.Desc
 	runqLatencyDesc    *prometheus.Desc
 }
@@ -126,6 +127,8 @@ func newDescs(pods bool) *descs {
 	d.gpuMemUtilDesc = prometheus.NewDesc("autoglm_gpu_memory_controller_utilization_ratio",
 		"Share of the last poll interval in which the GPU's memory was read or written for the process, the mean of NVML's samples; source as for autoglm_gpu_sm_utilization_ratio.",
 		append([]string{"gpu"}, names("source")...), nil)
+	d.gpuXIDDesc = prometheus.NewDesc("autoglm_gpu_xid_errors_total",
+		"XID errors (driver-reported GPU faults) per device and XID since the start, from NVML's events.", []string{"gpu", "uuid", "xid"}, nil)
 	d.ctxSwitchesDesc = prometheus.NewDesc("autoglm_context_switches_total",
 		"Context switches of the process's threads since attach, by type (voluntary: blocked; involuntary: preempted).",
 		names("type"), nil)
@@ -137,7 +140,7 @@ func newDescs(pods bool) *descs {
 
 // all lists every description, for Describe.
 func (d *descs) all() []*prometheus.Desc {
-	return []*prometheus.Desc{d.openFDsDesc, d.fdLimitDesc, d.openedDesc, d.closedDesc, d.fdFailuresDesc, d.socketsDesc, d.socketFDsDesc, d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.trackFailuresDesc, d.viewUpDesc, d.bpfMemoryDesc, d.buildInfoDesc, d.cudaAllocBytesDesc, d.cudaFreeBytesDesc, d.cudaAllocCallsDesc, d.cudaLiveBytesDesc, d.cudaFailuresDesc, d.cudaUntrackedDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.gpuSMUtilDesc, d.gpuMemUtilDesc, d.ctxSwitchesDesc, d.runqLatencyDesc}
+	return []*prometheus.Desc{d.openFDsDesc, d.fdLimitDesc, d.openedDesc, d.closedDesc, d.fdFailuresDesc, d.socketsDesc, d.socketFDsDesc, d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.trackFailuresDesc, d.viewUpDesc, d.bpfMemoryDesc, d.buildInfoDesc, d.cudaAllocBytesDesc, d.cudaFreeBytesDesc, d.cudaAllocCallsDesc, d.cudaLiveBytesDesc, d.cudaFailuresDesc, d.cudaUntrackedDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.gpuSMUtilDesc, d.gpuMemUtilDesc, d.gpuXIDDesc, d.ctxSwitchesDesc, d.runqLatencyDesc}
 }
 
 // Metrics is a sink that serves the latest snapshot to Prometheus.

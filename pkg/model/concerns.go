@@ -80,6 +80,9 @@ type CUDAStats struct {
 	// GPUUtil is how busy the process kept each device it ran on since the
 	// previous poll, by device index; nil without NVML or any device.
 	GPUUtil []GPUUtil
+	// GPUEvents are the driver faults (XID errors) reported since the
+	// previous poll by the devices the process uses.
+	GPUEvents []GPUEvent
 }
 
 // GPUUtil is how busy a process kept one device over a poll interval, the
@@ -93,6 +96,25 @@ type GPUUtil struct {
 	// samples; UtilDevice, the whole device's, for every process on it,
 	// where the device keeps no per-process samples (MIG, some vGPU).
 	Source string
+}
+
+// GPUEvent is a fault a device's driver reported through NVML: an XID
+// error.
+type GPUEvent struct {
+	Time   time.Time
+	Device int    // NVML index
+	UUID   string // the device's
+	XID    uint64
+	// The MIG instance it concerns; 0xFFFFFFFF when not one (or the
+	// whole device).
+	GPUInstance, ComputeInstance uint32
+}
+
+// XIDKey is a device and an XID, to count the XID errors of each device.
+type XIDKey struct {
+	Device int
+	UUID   string
+	XID    uint64
 }
 
 // Sources of GPUUtil.

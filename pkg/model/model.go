@@ -15,10 +15,11 @@ const (
 	KindGPUMemoryLeak   = "gpu_memory_leak"
 	KindGPUAllocFailure = "gpu_alloc_failure"
 	KindGPUAllocChurn   = "gpu_alloc_churn"
+	KindGPUXID          = "gpu_xid"
 )
 
 // Kinds lists every finding kind, for flag validation and metric pre-creation.
-var Kinds = []string{KindFDLeak, KindFDExhausted, KindSocketLeak, KindCtxSwitchStorm, KindGPUAllocBurst, KindGPUMemoryLeak, KindGPUAllocFailure, KindGPUAllocChurn}
+var Kinds = []string{KindFDLeak, KindFDExhausted, KindSocketLeak, KindCtxSwitchStorm, KindGPUAllocBurst, KindGPUMemoryLeak, KindGPUAllocFailure, KindGPUAllocChurn, KindGPUXID}
 
 // Severities, lowest first.
 const (
@@ -162,6 +163,9 @@ type Snapshot struct {
 	// others watched them on), by view and reason; monotonic.
 	TrackFailures map[TrackFailure]uint64
 	GPUs          []GPU // devices as NVML last reported them; nil without NVML
+	// GPUXIDs counts the XID errors each device reported since the start,
+	// watched processes on it or not (monotonic).
+	GPUXIDs map[XIDKey]uint64
 	// Views says, for each view (Views lists them), why it is down: ""
 	// when it runs, "loading" while its BPF side loads.
 	Views map[string]string

@@ -56,6 +56,12 @@ type Sampler struct {
 	winUtil    map[utilKey]utilSum
 	rolledUtil map[int][]model.GPUUtil
 	lastSeen   map[int]uint64
+	// XID errors (events.go): of the open window and the closed one,
+	// counts since Start, and the devices that report them.
+	winEvents, rolledEvents []model.GPUEvent
+	xidCounts               map[model.XIDKey]uint64
+	xidDevices              map[int]bool
+	events                  sync.WaitGroup // the event goroutine
 
 	done chan struct{} // closed once the loop has shut NVML down
 }
@@ -65,6 +71,7 @@ type Sampler struct {
 func New(lib gonvml.Interface) *Sampler {
 	return &Sampler{lib: lib, procs: map[int]uint64{}, winProcs: map[int]Range{}, winGPUs: map[int]Range{}, rolledProcs: map[int]Range{},
 		winUtil: map[utilKey]utilSum{}, rolledUtil: map[int][]model.GPUUtil{}, lastSeen: map[int]uint64{},
+		xidCounts: map[model.XIDKey]uint64{}, xidDevices: map[int]bool{},
 		done: make(chan struct{})}
 }
 
@@ -104,6 +111,7 @@ func (s *Sampler) start(ctx context.Context, every time.Duration) error {
 		return err
 	}
 	s.Roll()
+	s.watchEvents(ctx)
 	go s.loop(ctx, every)
 	return nil
 }
@@ -115,6 +123,7 @@ func (s *Sampler) Wait() { <-s.done }
 func (s *Sampler) loop(ctx context.Context, every time.Duration) {
 	defer close(s.done)
 	defer s.shutdown()
+	defer s.events.Wait() // its event set freed before NVML is shut down
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
@@ -280,6 +289,7 @@ func (s *Sampler) Roll() {
 		slices.SortFunc(us, func(a, b model.GPUUtil) int { return a.Device - b.Device })
 	}
 	clear(s.winUtil)
+	s.rolledEvents, s.winEvents = s.winEvents, nil
 }
 
 // utilKey is a process on a device.
@@ -396,21 +406,59 @@ type Detector interface {
 	Forget(pid int)
 }
 
-// Joining returns d with NVML's figure joined into each process (Join)
-// before d sees it, so that its findings can show untracked bytes. It works
-// whether or not Start succeeded.
-func (s *Sampler) Joining(d Detector) Detector { return joining{s, d} }
+// Joining returns the detectors ds as one, with NVML's figures joined
+// into each process before they see it: its memory (Join), so that
+// findings can show untracked bytes, its utilization, and the driver
+// faults of the devices it uses. It works whether or not Start succeeded.
+func (s *Sampler) Joining(ds ...Detector) Detector { return joining{s, ds} }
 
 type joining struct {
-	s *Sampler
-	Detector
+	s  *Sampler
+	ds []Detector
 }
 
 func (j joining) Observe(now time.Time, p *model.Process) []model.Finding {
 	used, ok := j.s.ProcessMemory(p.PID)
 	Join(p, used, ok)
 	p.CUDA.GPUUtil = j.s.Utilization(p.PID)
-	return j.Detector.Observe(now, p)
+	p.CUDA.GPUEvents = j.s.eventsOf(p)
+	var out []model.Finding
+	for _, d := range j.ds {
+		out = append(out, d.Observe(now, p)...)
+	}
+	return out
+}
+
+func (j joining) Forget(pid int) {
+	for _, d := range j.ds {
+		d.Forget(pid)
+	}
+}
+
+// eventsOf returns the faults of the last window on the devices p uses:
+// those NVML lists it on, or it ran on.
+func (s *Sampler) eventsOf(p *model.Process) []model.GPUEvent {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.rolledEvents) == 0 {
+		return nil
+	}
+	uses := map[int]bool{}
+	for _, g := range s.rolledGPUs {
+		if _, ok := g.Processes[p.PID]; ok {
+			uses[g.Index] = true
+		}
+	}
+	for _, u := range s.rolledUtil[p.PID] {
+		uses[u.Device] = true
+	}
+	var out []model.GPUEvent
+	for _, e := range s.rolledEvents {
+		if uses[e.Device] {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // Probe initializes NVML once and describes what it finds, for `check`.
@@ -427,7 +475,24 @@ func Probe(lib gonvml.Interface) (string, error) {
 	if ret != gonvml.SUCCESS {
 		return "", fmt.Errorf("NVML: counting devices: %s", ret.Error())
 	}
-	return fmt.Sprintf("driver %s, %d devices", driver, n), nil
+	out := fmt.Sprintf("driver %s, %d devices", driver, n)
+	for i := range n {
+		dev, ret := lib.DeviceGetHandleByIndex(i)
+		if ret != gonvml.SUCCESS {
+			out += fmt.Sprintf("; GPU %d: %s", i, ret.Error())
+			continue
+		}
+		util := "per-process utilization"
+		if _, ret := dev.GetProcessUtilization(0); ret != gonvml.SUCCESS && ret != gonvml.ERROR_NOT_FOUND {
+			util = "device utilization only (no per-process samples: " + ret.Error() + ")"
+		}
+		xid := "XID events"
+		if types, ret := dev.GetSupportedEventTypes(); ret != gonvml.SUCCESS || types&gonvml.EventTypeXidCriticalError == 0 {
+			xid = "no XID events"
+		}
+		out += fmt.Sprintf("; GPU %d: %s, %s", i, util, xid)
+	}
+	return out, nil
 }
 
 // ErrUnavailable is wrapped by the errors of Start and Probe when NVML

@@ -100,6 +100,7 @@ func twoGPUs() (*mock.Interface, []*fakeGPU) {
 			return devs[i], gonvml.SUCCESS
 		},
 		SystemGetDriverVersionFunc: func() (string, gonvml.Return) { return "550.54.15", gonvml.SUCCESS },
+		EventSetCreateFunc:         func() (gonvml.EventSet, gonvml.Return) { return nil, gonvml.ERROR_NOT_SUPPORTED },
 	}
 	return lib, fakes
 }
@@ -305,12 +306,17 @@ func TestIntervalMinimum(t *testing.T) {
 }
 
 func TestProbe(t *testing.T) {
-	lib, _ := twoGPUs()
+	lib, fakes := twoGPUs()
+	devs := []*mock.Device{fakes[0].device("GPU-aaaa"), fakes[1].device("GPU-bbbb")}
+	devs[0].GetSupportedEventTypesFunc = func() (uint64, gonvml.Return) { return gonvml.EventTypeXidCriticalError, gonvml.SUCCESS }
+	devs[1].GetSupportedEventTypesFunc = func() (uint64, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
+	lib.DeviceGetHandleByIndexFunc = func(i int) (gonvml.Device, gonvml.Return) { return devs[i], gonvml.SUCCESS }
 	got, err := Probe(lib)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "driver 550.54.15, 2 devices"; got != want {
+	if want := "driver 550.54.15, 2 devices; GPU 0: per-process utilization, XID events; " +
+		"GPU 1: device utilization only (no per-process samples: ERROR_NOT_SUPPORTED), no XID events"; got != want {
 		t.Errorf("Probe = %q, want %q", got, want)
 	}
 	if n := len(lib.ShutdownCalls()); n != 1 {
@@ -442,5 +448,78 @@ func TestProcessUtilization(t *testing.T) {
 	s.Roll()
 	if u := s.Utilization(100); len(u) != 0 {
 		t.Errorf("a window without samples: %+v", u)
+	}
+}
+
+// XID errors come from an event set with every device that reports them:
+// each is counted by device and XID, kept for the window it came in, and
+// handed with the process to the detectors only when the process uses
+// that device. The event goroutine frees its set before NVML is shut down.
+func TestXIDEvents(t *testing.T) {
+	lib, fakes := twoGPUs()
+	events := make(chan gonvml.EventData, 4)
+	var freed, shutdown time.Time
+	set := &mock.EventSet{
+		WaitFunc: func(timeout uint32) (gonvml.EventData, gonvml.Return) {
+			select {
+			case e := <-events:
+				return e, gonvml.SUCCESS
+			case <-time.After(time.Duration(timeout) * time.Millisecond / 50):
+				return gonvml.EventData{}, gonvml.ERROR_TIMEOUT
+			}
+		},
+		FreeFunc: func() gonvml.Return { freed = time.Now(); return gonvml.SUCCESS },
+	}
+	lib.EventSetCreateFunc = func() (gonvml.EventSet, gonvml.Return) { return set, gonvml.SUCCESS }
+	lib.ShutdownFunc = func() gonvml.Return { shutdown = time.Now(); return gonvml.SUCCESS }
+	devs := []*mock.Device{fakes[0].device("GPU-aaaa"), fakes[1].device("GPU-bbbb")}
+	registered := make([]uint64, 2)
+	for i, d := range devs {
+		d.GetSupportedEventTypesFunc = func() (uint64, gonvml.Return) {
+			return gonvml.EventTypeXidCriticalError | gonvml.EventTypeSingleBitEccError, gonvml.SUCCESS
+		}
+		d.RegisterEventsFunc = func(types uint64, _ gonvml.EventSet) gonvml.Return { registered[i] = types; return gonvml.SUCCESS }
+	}
+	lib.DeviceGetHandleByIndexFunc = func(i int) (gonvml.Device, gonvml.Return) { return devs[i], gonvml.SUCCESS }
+	s := New(lib)
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := s.Start(ctx, MinInterval); err != nil {
+		t.Fatal(err)
+	}
+	if registered[0] != gonvml.EventTypeXidCriticalError || registered[1] != gonvml.EventTypeXidCriticalError {
+		t.Errorf("registered %#x, want the XID type on both devices", registered)
+	}
+	if got := s.XIDDevices(); !got[0] || !got[1] {
+		t.Errorf("XID devices %v", got)
+	}
+	events <- gonvml.EventData{Device: devs[1], EventType: gonvml.EventTypeXidCriticalError, EventData: 79, GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
+	events <- gonvml.EventData{Device: devs[1], EventType: gonvml.EventTypeXidCriticalError, EventData: 79, GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
+	for deadline := time.Now().Add(10 * time.Second); s.XIDCounts()[model.XIDKey{Device: 1, UUID: "GPU-bbbb", XID: 79}] != 2; {
+		if time.Now().After(deadline) {
+			t.Fatalf("XID counts %v", s.XIDCounts())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	s.Roll()
+	if ev := s.Events(); len(ev) != 2 || ev[0].Device != 1 || ev[0].UUID != "GPU-bbbb" || ev[0].XID != 79 {
+		t.Errorf("window events %+v", ev)
+	}
+	// pid 100 uses both devices (NVML lists it on the second); pid 200
+	// only the first, which reported nothing.
+	var det seen
+	d := s.Joining(&det)
+	d.Observe(t0(), &model.Process{PID: 100})
+	d.Observe(t0(), &model.Process{PID: 200})
+	if len(det.procs) != 2 || len(det.procs[0].GPUEvents) != 2 || len(det.procs[1].GPUEvents) != 0 {
+		t.Errorf("events handed to the detector: pid 100 %+v, pid 200 %+v", det.procs[0].GPUEvents, det.procs[1].GPUEvents)
+	}
+	s.Roll()
+	if ev := s.Events(); len(ev) != 0 {
+		t.Errorf("a window without events: %+v", ev)
+	}
+	cancel()
+	s.Wait()
+	if freed.IsZero() || shutdown.Before(freed) {
+		t.Errorf("event set freed at %v, NVML shut down at %v: want freed first", freed, shutdown)
 	}
 }

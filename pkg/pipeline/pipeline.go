@@ -23,6 +23,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ctxstorm"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpualloc"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpuxid"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/sockleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/fdtrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
@@ -225,7 +226,7 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 			gpuAlloc := cfg.GPUAlloc
 			gpuAlloc.Devices = p.gpu.GPUs
 			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites, Cache: p.cache, Symbolizer: p.sym, Stacks: p.stacks},
-				p.gpu.Joining(gpualloc.New(gpuAlloc)), p.sym)
+				p.gpu.Joining(gpualloc.New(gpuAlloc), gpuxid.New(gpuxid.DefaultConfig())), p.sym)
 		}},
 	}
 	p.arrivals = make(chan arrival, len(loaders))
@@ -649,6 +650,9 @@ func (p *Pipeline) snapshot(now time.Time) *model.Snapshot {
 		s.Processes = append(s.Processes, &pr)
 	}
 	s.GPUs = p.gpu.GPUs()
+	if xids := p.gpu.XIDCounts(); len(xids) > 0 {
+		s.GPUXIDs = xids
+	}
 	for _, c := range p.concerns {
 		lost, err := c.Lost()
 		if err != nil {

@@ -1,0 +1,165 @@
+// Package gpuxid turns the driver faults a GPU reports (XID errors, from
+// NVML's events) into findings on the processes using that GPU: a job that
+// dies of a GPU that fell off the bus, an uncorrectable ECC error or a
+// kernel's illegal memory access should say so in its report, not only in
+// the node's kernel log.
+package gpuxid
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+)
+
+// Config holds the detector's one threshold.
+type Config struct {
+	// Quiet is how long a device goes without the same XID before its
+	// finding ends.
+	Quiet time.Duration
+}
+
+// DefaultConfig returns the settings used when none are given.
+func DefaultConfig() Config { return Config{Quiet: 5 * time.Minute} }
+
+// Meanings are what the common XIDs mean and what to do, from NVIDIA's
+// XID catalogue (docs.nvidia.com/deploy/xid-errors).
+var Meanings = map[uint64]string{
+	13:  "graphics engine exception: a kernel faulted (out-of-range access, illegal instruction); usually the application's bug",
+	31:  "GPU memory page fault: a kernel accessed memory it may not; usually the application's bug (illegal address)",
+	32:  "invalid or corrupted push buffer stream (PCIe or driver trouble)",
+	38:  "driver firmware error",
+	43:  "GPU stopped processing: the application's channel was stopped after a fault",
+	45:  "preemptive cleanup: the channel was torn down after an earlier error or the process was killed",
+	48:  "double-bit ECC error: uncorrectable device memory error; the GPU needs a reset",
+	61:  "internal micro-controller breakpoint or warning",
+	62:  "internal micro-controller halt: reset the GPU",
+	63:  "ECC page retirement or row remapping recorded",
+	64:  "ECC page retirement or row remapping failed: reset the GPU, then check its health",
+	68:  "video processor exception",
+	69:  "graphics engine class error",
+	74:  "NVLink error: check the links and the fabric manager",
+	79:  "GPU has fallen off the bus: it no longer answers; node-level fault (power, PCIe, thermal)",
+	92:  "high single-bit ECC error rate",
+	94:  "contained ECC error: the applications using the affected memory were stopped",
+	95:  "uncontained ECC error: every application on the GPU is affected; reset the GPU",
+	109: "context switch timeout",
+	119: "GSP RPC timeout: the GPU's firmware stopped answering; reset the GPU",
+	120: "GSP error: the GPU's firmware reported an error",
+	121: "C2C link error",
+	140: "unrecovered ECC error",
+}
+
+// Meaning returns what an XID means, or a pointer to the catalogue.
+func Meaning(xid uint64) string {
+	if m, ok := Meanings[xid]; ok {
+		return m
+	}
+	return "see NVIDIA's XID catalogue"
+}
+
+// Detector groups each process's XID errors by device and XID. Not safe for
+// concurrent use.
+type Detector struct {
+	cfg   Config
+	procs map[int]map[key]*group
+}
+
+type key struct {
+	device int
+	xid    uint64
+}
+
+type group struct {
+	first, last time.Time
+	uuid        string
+	count       int
+	instances   map[[2]uint32]bool // MIG GPU and compute instances named
+}
+
+// New returns a detector; zero fields of cfg take DefaultConfig's values.
+func New(cfg Config) *Detector {
+	if cfg.Quiet <= 0 {
+		cfg.Quiet = DefaultConfig().Quiet
+	}
+	return &Detector{cfg: cfg, procs: map[int]map[key]*group{}}
+}
+
+// noInstance is NVML's instance id for "not a MIG instance".
+const noInstance = 0xFFFFFFFF
+
+// Observe takes in p.CUDA.GPUEvents and returns a finding per device and
+// XID seen: active while that XID keeps coming, ended after Quiet without.
+func (d *Detector) Observe(now time.Time, p *model.Process) []model.Finding {
+	gs := d.procs[p.PID]
+	for _, e := range p.CUDA.GPUEvents {
+		if gs == nil {
+			gs = map[key]*group{}
+			d.procs[p.PID] = gs
+		}
+		k := key{e.Device, e.XID}
+		g := gs[k]
+		if g == nil {
+			// A finding is known by kind, pid and first sighting: two
+			// faults in the same instant get apart.
+			first := e.Time
+			for slices.ContainsFunc(slices.Collect(maps.Values(gs)), func(o *group) bool { return o.first.Equal(first) }) {
+				first = first.Add(time.Nanosecond)
+			}
+			g = &group{first: first, uuid: e.UUID, instances: map[[2]uint32]bool{}}
+			gs[k] = g
+		}
+		g.count++
+		g.last = e.Time
+		if e.GPUInstance != noInstance {
+			g.instances[[2]uint32{e.GPUInstance, e.ComputeInstance}] = true
+		}
+	}
+	var out []model.Finding
+	for _, k := range slices.SortedFunc(maps.Keys(gs), func(a, b key) int {
+		return cmp.Or(cmp.Compare(a.device, b.device), cmp.Compare(a.xid, b.xid))
+	}) {
+		g := gs[k]
+		active := now.Sub(g.last) < d.cfg.Quiet
+		out = append(out, finding(p, k, g, active))
+		if !active {
+			delete(gs, k)
+		}
+	}
+	if len(gs) == 0 {
+		delete(d.procs, p.PID)
+	}
+	return out
+}
+
+func finding(p *model.Process, k key, g *group, active bool) model.Finding {
+	times := "once"
+	if g.count > 1 {
+		times = fmt.Sprintf("%d times", g.count)
+	}
+	ev := map[string]any{
+		"xid": k.xid, "meaning": Meaning(k.xid), "device": k.device, "uuid": g.uuid, "count": g.count,
+		"first_at": g.first, "last_at": g.last,
+	}
+	if len(g.instances) > 0 {
+		var mig []map[string]uint32
+		for _, in := range slices.SortedFunc(maps.Keys(g.instances), func(a, b [2]uint32) int {
+			return cmp.Or(cmp.Compare(a[0], b[0]), cmp.Compare(a[1], b[1]))
+		}) {
+			mig = append(mig, map[string]uint32{"gpu_instance": in[0], "compute_instance": in[1]})
+		}
+		ev["mig_instances"] = mig
+	}
+	return model.Finding{
+		Kind: model.KindGPUXID, PID: p.PID, Comm: p.Comm, Severity: model.SeverityCritical,
+		FirstSeen: g.first, LastSeen: g.last, Active: active,
+		Summary:  fmt.Sprintf("GPU %d (%s) reported XID %d %s while %s used it: %s", k.device, g.uuid, k.xid, times, p.Comm, Meaning(k.xid)),
+		Evidence: ev,
+	}
+}
+
+// Forget drops what is kept of pid.
+func (d *Detector) Forget(pid int) { delete(d.procs, pid) }
