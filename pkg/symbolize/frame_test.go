@@ -81,11 +81,13 @@ func TestReportFrames(t *testing.T) {
 	if err := json.Compact(&got, r.Findings[0].Stack); err != nil {
 		t.Fatal(err)
 	}
-	want := `[{"function":"cudaMalloc","kind":"native","module":"libc10_cuda.so","offset":64},` +
-		`{"function":"c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::alloc_block","kind":"native","module":"libc10_cuda.so","offset":64,"symbol":"` + mangled + `"},` +
-		`{"kind":"native","module":"libc10_cuda.so","offset":7936},` +
+	// The mapped files' paths as the process names them (its root's);
+	// these fake libraries have no build-id.
+	want := `[{"function":"cudaMalloc","kind":"native","module":"libc10_cuda.so","offset":64,"path":"/opt/torch/lib/libc10_cuda.so"},` +
+		`{"function":"c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::alloc_block","kind":"native","module":"libc10_cuda.so","offset":64,"path":"/opt/torch/lib/libc10_cuda.so","symbol":"` + mangled + `"},` +
+		`{"kind":"native","module":"libc10_cuda.so","offset":7936,"path":"/opt/torch/lib/libc10_cuda.so"},` +
 		`{"file":"/srv/app/serve.py","function":"Loader.load","kind":"python","line":88},` +
-		`{"function":"Py_RunMain","kind":"native","module":"python3.12"},` +
+		`{"function":"Py_RunMain","kind":"native","module":"python3.12","path":"/usr/bin/python3.12"},` +
 		`{"address":16,"kind":"native"}]`
 	if r.SchemaVersion != 3 || got.String() != want {
 		t.Errorf("schema %d, stack\n %s\nwant\n %s", r.SchemaVersion, got.String(), want)
