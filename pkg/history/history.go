@@ -29,6 +29,10 @@ const (
 	GPULiveBytes        = "gpu_live_bytes"                  // gauge: live device bytes; max is the kernel's high-water mark
 	NVMLUsedBytes       = "nvml_used_bytes"                 // gauge: NVML's figure for the process, every --gpu-interval
 	MemoryUsedBytes     = "memory_used_bytes"               // gauge: a GPU's used memory, per NVML
+	// Gauges: how busy the process kept its GPUs over the interval (the
+	// mean over the devices it used), per NVML.
+	GPUSMUtil  = "gpu_sm_utilization_ratio"
+	GPUMemUtil = "gpu_memory_controller_utilization_ratio"
 	// TCPPrefix + a state as the kernel names it (TCP_CLOSE_WAIT is
 	// "tcp_CLOSE_WAIT"): sockets the process holds in that state.
 	TCPPrefix = "tcp_"
@@ -42,6 +46,7 @@ const (
 	UnitSeconds  = "seconds"
 	UnitBytes    = "bytes"
 	UnitSockets  = "sockets"
+	UnitRatio    = "ratio" // 0..1
 )
 
 // Unit returns the unit of a series, and whether it is a rate (a mean over
@@ -58,6 +63,8 @@ func Unit(name string) (unit string, rate bool) {
 		return UnitSeconds, false
 	case GPULiveBytes, NVMLUsedBytes, MemoryUsedBytes:
 		return UnitBytes, false
+	case GPUSMUtil, GPUMemUtil:
+		return UnitRatio, false
 	}
 	return UnitSockets, false // TCPPrefix + state
 }
@@ -197,6 +204,15 @@ func (pt *procTrack) observe(now time.Time, p *model.Process) {
 	if c.HasNVML {
 		used := c.NVMLUsedBytes
 		x.set(&pt.track, NVMLUsedBytes, acc{min: float64(min(c.NVMLMinBytes, used)), max: float64(max(c.NVMLMaxBytes, used)), last: float64(used)})
+	}
+	if n := len(c.GPUUtil); n > 0 {
+		var sm, mem float64
+		for _, u := range c.GPUUtil {
+			sm += u.SM
+			mem += u.Memory
+		}
+		x.set(&pt.track, GPUSMUtil, gauge(sm/float64(n)))
+		x.set(&pt.track, GPUMemUtil, gauge(mem/float64(n)))
 	}
 	pt.add(x)
 	if p.Exited {

@@ -170,6 +170,10 @@ func newScale(unit string, top float64) scale {
 				sc.div, sc.unit = d, u
 			}
 		}
+	case history.UnitRatio:
+		// Shown in percent, on the whole 0-100 range: an idle GPU must
+		// look idle, not fill the chart.
+		sc.div, sc.unit, top = 0.01, "%", 1
 	case history.UnitSeconds:
 		sc.div, sc.unit = 1e-6, "µs"
 		if top >= 1e-3 {

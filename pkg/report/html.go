@@ -37,12 +37,14 @@ const (
 	ChartContextSwitches = "context_switches"
 	ChartRunqueue        = "runqueue_p99"
 	ChartTCP             = "tcp_sockets"
-	ChartGPUMemory       = "gpu_memory" // processes with CUDA activity only
+	ChartGPUMemory       = "gpu_memory"      // processes with CUDA activity only
+	ChartGPUUtil         = "gpu_utilization" // processes NVML saw on a GPU only
 	ChartDeviceMemory    = "gpu_device_memory"
 )
 
 // ProcessCharts are the charts every process has, in page order; a process
-// with CUDA activity has ChartGPUMemory after the first.
+// with CUDA activity has ChartGPUMemory after the first, and one NVML saw
+// on a GPU ChartGPUUtil after that.
 var ProcessCharts = []string{ChartOpenFDs, ChartFDRates, ChartContextSwitches, ChartRunqueue, ChartTCP}
 
 // chartOf is the chart on which a finding of each kind is marked.
@@ -55,6 +57,9 @@ var chartOf = map[string]string{
 	model.KindGPUMemoryLeak:   ChartGPUMemory,
 	model.KindGPUAllocFailure: ChartGPUMemory,
 	model.KindGPUAllocChurn:   ChartGPUMemory,
+	// Every process on a GPU has the memory chart; not every GPU keeps
+	// per-process utilization.
+	model.KindGPUXID: ChartGPUMemory,
 }
 
 // Colours of the series, readable on white and told apart by most colour
@@ -324,6 +329,11 @@ func processCharts(p *Process, ax axis, findings []findingView) []chart {
 		gpu := append(get(history.GPULiveBytes, "tracked live (eBPF)", blue, "peak between polls"),
 			get(history.NVMLUsedBytes, "NVML per process", orange, "least–most of NVML samples")...)
 		charts = append(charts, newChart(ChartGPUMemory, p.PID, "GPU memory: tracked allocations vs NVML", history.UnitBytes, none, ax, h.Time, gpu, nil))
+	}
+	if h.Series[history.GPUSMUtil] != nil {
+		util := append(get(history.GPUSMUtil, "SM (kernels running)", green, ""),
+			get(history.GPUMemUtil, "memory controller", purple, "")...)
+		charts = append(charts, newChart(ChartGPUUtil, p.PID, "GPU utilization (NVML, per process)", history.UnitRatio, none, ax, h.Time, util, nil))
 	}
 	charts = append(charts,
 		newChart(ChartFDRates, p.PID, "File descriptors opened and closed", history.UnitFDRate, none, ax, h.Time,

@@ -59,7 +59,8 @@ func run(t testing.TB, n int, step time.Duration, out Outputs) {
 			Sched: model.SchedStats{Voluntary: uint64(i) * 900, Involuntary: uint64(i) * 40},
 			Sock:  model.SockStats{TCPByState: map[string]int{"ESTABLISHED": 4, "CLOSE_WAIT": closeWait}},
 			CUDA: model.CUDAStats{LiveBytes: 2 << 30, LivePeakBytes: 2 << 30, HasNVML: true,
-				NVMLUsedBytes: 2<<30 + 300<<20, NVMLMinBytes: 2<<30 + 250<<20, NVMLMaxBytes: 2<<30 + 350<<20, Libraries: []string{"libcudart.so.12"}},
+				NVMLUsedBytes: 2<<30 + 300<<20, NVMLMinBytes: 2<<30 + 250<<20, NVMLMaxBytes: 2<<30 + 350<<20, Libraries: []string{"libcudart.so.12"},
+				GPUUtil: []model.GPUUtil{{Device: 0, SM: 0.9 - 0.6*f, Memory: 0.3, Source: model.UtilProcess}}},
 		}
 		if i == n/2 {
 			trainer.CUDA.LivePeakBytes = 5 << 30 // came and went between two polls
@@ -140,7 +141,7 @@ func TestHTMLInBrowser(t *testing.T) {
 	}
 	charts := chartsIn(dom)
 	want := map[string][]string{
-		"100": slices.Insert(slices.Clone(ProcessCharts), 1, ChartGPUMemory),
+		"100": slices.Insert(slices.Clone(ProcessCharts), 1, ChartGPUMemory, ChartGPUUtil),
 		"200": ProcessCharts,
 		"0":   {ChartDeviceMemory},
 	}
@@ -191,14 +192,14 @@ func TestHTMLDaySize(t *testing.T) {
 	}
 	browser := testutil.Chromium(t)
 	dom := string(testutil.Headless(t, browser, page, "--dump-dom"))
-	if !strings.Contains(dom, `data-script="ok"`) || len(chartsIn(dom)["100"]) != len(ProcessCharts)+1 {
+	if !strings.Contains(dom, `data-script="ok"`) || len(chartsIn(dom)["100"]) != len(ProcessCharts)+2 {
 		t.Errorf("the 24 h page did not render: script %v, charts %v", strings.Contains(dom, `data-script="ok"`), chartsIn(dom))
 	}
 }
 
 // sizeBound24h bounds the HTML page of a 24-hour run at 1 s with two
 // processes (one with every series, GPU included) and a GPU: measured at
-// 0.84 MB (docs/REPORT.md).
+// 0.95 MB (docs/REPORT.md), GPU utilization included.
 const sizeBound24h = 1 << 20
 
 // The page rendered at the end of a run and the one rendered later from
