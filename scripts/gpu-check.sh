@@ -4,6 +4,9 @@
 # runtime and holds COUNT x MiB of device memory from hold_weights(), watches
 # it with `autoglm-ebpf attach`, and compares our live bytes with what we
 # allocated and with NVML's per-process figure (which adds the CUDA context).
+# The program keeps the GPU busy while it holds the memory (cudaMemset over
+# every block): the per-process utilization we report is printed next to
+# what `nvidia-smi pmon` saw for the same pid at the same time.
 #
 # usage: sudo scripts/gpu-check.sh [LIBCUDART]
 #   LIBCUDART defaults to the first libcudart.so* found by ldconfig or under
@@ -29,14 +32,21 @@ make -s build
 gcc -O1 -g -fno-omit-frame-pointer -o "$out/gpuhold" testdata/gpuhold.c
 # Keep the runtime dlopen'ed after attach starts: gpuhold waits 3 s before
 # allocating, so this also checks that a late-loaded runtime is hooked.
-"$out/gpuhold" "$lib" "$COUNT" "$MIB" 25 >"$out/gpuhold.log" 2>&1 &
+GPUHOLD_BUSY=1 "$out/gpuhold" "$lib" "$COUNT" "$MIB" 25 >"$out/gpuhold.log" 2>&1 &
 pid=$!
-trap 'kill $pid 2>/dev/null || true' EXIT
+trap 'kill $pid $pmon 2>/dev/null || true' EXIT
+pmon=
+if command -v nvidia-smi >/dev/null; then
+	# One line per process and second: gpu, pid, type, sm %, mem %, ...
+	nvidia-smi pmon -s u -d 1 -c 15 >"$out/pmon.log" 2>&1 &
+	pmon=$!
+fi
 ./bin/autoglm-ebpf attach --pid "$pid" --duration 15s --json "$out/report.json" >"$out/attach.log" 2>&1 || true
 cat "$out/attach.log" | tail -20
+[ -z "$pmon" ] || wait "$pmon" || true
 
-python3 - "$out/report.json" "$COUNT" "$MIB" <<'PY'
-import json, sys
+python3 - "$out/report.json" "$COUNT" "$MIB" "$out/pmon.log" "$pid" <<'PY'
+import json, os, sys
 r = json.load(open(sys.argv[1]))
 want = int(sys.argv[2]) * int(sys.argv[3]) << 20
 p = r["processes"][0]
@@ -46,6 +56,21 @@ nvml = cuda.get("nvml_used_bytes")
 print(f"allocated {want} B; eBPF live {live} B; NVML used {nvml} B; untracked {cuda.get('untracked_bytes')} B")
 print("libraries:", cuda.get("libraries"))
 print("gpus:", r.get("gpus"))
+# Per-process utilization: ours (the last interval, and the history's mean)
+# next to nvidia-smi pmon's for the same pid.
+hist = ((p.get("history") or {}).get("series") or {}).get("gpu_sm_utilization_ratio") or {}
+ours = [v for v in (hist.get("last") or []) if v is not None]
+print("ours, last interval:", cuda.get("gpu_utilization"))
+if ours:
+    print(f"ours, SM utilization over the run: mean {100*sum(ours)/len(ours):.0f} %, max {100*max(ours):.0f} %")
+pmon = []
+if os.path.exists(sys.argv[4]):
+    for line in open(sys.argv[4]):
+        f = line.split()
+        if len(f) > 4 and f[1] == sys.argv[5] and f[3].isdigit():
+            pmon.append(int(f[3]))
+if pmon:
+    print(f"nvidia-smi pmon, SM utilization of pid {sys.argv[5]}: mean {sum(pmon)/len(pmon):.0f} %, max {max(pmon)} % ({len(pmon)} samples)")
 ok = live == want
 if nvml is not None:
     ok = ok and nvml >= live

@@ -1,7 +1,11 @@
 /* gpuhold: for scripts/gpu-check.sh on a machine with an NVIDIA GPU. Loads the
  * real CUDA runtime with dlopen (no CUDA headers or nvcc needed), allocates
  * COUNT blocks of MiB MiB with cudaMalloc from hold_weights(), prints "ready",
- * holds them for SECONDS, frees them and exits.
+ * holds them for SECONDS, frees them and exits. With BUSY set (GPUHOLD_BUSY=1)
+ * it keeps the GPU busy while holding them, in keep_busy(): cudaMemset over
+ * every block, again and again (the runtime's memset is a kernel: SM and
+ * memory utilization rise), so that per-process utilization has something
+ * to show.
  *
  * usage: gpuhold LIBCUDART COUNT MiB SECONDS */
 #include <dlfcn.h>
@@ -9,8 +13,12 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <time.h>
+
 typedef int (*malloc_fn)(void **, size_t);
 typedef int (*free_fn)(void *);
+typedef int (*memset_fn)(void *, int, size_t);
+typedef int (*sync_fn)(void);
 
 static malloc_fn cuda_malloc;
 
@@ -24,6 +32,17 @@ __attribute__((noinline)) int hold_weights(void **blocks, int count, size_t byte
 		}
 	}
 	return 0;
+}
+
+__attribute__((noinline)) void keep_busy(memset_fn memset_dev, sync_fn sync, void **blocks, int count, size_t bytes,
+					 int seconds)
+{
+	time_t end = time(NULL) + seconds;
+	for (int v = 0; time(NULL) < end; v++) {
+		for (int i = 0; i < count; i++)
+			memset_dev(blocks[i], v & 0xff, bytes);
+		sync();
+	}
 }
 
 int main(int argc, char **argv)
@@ -50,7 +69,12 @@ int main(int argc, char **argv)
 		return 1;
 	printf("ready\n");
 	fflush(stdout);
-	sleep(atoi(argv[4]));
+	memset_fn memset_dev = (memset_fn)dlsym(h, "cudaMemset");
+	sync_fn sync = (sync_fn)dlsym(h, "cudaDeviceSynchronize");
+	if (getenv("GPUHOLD_BUSY") && memset_dev && sync)
+		keep_busy(memset_dev, sync, blocks, count, bytes, atoi(argv[4]));
+	else
+		sleep(atoi(argv[4]));
 	for (int i = 0; i < count; i++)
 		cuda_free(blocks[i]);
 	return 0;
