@@ -83,6 +83,10 @@ type CUDAStats struct {
 	// GPUEvents are the driver faults (XID errors) reported since the
 	// previous poll by the devices the process uses.
 	GPUEvents []GPUEvent
+	// Verdict says what held its GPU back over the last window
+	// (detect/inputbound): "gpu_bound" (the GPU, busy), "input_bound"
+	// (the CPU side, while the GPU idled), "" (neither, or not known yet).
+	Verdict string
 }
 
 // GPUUtil is how busy a process kept one device over a poll interval, the

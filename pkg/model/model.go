@@ -16,10 +16,11 @@ const (
 	KindGPUAllocFailure = "gpu_alloc_failure"
 	KindGPUAllocChurn   = "gpu_alloc_churn"
 	KindGPUXID          = "gpu_xid"
+	KindGPUInputBound   = "gpu_input_bound"
 )
 
 // Kinds lists every finding kind, for flag validation and metric pre-creation.
-var Kinds = []string{KindFDLeak, KindFDExhausted, KindSocketLeak, KindCtxSwitchStorm, KindGPUAllocBurst, KindGPUMemoryLeak, KindGPUAllocFailure, KindGPUAllocChurn, KindGPUXID}
+var Kinds = []string{KindFDLeak, KindFDExhausted, KindSocketLeak, KindCtxSwitchStorm, KindGPUAllocBurst, KindGPUMemoryLeak, KindGPUAllocFailure, KindGPUAllocChurn, KindGPUXID, KindGPUInputBound}
 
 // Severities, lowest first.
 const (
@@ -123,6 +124,7 @@ type Pod struct {
 // Process is what the pipeline knows about one target at one instant.
 type Process struct {
 	PID     int
+	PPID    int // its parent when watching began
 	Comm    string
 	Pod     Pod
 	Started time.Time // when watching began

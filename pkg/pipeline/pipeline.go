@@ -24,6 +24,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpualloc"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpuxid"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/inputbound"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/sockleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/fdtrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
@@ -78,6 +79,9 @@ type Config struct {
 	MaxAllocs uint32
 	// GPUInterval is how often NVML is sampled.
 	GPUInterval time.Duration
+	// NVML is the management library to sample (nil: the real one); tests
+	// give a mock.
+	NVML gonvml.Interface
 	// TopSites bounds how many opening stacks per process are symbolized.
 	TopSites int
 	// Children also watches the descendants of the targets, found every
@@ -133,6 +137,7 @@ type Pipeline struct {
 	order      []int // pids in the order they were added
 	findings   []model.Finding
 	link       *causes.Linker
+	bound      *inputbound.Detector // across processes: a GPU process and its workers
 
 	// Views that could not follow a process (a namespace they cannot
 	// enter, a file they cannot read) leave it to the others: by concern,
@@ -180,6 +185,7 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 		starts:     map[int]uint64{},
 		cache:      cache,
 		link:       causes.New(causes.DefaultGrace),
+		bound:      inputbound.New(inputbound.DefaultConfig()),
 
 		untracked:     map[string]map[int]bool{},
 		trackFailures: map[model.TrackFailure]uint64{},
@@ -196,7 +202,11 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 	// NVML is optional: without a driver the sampler reports one clear
 	// error and the GPU join is skipped.
 	ctx, cancel := context.WithCancel(context.Background())
-	p.gpu, p.stopGPU = nvml.New(gonvml.New()), cancel
+	lib := cfg.NVML
+	if lib == nil {
+		lib = gonvml.New()
+	}
+	p.gpu, p.stopGPU = nvml.New(lib), cancel
 	p.views["nvml"] = ""
 	if err := p.gpu.Start(ctx, cfg.GPUInterval); err != nil {
 		slog.Warn(err.Error())
@@ -366,7 +376,7 @@ func (p *Pipeline) watch(pid int) error {
 		p.forgetUntracked(pid)
 		return fmt.Errorf("%s: %w", c.Name(), err)
 	}
-	pr := &model.Process{PID: pid, Comm: comm, Started: time.Now()}
+	pr := &model.Process{PID: pid, PPID: id.PPID, Comm: comm, Started: time.Now()}
 	if p.cfg.Pod != nil {
 		pr.Pod = p.cfg.Pod(pid)
 	}
@@ -483,6 +493,11 @@ func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 			return nil, fmt.Errorf("%s: %w", c.Name(), err)
 		}
 		fresh = append(fresh, fs...)
+	}
+	if p.bound != nil {
+		// After the views: it reads the GPU and the scheduler figures
+		// of a process and of its children.
+		fresh = append(fresh, p.bound.Observe(now, observe)...)
 	}
 	// One cause, one finding: an fd leak made of CLOSE_WAIT sockets is
 	// the socket leak's.

@@ -283,6 +283,7 @@ func (fs FS) Check(pid int) error {
 type Identity struct {
 	Comm  string
 	Start uint64
+	PPID  int
 	// Running: not a zombie (or dead, state X); a process in those states
 	// holds no fds and runs no code. A leader that called pthread_exit
 	// shows Z while its other threads run on ("Zl" in ps): it runs.
@@ -300,7 +301,7 @@ func (fs FS) Identify(pid int) (Identity, error) {
 	if err != nil {
 		return Identity{}, err
 	}
-	id := Identity{Comm: st.Comm, Start: st.Starttime,
+	id := Identity{Comm: st.Comm, Start: st.Starttime, PPID: st.PPID,
 		Running: st.State != "X" && (st.State != "Z" || st.NumThreads > 1)}
 	if st.Flags&pfKthread != 0 {
 		return Identity{}, kernelThreadErr(pid)

@@ -59,7 +59,8 @@ var chartOf = map[string]string{
 	model.KindGPUAllocChurn:   ChartGPUMemory,
 	// Every process on a GPU has the memory chart; not every GPU keeps
 	// per-process utilization.
-	model.KindGPUXID: ChartGPUMemory,
+	model.KindGPUXID:        ChartGPUMemory,
+	model.KindGPUInputBound: ChartGPUUtil, // it needs the utilization that chart shows
 }
 
 // Colours of the series, readable on white and told apart by most colour

@@ -70,6 +70,9 @@ type CUDA struct {
 	// How busy it kept each device over its last poll interval; absent
 	// without NVML or a device.
 	GPUUtilization []GPUUtil `json:"gpu_utilization,omitempty"`
+	// What held the GPU back over the last window: gpu_bound,
+	// input_bound; absent when neither or not known.
+	Verdict string `json:"verdict,omitempty"`
 }
 
 // GPUUtil is model.GPUUtil in the report.
@@ -299,6 +302,7 @@ func cudaOf(c *model.CUDAStats) *CUDA {
 	for _, u := range c.GPUUtil {
 		out.GPUUtilization = append(out.GPUUtilization, GPUUtil(u))
 	}
+	out.Verdict = c.Verdict
 	return out
 }
 

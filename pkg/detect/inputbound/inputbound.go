@@ -1,0 +1,258 @@
+// Package inputbound tells, for each process that uses a GPU, whether the
+// GPU waits on the CPU side: a GPU kept busy is the compute's bottleneck
+// (gpu_bound); a GPU idle most of the time while the process or its worker
+// processes wait for a CPU (data loading, tokenization, a DataLoader pool
+// starved on a small cpuset) is the input's (input_bound), and the two call
+// for opposite fixes. Only the second is a finding, once it holds over a
+// whole window, naming the processes the GPU waited on.
+//
+// It joins what the tool already measures: per-process SM utilization from
+// NVML (model.CUDAStats.GPUUtil) and, for the process and its children
+// (model.Process.PPID: watch them with --children), the run-queue latency
+// of each interval from the scheduler view.
+package inputbound
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+)
+
+// Verdicts (model.CUDAStats.Verdict).
+const (
+	GPUBound   = "gpu_bound"
+	InputBound = "input_bound"
+)
+
+// Config holds the thresholds. Zero fields take DefaultConfig's values.
+type Config struct {
+	Window time.Duration // judged over
+	// BusySM is the mean SM utilization from which the GPU is the
+	// bottleneck; IdleSM the mean at or below which it idles most of the
+	// window.
+	BusySM, IdleSM float64
+	// StarvedWait is the p99 run-queue wait of an interval from which a
+	// process waits for a CPU, over at least MinWaits wake-ups.
+	StarvedWait time.Duration
+	MinWaits    uint64
+	// StarvedShare is the share of the window's intervals in which some
+	// process the GPU depends on waited so.
+	StarvedShare float64
+}
+
+// DefaultConfig returns the thresholds used when none are given.
+func DefaultConfig() Config {
+	return Config{Window: 30 * time.Second, BusySM: 0.8, IdleSM: 0.3, StarvedWait: 5 * time.Millisecond, MinWaits: 20, StarvedShare: 0.7}
+}
+
+// Detector keeps a window per GPU process. Not safe for concurrent use.
+type Detector struct {
+	cfg  Config
+	gpu  map[int]*state
+	runq map[int]model.Histogram // each process's histogram at its previous poll
+}
+
+type state struct {
+	samples []sample
+	since   time.Time // input-bound since; zero when not
+	found   *model.Finding
+}
+
+// sample is one interval of a GPU process.
+type sample struct {
+	t       time.Time
+	sm      float64
+	waiting []waiter // processes that waited for a CPU in it
+}
+
+type waiter struct {
+	pid     int
+	comm    string
+	p99     float64 // seconds
+	cpus    int     // allowed
+	waits   uint64
+	isChild bool
+}
+
+// New returns a detector; zero fields of cfg take DefaultConfig's values.
+func New(cfg Config) *Detector {
+	def := DefaultConfig()
+	cfg.Window = cmp.Or(cfg.Window, def.Window)
+	cfg.BusySM = cmp.Or(cfg.BusySM, def.BusySM)
+	cfg.IdleSM = cmp.Or(cfg.IdleSM, def.IdleSM)
+	cfg.StarvedWait = cmp.Or(cfg.StarvedWait, def.StarvedWait)
+	cfg.MinWaits = cmp.Or(cfg.MinWaits, def.MinWaits)
+	cfg.StarvedShare = cmp.Or(cfg.StarvedShare, def.StarvedShare)
+	return &Detector{cfg: cfg, gpu: map[int]*state{}, runq: map[int]model.Histogram{}}
+}
+
+// Observe takes in one poll of every watched process, sets the verdict of
+// each GPU process (model.CUDAStats.Verdict) and returns the input-bound
+// findings: new, updated, or just ended.
+func (d *Detector) Observe(now time.Time, procs []*model.Process) []model.Finding {
+	waited := map[int]waiter{}
+	children := map[int][]*model.Process{}
+	for _, p := range procs {
+		if w, ok := d.interval(p); ok {
+			waited[p.PID] = w
+		}
+		children[p.PPID] = append(children[p.PPID], p)
+	}
+	var out []model.Finding
+	for _, p := range procs {
+		if len(p.CUDA.GPUUtil) == 0 {
+			if st := d.gpu[p.PID]; st != nil && st.found != nil {
+				out = append(out, d.end(st, now))
+			}
+			delete(d.gpu, p.PID)
+			continue
+		}
+		st := d.gpu[p.PID]
+		if st == nil {
+			st = &state{}
+			d.gpu[p.PID] = st
+		}
+		s := sample{t: now}
+		for _, u := range p.CUDA.GPUUtil {
+			s.sm += u.SM
+		}
+		s.sm /= float64(len(p.CUDA.GPUUtil))
+		for _, q := range append([]*model.Process{p}, children[p.PID]...) {
+			if w, ok := waited[q.PID]; ok {
+				w.isChild = q != p
+				s.waiting = append(s.waiting, w)
+			}
+		}
+		st.samples = append(st.samples, s)
+		for len(st.samples) > 1 && now.Sub(st.samples[1].t) >= d.cfg.Window {
+			st.samples = st.samples[1:]
+		}
+		p.CUDA.Verdict = d.verdict(st, now)
+		switch {
+		case p.CUDA.Verdict == InputBound:
+			if st.since.IsZero() {
+				st.since = st.samples[0].t
+			}
+			f := d.finding(p, st, now)
+			st.found = &f
+			out = append(out, f)
+		case st.found != nil:
+			out = append(out, d.end(st, now))
+		}
+	}
+	// The pipeline ends the findings of a process that exits.
+	for _, p := range procs {
+		if p.Exited {
+			d.Forget(p.PID)
+		}
+	}
+	return out
+}
+
+// interval returns what p waited for a CPU since its previous poll, if it
+// waited so: a p99 run-queue wait of StarvedWait or more over MinWaits
+// wake-ups.
+func (d *Detector) interval(p *model.Process) (waiter, bool) {
+	prev, seen := d.runq[p.PID]
+	d.runq[p.PID] = p.Sched.RunqLatency
+	if !seen {
+		return waiter{}, false
+	}
+	delta := p.Sched.RunqLatency.Sub(prev)
+	q, ok := delta.Quantile(0.99)
+	if !ok || delta.Count < d.cfg.MinWaits || q < d.cfg.StarvedWait.Seconds() {
+		return waiter{}, false
+	}
+	return waiter{pid: p.PID, comm: p.Comm, p99: q, cpus: p.Sched.AllowedCPUs, waits: delta.Count}, true
+}
+
+// verdict judges the window; "" until it covers Window.
+func (d *Detector) verdict(st *state, now time.Time) string {
+	if len(st.samples) < 3 || now.Sub(st.samples[0].t) < d.cfg.Window*9/10 {
+		return ""
+	}
+	var sm float64
+	starved := 0
+	for _, s := range st.samples {
+		sm += s.sm
+		if len(s.waiting) > 0 {
+			starved++
+		}
+	}
+	sm /= float64(len(st.samples))
+	switch {
+	case sm >= d.cfg.BusySM:
+		return GPUBound
+	case sm <= d.cfg.IdleSM && float64(starved) >= d.cfg.StarvedShare*float64(len(st.samples)):
+		return InputBound
+	}
+	return ""
+}
+
+func (d *Detector) finding(p *model.Process, st *state, now time.Time) model.Finding {
+	var sm float64
+	worst := map[int]waiter{} // each process's longest wait in the window
+	starved := 0
+	for _, s := range st.samples {
+		sm += s.sm
+		if len(s.waiting) > 0 {
+			starved++
+		}
+		for _, w := range s.waiting {
+			if w.p99 > worst[w.pid].p99 {
+				worst[w.pid] = w
+			}
+		}
+	}
+	sm /= float64(len(st.samples))
+	ws := make([]waiter, 0, len(worst))
+	for _, w := range worst {
+		ws = append(ws, w)
+	}
+	slices.SortFunc(ws, func(a, b waiter) int { return cmp.Or(cmp.Compare(b.p99, a.p99), a.pid-b.pid) })
+	var names []string
+	var ev []map[string]any
+	for i, w := range ws {
+		role := "itself"
+		if w.isChild {
+			role = "child"
+		}
+		ev = append(ev, map[string]any{"pid": w.pid, "comm": w.comm, "role": role, "runq_p99_seconds": w.p99, "allowed_cpus": w.cpus})
+		if i < 4 {
+			names = append(names, fmt.Sprintf("%s %d (%s, p99 %s)", role, w.pid, w.comm, time.Duration(w.p99*float64(time.Second)).Round(100*time.Microsecond)))
+		}
+	}
+	if len(ws) > 4 {
+		names = append(names, fmt.Sprintf("%d more", len(ws)-4))
+	}
+	span := now.Sub(st.samples[0].t)
+	f := model.Finding{
+		Kind: model.KindGPUInputBound, PID: p.PID, Comm: p.Comm, Severity: model.SeverityWarning,
+		FirstSeen: st.since, LastSeen: now, Active: true,
+		Summary: fmt.Sprintf("GPU idle %.0f %% of the last %s while the processes it waits on wait for a CPU: %s",
+			100*(1-sm), span.Round(time.Second), strings.Join(names, ", ")),
+		Evidence: map[string]any{
+			"sm_utilization_mean": sm, "window_seconds": span.Seconds(), "starved_share": float64(starved) / float64(len(st.samples)),
+			"waiting": ev, "verdict": InputBound,
+		},
+	}
+	return f
+}
+
+// end returns the finding of st, ended now.
+func (d *Detector) end(st *state, now time.Time) model.Finding {
+	f := *st.found
+	f.Active, f.LastSeen = false, now
+	st.found, st.since = nil, time.Time{}
+	return f
+}
+
+// Forget drops what is kept of pid.
+func (d *Detector) Forget(pid int) {
+	delete(d.gpu, pid)
+	delete(d.runq, pid)
+}

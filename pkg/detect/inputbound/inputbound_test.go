@@ -1,0 +1,99 @@
+package inputbound
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+)
+
+var t0 = time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC)
+
+// bounds of the run-queue histogram, as the scheduler view has them.
+var bounds = []float64{1e-5, 1e-4, 1e-3, 1e-2, 1e-1}
+
+// proc is a process whose run-queue histogram has grown by waits each of
+// which took about wait seconds, n a poll, for polls polls.
+type proc struct {
+	p *model.Process
+}
+
+func newProc(pid, ppid int, comm string) *proc {
+	return &proc{&model.Process{PID: pid, PPID: ppid, Comm: comm,
+		Sched: model.SchedStats{AllowedCPUs: 1, RunqLatency: model.Histogram{Bounds: bounds, Counts: make([]uint64, len(bounds))}}}}
+}
+
+// wait adds n waits of about wait seconds.
+func (q *proc) wait(n uint64, wait float64) {
+	h := &q.p.Sched.RunqLatency
+	for i, b := range bounds {
+		if wait <= b {
+			h.Counts = append([]uint64(nil), h.Counts...)
+			h.Counts[i] += n
+			break
+		}
+	}
+	h.Count += n
+	h.Sum += float64(n) * wait
+}
+
+// run polls every second for secs seconds: the GPU process at sm, each
+// worker with 50 waits of wait seconds a poll. It returns the findings of
+// the last poll.
+func run(d *Detector, from, secs int, gpu *proc, sm float64, wait float64, workers ...*proc) []model.Finding {
+	var fs []model.Finding
+	for i := from; i < from+secs; i++ {
+		gpu.p.CUDA.GPUUtil = []model.GPUUtil{{Device: 0, SM: sm, Source: model.UtilProcess}}
+		gpu.wait(50, 1e-5)
+		procs := []*model.Process{gpu.p}
+		for _, w := range workers {
+			w.wait(50, wait)
+			procs = append(procs, w.p)
+		}
+		fs = d.Observe(t0.Add(time.Duration(i)*time.Second), procs)
+	}
+	return fs
+}
+
+// A GPU idle while its workers wait for the one CPU they may use is input
+// bound: a finding once that held over the window, naming the workers,
+// ended when they stop waiting.
+func TestInputBound(t *testing.T) {
+	d := New(Config{})
+	gpu := newProc(100, 1, "train")
+	workers := []*proc{newProc(101, 100, "pt_data_worker"), newProc(102, 100, "pt_data_worker"), newProc(103, 100, "pt_data_worker")}
+	if fs := run(d, 0, 20, gpu, 0.05, 0.05, workers...); len(fs) != 0 || gpu.p.CUDA.Verdict != "" {
+		t.Fatalf("before a whole window: %+v, verdict %q", fs, gpu.p.CUDA.Verdict)
+	}
+	fs := run(d, 20, 15, gpu, 0.05, 0.05, workers...)
+	if len(fs) != 1 || gpu.p.CUDA.Verdict != InputBound {
+		t.Fatalf("findings %+v, verdict %q; want one input-bound finding", fs, gpu.p.CUDA.Verdict)
+	}
+	f := fs[0]
+	if f.Kind != model.KindGPUInputBound || !f.Active || f.PID != 100 || !strings.Contains(f.Summary, "GPU idle 95 %") ||
+		!strings.Contains(f.Summary, "child 101 (pt_data_worker") || len(f.Evidence["waiting"].([]map[string]any)) != 3 {
+		t.Errorf("finding %+v", f)
+	}
+	// The workers keep up again: the finding ends, the verdict goes.
+	fs = run(d, 35, 30, gpu, 0.05, 1e-5, workers...)
+	if len(fs) != 0 || gpu.p.CUDA.Verdict != "" {
+		t.Errorf("after the workers kept up: %+v, verdict %q", fs, gpu.p.CUDA.Verdict)
+	}
+}
+
+// Right the other way: a busy GPU is the bottleneck whatever the CPU side
+// does, and an idle GPU with a calm CPU side is neither.
+func TestNotInputBound(t *testing.T) {
+	d := New(Config{})
+	busy := newProc(200, 1, "train")
+	starved := newProc(201, 200, "worker")
+	if fs := run(d, 0, 40, busy, 0.95, 0.05, starved); len(fs) != 0 || busy.p.CUDA.Verdict != GPUBound {
+		t.Errorf("busy GPU: %+v, verdict %q; want none, gpu_bound", fs, busy.p.CUDA.Verdict)
+	}
+	idle := newProc(300, 1, "serve")
+	calm := newProc(301, 300, "worker")
+	if fs := run(d, 0, 40, idle, 0.02, 1e-5, calm); len(fs) != 0 || idle.p.CUDA.Verdict != "" {
+		t.Errorf("idle GPU, calm CPU: %+v, verdict %q; want none", fs, idle.p.CUDA.Verdict)
+	}
+}
