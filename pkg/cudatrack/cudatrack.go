@@ -156,17 +156,9 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Tracker{procRoot: cfg.ProcRoot, proc: proc.WithPollCache(cfg.Cache), multi: multi, procs: map[int]*procState{}, hooks: map[inodeKey]*attached{}, files: map[fileKey]*Library{}, failStacks: map[uint32]bool{},
-		stacks: cfg.Stacks}
-	if t.stacks == nil {
-		sym := cfg.Symbolizer
-		if sym == nil {
-			sym = symbolize.New(cfg.ProcRoot)
-		}
-		if t.stacks, err = stacks.New(stacks.Config{Proc: t.proc, Symbolizer: sym}); err != nil {
-			return nil, err
-		}
-		t.ownStacks = true
+	t := &Tracker{procRoot: cfg.ProcRoot, proc: proc.WithPollCache(cfg.Cache), multi: multi, procs: map[int]*procState{}, hooks: map[inodeKey]*attached{}, files: map[fileKey]*Library{}, failStacks: map[uint32]bool{}}
+	if t.stacks, t.ownStacks, err = stacks.SharedOr(cfg.Stacks, t.proc, cfg.Symbolizer, cfg.ProcRoot); err != nil {
+		return nil, err
 	}
 	replace := t.stacks.Replacements()
 	if err = t.stacks.Prepare(spec); err == nil {

@@ -80,15 +80,8 @@ func New(cfg Config) (*Tracker, error) {
 		atStart:     map[uint32]int{},
 		last:        map[uint32]lastFDs{},
 	}
-	if t.stacks = cfg.Stacks; t.stacks == nil {
-		sym := cfg.Symbolizer
-		if sym == nil {
-			sym = symbolize.New(cfg.ProcRoot)
-		}
-		if t.stacks, err = stacks.New(stacks.Config{Proc: t.proc, Symbolizer: sym}); err != nil {
-			return nil, err
-		}
-		t.ownStacks = true
+	if t.stacks, t.ownStacks, err = stacks.SharedOr(cfg.Stacks, t.proc, cfg.Symbolizer, cfg.ProcRoot); err != nil {
+		return nil, err
 	}
 	t.obj, err = bpfobj.Open(loadFd, bpfobj.Options{
 		What: "fd BPF programs", Maps: &t.maps, Tracepoint: cfg.Tracepoint,

@@ -68,6 +68,8 @@ type Config struct {
 	CtxStorm ctxstorm.Config
 	SockLeak sockleak.Config
 	GPUAlloc gpualloc.Config
+	// InputBound judges whether GPU processes wait on their CPU side.
+	InputBound inputbound.Config
 	// Cache, when set, is the poll's cache of /proc reads, shared with a
 	// Source that reads them to choose processes (nil: the pipeline's
 	// own).
@@ -110,7 +112,7 @@ type Source interface {
 // DefaultConfig is what the CLI starts from.
 func DefaultConfig() Config {
 	return Config{Interval: time.Second, ProcRoot: "/proc", MaxFDs: 1 << 16, FDLeak: fdleak.DefaultConfig(), CtxStorm: ctxstorm.DefaultConfig(), SockLeak: sockleak.DefaultConfig(),
-		GPUAlloc: gpualloc.DefaultConfig(), MaxAllocs: 1 << 18, GPUInterval: nvml.DefaultInterval, TopSites: 64}
+		GPUAlloc: gpualloc.DefaultConfig(), InputBound: inputbound.DefaultConfig(), MaxAllocs: 1 << 18, GPUInterval: nvml.DefaultInterval, TopSites: 64}
 }
 
 // Pipeline owns the concerns and the per-process state.
@@ -185,7 +187,7 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 		starts:     map[int]uint64{},
 		cache:      cache,
 		link:       causes.New(causes.DefaultGrace),
-		bound:      inputbound.New(inputbound.DefaultConfig()),
+		bound:      inputbound.New(cfg.InputBound),
 
 		untracked:     map[string]map[int]bool{},
 		trackFailures: map[model.TrackFailure]uint64{},

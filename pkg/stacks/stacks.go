@@ -104,6 +104,21 @@ func New(cfg Config) (*Service, error) {
 	return s, nil
 }
 
+// SharedOr returns svc, or where it is nil a service of the caller's own
+// (own is true: the caller closes it), symbolizing with sym or, if nil, a
+// symbolizer of its own over procRoot: what a tracker loaded alone (tests,
+// tools) does.
+func SharedOr(svc *Service, proc procinfo.FS, sym *symbolize.Symbolizer, procRoot string) (_ *Service, own bool, _ error) {
+	if svc != nil {
+		return svc, false, nil
+	}
+	if sym == nil {
+		sym = symbolize.New(procRoot)
+	}
+	svc, err := New(Config{Proc: proc, Symbolizer: sym})
+	return svc, err == nil, err
+}
+
 // Prepare fits an object's spec to the service before it is loaded: its
 // sites cap. Load it with Replacements.
 func (s *Service) Prepare(spec *ebpf.CollectionSpec) error {
