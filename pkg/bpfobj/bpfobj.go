@@ -13,8 +13,10 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
@@ -59,11 +61,42 @@ func LoadCollection(spec *ebpf.CollectionSpec, what string, replace map[string]*
 	if err := Probe().Adapt(spec); err != nil {
 		return nil, fmt.Errorf("loading %s: %w", what, err)
 	}
-	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: replace})
+	cache := kernelTypes.acquire()
+	defer kernelTypes.release()
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: replace, Cache: cache})
 	if err != nil {
 		return nil, &LoadError{What: what, Err: err}
 	}
 	return coll, nil
+}
+
+// kernelTypes is the kernel's BTF, decoded once for the loads in flight
+// together: the views load side by side at start-up, and each decoding its
+// own copy of the kernel's types was most of the tool's peak memory. The
+// last load in flight lets it go: a long run keeps none of it.
+var kernelTypes sharedBTF
+
+type sharedBTF struct {
+	mu       sync.Mutex
+	cache    *btf.Cache
+	inFlight int
+}
+
+func (s *sharedBTF) acquire() *btf.Cache {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inFlight++; s.cache == nil {
+		s.cache = btf.NewCache()
+	}
+	return s.cache
+}
+
+func (s *sharedBTF) release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inFlight--; s.inFlight == 0 {
+		s.cache = nil
+	}
 }
 
 // LoadError is an object the kernel refused. Its message carries the

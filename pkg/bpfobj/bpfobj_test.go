@@ -209,3 +209,24 @@ type testMaps struct {
 }
 
 func (m *testMaps) Close() error { return m.Errors.Close() }
+
+// Loads in flight together share one decoding of the kernel's types; the
+// last one done lets it go.
+func TestSharedKernelTypes(t *testing.T) {
+	var s sharedBTF
+	a, b := s.acquire(), s.acquire()
+	if a == nil || a != b {
+		t.Fatal("two loads in flight decode the kernel's types twice")
+	}
+	s.release()
+	if s.cache != a {
+		t.Fatal("let go while a load is in flight")
+	}
+	s.release()
+	if s.cache != nil {
+		t.Fatal("kept after the last load")
+	}
+	if c := s.acquire(); c == nil || c == a {
+		t.Fatal("a later load reuses what was let go")
+	}
+}

@@ -13,70 +13,6 @@ import (
 	"github.com/cilium/ebpf"
 )
 
-type unwindPyProc struct {
-	_              structs.HostLayout
-	Runtime        uint64
-	InterpHead     uint16
-	InterpNext     uint16
-	InterpThreads  uint16
-	TstateNext     uint16
-	TstateThreadId uint16
-	TstateFrame    uint16
-	TstateSize     uint16
-	CframeFrame    uint16
-	FrameCode      uint16
-	FramePrevious  uint16
-	FrameInstr     uint16
-	FrameOwner     uint16
-	FrameEntry     uint16
-	FrameSize      uint16
-	Pad            uint32
-}
-
-type unwindPyScratch struct {
-	_   structs.HostLayout
-	Cfg unwindPyProc
-	St  unwindPyStack
-	Buf [264]uint8
-}
-
-type unwindPyStack struct {
-	_         structs.HostLayout
-	Code      [24]uint64
-	Instr     [24]uint64
-	N         uint32
-	Truncated uint32
-}
-
-type unwindPyThread struct {
-	_         structs.HostLayout
-	Task      uint64
-	Tstate    uint64
-	CheckedNs uint64
-}
-
-type unwindSiteCounts struct {
-	_             structs.HostLayout
-	Made          uint64
-	MadeBytes     uint64
-	Released      uint64
-	ReleasedBytes uint64
-}
-
-type unwindSiteKey struct {
-	_       structs.HostLayout
-	Tgid    uint32
-	StackId int32
-	PyStack uint32
-	Pad     uint32
-}
-
-type unwindSiteOwnerKey struct {
-	_     structs.HostLayout
-	Tgid  uint32
-	Which uint32
-}
-
 type unwindUnwindKey struct {
 	_    structs.HostLayout
 	Mm   uint64
@@ -130,14 +66,6 @@ type unwindUnwoundStack struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	unwindMapErrors                 = "errors"
-	unwindMapPyErrors               = "py_errors"
-	unwindMapPyProcs                = "py_procs"
-	unwindMapPyScratch              = "py_scratch"
-	unwindMapPyStacks               = "py_stacks"
-	unwindMapPyThreads              = "py_threads"
-	unwindMapPyThreadsTid           = "py_threads_tid"
-	unwindMapSiteOwners             = "site_owners"
-	unwindMapSites                  = "sites"
 	unwindMapTrackedPids            = "tracked_pids"
 	unwindMapUnwindPending          = "unwind_pending"
 	unwindMapUnwindRequests         = "unwind_requests"
@@ -147,14 +75,6 @@ const (
 	unwindMapUnwoundStacks          = "unwound_stacks"
 	unwindVarHaveTaskPtRegs         = "have_task_pt_regs"
 	unwindVarHaveTaskStorage        = "have_task_storage"
-	unwindVarMaxSitesPerProc        = "max_sites_per_proc"
-	unwindVarUnusedPyErr            = "unused_py_err"
-	unwindVarUnusedPyProc           = "unused_py_proc"
-	unwindVarUnusedPyStack          = "unused_py_stack"
-	unwindVarUnusedSiteCounts       = "unused_site_counts"
-	unwindVarUnusedSiteKey          = "unused_site_key"
-	unwindVarUnusedSiteOwnerCount   = "unused_site_owner_count"
-	unwindVarUnusedSiteOwnerKey     = "unused_site_owner_key"
 	unwindVarUnusedUnwindKey        = "unused_unwind_key"
 	unwindVarUnusedUnwindPendingKey = "unused_unwind_pending_key"
 	unwindVarUnusedUnwindRequest    = "unused_unwind_request"
@@ -211,14 +131,6 @@ type unwindProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type unwindMapSpecs struct {
 	Errors         *ebpf.MapSpec `ebpf:"errors"`
-	PyErrors       *ebpf.MapSpec `ebpf:"py_errors"`
-	PyProcs        *ebpf.MapSpec `ebpf:"py_procs"`
-	PyScratch      *ebpf.MapSpec `ebpf:"py_scratch"`
-	PyStacks       *ebpf.MapSpec `ebpf:"py_stacks"`
-	PyThreads      *ebpf.MapSpec `ebpf:"py_threads"`
-	PyThreadsTid   *ebpf.MapSpec `ebpf:"py_threads_tid"`
-	SiteOwners     *ebpf.MapSpec `ebpf:"site_owners"`
-	Sites          *ebpf.MapSpec `ebpf:"sites"`
 	TrackedPids    *ebpf.MapSpec `ebpf:"tracked_pids"`
 	UnwindPending  *ebpf.MapSpec `ebpf:"unwind_pending"`
 	UnwindRequests *ebpf.MapSpec `ebpf:"unwind_requests"`
@@ -234,14 +146,6 @@ type unwindMapSpecs struct {
 type unwindVariableSpecs struct {
 	HaveTaskPtRegs         *ebpf.VariableSpec `ebpf:"have_task_pt_regs"`
 	HaveTaskStorage        *ebpf.VariableSpec `ebpf:"have_task_storage"`
-	MaxSitesPerProc        *ebpf.VariableSpec `ebpf:"max_sites_per_proc"`
-	UnusedPyErr            *ebpf.VariableSpec `ebpf:"unused_py_err"`
-	UnusedPyProc           *ebpf.VariableSpec `ebpf:"unused_py_proc"`
-	UnusedPyStack          *ebpf.VariableSpec `ebpf:"unused_py_stack"`
-	UnusedSiteCounts       *ebpf.VariableSpec `ebpf:"unused_site_counts"`
-	UnusedSiteKey          *ebpf.VariableSpec `ebpf:"unused_site_key"`
-	UnusedSiteOwnerCount   *ebpf.VariableSpec `ebpf:"unused_site_owner_count"`
-	UnusedSiteOwnerKey     *ebpf.VariableSpec `ebpf:"unused_site_owner_key"`
 	UnusedUnwindKey        *ebpf.VariableSpec `ebpf:"unused_unwind_key"`
 	UnusedUnwindPendingKey *ebpf.VariableSpec `ebpf:"unused_unwind_pending_key"`
 	UnusedUnwindRequest    *ebpf.VariableSpec `ebpf:"unused_unwind_request"`
@@ -270,14 +174,6 @@ func (o *unwindObjects) Close() error {
 // It can be passed to loadUnwindObjects or ebpf.CollectionSpec.LoadAndAssign.
 type unwindMaps struct {
 	Errors         *ebpf.Map `ebpf:"errors"`
-	PyErrors       *ebpf.Map `ebpf:"py_errors"`
-	PyProcs        *ebpf.Map `ebpf:"py_procs"`
-	PyScratch      *ebpf.Map `ebpf:"py_scratch"`
-	PyStacks       *ebpf.Map `ebpf:"py_stacks"`
-	PyThreads      *ebpf.Map `ebpf:"py_threads"`
-	PyThreadsTid   *ebpf.Map `ebpf:"py_threads_tid"`
-	SiteOwners     *ebpf.Map `ebpf:"site_owners"`
-	Sites          *ebpf.Map `ebpf:"sites"`
 	TrackedPids    *ebpf.Map `ebpf:"tracked_pids"`
 	UnwindPending  *ebpf.Map `ebpf:"unwind_pending"`
 	UnwindRequests *ebpf.Map `ebpf:"unwind_requests"`
@@ -290,14 +186,6 @@ type unwindMaps struct {
 func (m *unwindMaps) Close() error {
 	return _UnwindClose(
 		m.Errors,
-		m.PyErrors,
-		m.PyProcs,
-		m.PyScratch,
-		m.PyStacks,
-		m.PyThreads,
-		m.PyThreadsTid,
-		m.SiteOwners,
-		m.Sites,
 		m.TrackedPids,
 		m.UnwindPending,
 		m.UnwindRequests,
@@ -314,14 +202,6 @@ func (m *unwindMaps) Close() error {
 type unwindVariables struct {
 	HaveTaskPtRegs         *ebpf.Variable `ebpf:"have_task_pt_regs"`
 	HaveTaskStorage        *ebpf.Variable `ebpf:"have_task_storage"`
-	MaxSitesPerProc        *ebpf.Variable `ebpf:"max_sites_per_proc"`
-	UnusedPyErr            *ebpf.Variable `ebpf:"unused_py_err"`
-	UnusedPyProc           *ebpf.Variable `ebpf:"unused_py_proc"`
-	UnusedPyStack          *ebpf.Variable `ebpf:"unused_py_stack"`
-	UnusedSiteCounts       *ebpf.Variable `ebpf:"unused_site_counts"`
-	UnusedSiteKey          *ebpf.Variable `ebpf:"unused_site_key"`
-	UnusedSiteOwnerCount   *ebpf.Variable `ebpf:"unused_site_owner_count"`
-	UnusedSiteOwnerKey     *ebpf.Variable `ebpf:"unused_site_owner_key"`
 	UnusedUnwindKey        *ebpf.Variable `ebpf:"unused_unwind_key"`
 	UnusedUnwindPendingKey *ebpf.Variable `ebpf:"unused_unwind_pending_key"`
 	UnusedUnwindRequest    *ebpf.Variable `ebpf:"unused_unwind_request"`
