@@ -499,9 +499,11 @@ func TestLargeLibraryWithinMemoryBudget(t *testing.T) {
 	t.Logf("tool peak RSS %d KiB, peak anonymous RSS %d KiB", hwm, anon)
 	// What symbolization can grow is anonymous memory: the old symbolizer
 	// needed ~150 MiB of heap for this library. The rest of the RSS is the
-	// binary's own pages (file-backed, shared, reclaimable: about 0.8 x its
-	// 38 MB here), so the whole has a looser guard; BENCHMARKS.md has both.
-	if anon > 40*1024 || hwm > 80*1024 {
-		t.Errorf("peak anonymous RSS %d KiB (budget 40960), peak RSS %d KiB (guard 81920)", anon, hwm)
+	// binary's own pages (file-backed, shared, reclaimable: ~28 MiB of its
+	// 41 MB here). The whole stays within the 64 MiB of issue 17 since the
+	// views' loads share one decoding of the kernel's BTF (56-57 MiB
+	// measured; BENCHMARKS.md).
+	if anon > 32*1024 || hwm > 64*1024 {
+		t.Errorf("peak anonymous RSS %d KiB (budget 32768), peak RSS %d KiB (budget 65536)", anon, hwm)
 	}
 }
