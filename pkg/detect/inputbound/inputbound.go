@@ -54,6 +54,8 @@ type Detector struct {
 	cfg  Config
 	gpu  map[int]*state
 	runq map[int]model.Histogram // each process's histogram at its previous poll
+	// Each process's threads' preemptions at its previous poll, by tid.
+	preempted map[int]map[int]uint64
 }
 
 type state struct {
@@ -76,7 +78,17 @@ type waiter struct {
 	cpus    int     // allowed
 	waits   uint64
 	isChild bool
+	threads []thread // the most preempted in the interval: they wanted a CPU
 }
+
+type thread struct {
+	tid       int
+	name      string
+	preempted uint64
+}
+
+// threadsShown bounds the threads named per process.
+const threadsShown = 3
 
 // New returns a detector; zero fields of cfg take DefaultConfig's values.
 func New(cfg Config) *Detector {
@@ -87,20 +99,40 @@ func New(cfg Config) *Detector {
 	cfg.StarvedWait = cmp.Or(cfg.StarvedWait, def.StarvedWait)
 	cfg.MinWaits = cmp.Or(cfg.MinWaits, def.MinWaits)
 	cfg.StarvedShare = cmp.Or(cfg.StarvedShare, def.StarvedShare)
-	return &Detector{cfg: cfg, gpu: map[int]*state{}, runq: map[int]model.Histogram{}}
+	return &Detector{cfg: cfg, gpu: map[int]*state{}, runq: map[int]model.Histogram{}, preempted: map[int]map[int]uint64{}}
 }
 
 // Observe takes in one poll of every watched process, sets the verdict of
 // each GPU process (model.CUDAStats.Verdict) and returns the input-bound
 // findings: new, updated, or just ended.
 func (d *Detector) Observe(now time.Time, procs []*model.Process) []model.Finding {
-	waited := map[int]waiter{}
 	children := map[int][]*model.Process{}
 	for _, p := range procs {
-		if w, ok := d.interval(p); ok {
-			waited[p.PID] = w
-		}
 		children[p.PPID] = append(children[p.PPID], p)
+	}
+	// Only GPU processes and their children are looked at: a poll of a
+	// node's thousand other processes costs nothing here.
+	waited := map[int]waiter{}
+	looked := map[int]bool{}
+	for _, p := range procs {
+		if len(p.CUDA.GPUUtil) == 0 {
+			continue
+		}
+		for _, q := range append([]*model.Process{p}, children[p.PID]...) {
+			if looked[q.PID] {
+				continue
+			}
+			looked[q.PID] = true
+			if w, ok := d.interval(q); ok {
+				waited[q.PID] = w
+			}
+		}
+	}
+	for pid := range d.runq {
+		if !looked[pid] {
+			delete(d.runq, pid)
+			delete(d.preempted, pid)
+		}
 	}
 	var out []model.Finding
 	for _, p := range procs {
@@ -159,6 +191,16 @@ func (d *Detector) Observe(now time.Time, procs []*model.Process) []model.Findin
 func (d *Detector) interval(p *model.Process) (waiter, bool) {
 	prev, seen := d.runq[p.PID]
 	d.runq[p.PID] = p.Sched.RunqLatency
+	before := d.preempted[p.PID]
+	now := make(map[int]uint64, len(p.Sched.Threads))
+	var threads []thread
+	for _, th := range p.Sched.Threads {
+		now[th.TID] = th.Involuntary
+		if n := th.Involuntary - min(before[th.TID], th.Involuntary); n > 0 {
+			threads = append(threads, thread{th.TID, th.Name, n})
+		}
+	}
+	d.preempted[p.PID] = now
 	if !seen {
 		return waiter{}, false
 	}
@@ -167,7 +209,9 @@ func (d *Detector) interval(p *model.Process) (waiter, bool) {
 	if !ok || delta.Count < d.cfg.MinWaits || q < d.cfg.StarvedWait.Seconds() {
 		return waiter{}, false
 	}
-	return waiter{pid: p.PID, comm: p.Comm, p99: q, cpus: p.Sched.AllowedCPUs, waits: delta.Count}, true
+	slices.SortFunc(threads, func(a, b thread) int { return cmp.Or(cmp.Compare(b.preempted, a.preempted), a.tid-b.tid) })
+	return waiter{pid: p.PID, comm: p.Comm, p99: q, cpus: p.Sched.AllowedCPUs, waits: delta.Count,
+		threads: threads[:min(len(threads), threadsShown)]}, true
 }
 
 // verdict judges the window; "" until it covers Window.
@@ -221,9 +265,20 @@ func (d *Detector) finding(p *model.Process, st *state, now time.Time) model.Fin
 		if w.isChild {
 			role = "child"
 		}
-		ev = append(ev, map[string]any{"pid": w.pid, "comm": w.comm, "role": role, "runq_p99_seconds": w.p99, "allowed_cpus": w.cpus})
+		var threads []map[string]any
+		var tnames []string
+		for _, th := range w.threads {
+			threads = append(threads, map[string]any{"tid": th.tid, "name": th.name, "preempted": th.preempted})
+			tnames = append(tnames, fmt.Sprintf("%s %d", th.name, th.tid))
+		}
+		ev = append(ev, map[string]any{"pid": w.pid, "comm": w.comm, "role": role, "runq_p99_seconds": w.p99, "allowed_cpus": w.cpus, "threads": threads})
 		if i < 4 {
-			names = append(names, fmt.Sprintf("%s %d (%s, p99 %s)", role, w.pid, w.comm, time.Duration(w.p99*float64(time.Second)).Round(100*time.Microsecond)))
+			name := fmt.Sprintf("%s %d (%s, p99 %s", role, w.pid, w.comm, time.Duration(w.p99*float64(time.Second)).Round(100*time.Microsecond))
+			if !w.isChild && len(tnames) > 0 {
+				// The process itself: which of its threads wanted a CPU.
+				name += "; threads " + strings.Join(tnames, ", ")
+			}
+			names = append(names, name+")")
 		}
 	}
 	if len(ws) > 4 {
@@ -255,4 +310,5 @@ func (d *Detector) end(st *state, now time.Time) model.Finding {
 func (d *Detector) Forget(pid int) {
 	delete(d.gpu, pid)
 	delete(d.runq, pid)
+	delete(d.preempted, pid)
 }

@@ -97,3 +97,21 @@ func TestNotInputBound(t *testing.T) {
 		t.Errorf("idle GPU, calm CPU: %+v, verdict %q; want none", fs, idle.p.CUDA.Verdict)
 	}
 }
+
+// A GPU process that itself waits for a CPU is named with the threads
+// preempted most in its worst interval: those that wanted a CPU.
+func TestInputBoundNamesThreads(t *testing.T) {
+	d := New(Config{})
+	gpu := newProc(100, 1, "train")
+	var fs []model.Finding
+	for i := 0; i < 35; i++ {
+		gpu.p.CUDA.GPUUtil = []model.GPUUtil{{Device: 0, SM: 0.1, Source: model.UtilProcess}}
+		gpu.wait(50, 0.05)
+		gpu.p.Sched.Threads = []model.ThreadSched{{TID: 100, Name: "pt_main_thread", Involuntary: uint64(i) * 10},
+			{TID: 105, Name: "tokenizer", Involuntary: uint64(i) * 90}, {TID: 107, Name: "idle", Involuntary: 3}}
+		fs = d.Observe(t0.Add(time.Duration(i)*time.Second), []*model.Process{gpu.p})
+	}
+	if len(fs) != 1 || !strings.Contains(fs[0].Summary, "itself 100 (train, p99 100ms; threads tokenizer 105, pt_main_thread 100)") {
+		t.Fatalf("findings %+v", fs)
+	}
+}
