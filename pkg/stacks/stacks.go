@@ -134,9 +134,6 @@ func (s *Service) Prepare(spec *ebpf.CollectionSpec) error {
 // (ebpf.CollectionOptions.MapReplacements).
 func (s *Service) Replacements() map[string]*ebpf.Map { return maps.Clone(s.maps) }
 
-// Shared reports whether an object's map of that name is the service's.
-func Shared(name string) bool { return slices.Contains(shared, name) }
-
 // Close stops serving and closes the service's handles of the maps.
 func (s *Service) Close() error {
 	var errs []error
