@@ -9,7 +9,7 @@ CFLAGS  := -O1 -g -fno-omit-frame-pointer -Wall -pthread
 FIXTURES := testdata/bin/fdwork testdata/bin/demo testdata/bin/schedwork testdata/bin/sockwork testdata/bin/cudawork testdata/bin/realcuda testdata/bin/leaderexit
 GOSRC   := $(shell find cmd pkg -name '*.go' -o -name '*.o') go.mod go.sum
 
-.PHONY: build deps test-deps generate-deps generate check-generate fixtures test demo screenshot bench kernels image image-root clean
+.PHONY: build deps test-deps generate-deps generate check-generate fixtures test demo screenshot bench kernels image image-root e2e clean
 
 build: $(BIN)
 
@@ -54,6 +54,7 @@ testdata/bin/%: testdata/%.c
 
 test: deps test-deps build fixtures
 	$(GO) vet ./...
+	$(GO) vet -tags e2e ./test/e2e
 	# -p 1: packages one at a time, so that tests which count the programs
 	# loaded in the kernel see only their own.
 	$(GO) test -count=1 -p 1 -timeout 20m ./...
@@ -99,6 +100,28 @@ image: deps build
 # The same files in bin/image-root, for deploy/Dockerfile (FROM scratch).
 image-root: deps build
 	$(GO) run ./deploy/image -binary $(BIN) -rootfs bin/image-root
+
+# End to end on a real one-node Kubernetes (root): etcd, the Kubernetes
+# components built from test/e2e/kube (cached in bin/e2e and Go's build
+# cache), containerd, runc and the CNI bridge plugin; the agent's image from
+# `make image`, the kustomize base and the Helm chart applied with only the
+# image overridden, a leaking workload pod, Prometheus with the shipped rules
+# and Alertmanager. Everything is torn down at the end, and checked.
+KUBE_VERSION := v1.34.4
+KUBE_BIN := bin/e2e/kube-$(KUBE_VERSION)
+KUBE_CMDS := kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl
+KUBE_LDFLAGS := -s -w -X k8s.io/component-base/version.gitVersion=$(KUBE_VERSION) \
+	-X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=34 \
+	-X k8s.io/component-base/version.gitTreeState=clean
+$(KUBE_BIN)/kubelet: test/e2e/kube/go.mod test/e2e/kube/go.sum
+	@mkdir -p $(@D)
+	cd test/e2e/kube && $(GO) build -trimpath -ldflags "$(KUBE_LDFLAGS)" -o $(abspath $(@D))/ $(addprefix k8s.io/kubernetes/cmd/,$(KUBE_CMDS))
+
+e2e: deps build fixtures image $(KUBE_BIN)/kubelet
+	@scripts/install-deps.sh e2e
+	$(GO) test -tags e2e -count=1 -v -timeout 30m ./test/e2e -args -kube-bin $(abspath $(KUBE_BIN)) \
+		-image $(abspath bin/autoglm-ebpf-image.tar) -image-ref $(IMAGE_REPO):$(VERSION) \
+		-fixtures $(abspath testdata/bin) -run-dir $(abspath bin/e2e/run)
 
 clean:
 	rm -rf bin testdata/bin

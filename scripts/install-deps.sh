@@ -9,6 +9,9 @@
 # code without frame pointers, held to elfutils' and binutils' unwind
 # tables), Chromium (the HTML report is rendered in
 # it), podman and runc (the image `make image` builds is loaded and run);
+# with "e2e" a one-node Kubernetes's parts besides Kubernetes itself
+# (etcd, containerd, runc, the CNI plugins, nftables, iproute2) and
+# bpftool, Prometheus and Alertmanager;
 # with "screenshot" Chromium and pngquant (README's picture of the
 # HTML report); with "kernels" what scripts/kernels.sh needs to boot
 # Debian's kernels under qemu (qemu, a static busybox and cpio for the
@@ -35,6 +38,17 @@ if [ "${1:-}" = test ]; then
 	command -v eu-stack >/dev/null || need+=(elfutils)
 	command -v podman >/dev/null || need+=(podman)
 	command -v runc >/dev/null || need+=(runc)
+fi
+if [ "${1:-}" = e2e ]; then
+	command -v etcd >/dev/null || need+=(etcd-server)
+	command -v containerd >/dev/null || need+=(containerd)
+	command -v runc >/dev/null || need+=(runc)
+	[ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
+	command -v nft >/dev/null || need+=(nftables)
+	command -v ip >/dev/null || need+=(iproute2)
+	command -v bpftool >/dev/null || need+=(bpftool)
+	command -v prometheus >/dev/null || need+=(prometheus)
+	command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
 fi
 if [ "${1:-}" = test ] || [ "${1:-}" = screenshot ]; then
 	command -v chromium >/dev/null || need+=(chromium)
