@@ -78,7 +78,7 @@ func TestShippedManifestsOnRealCluster(t *testing.T) {
 	root, _ := filepath.Abs("../../deploy/kubernetes")
 	rel, _ := filepath.Rel(overlay, root)
 	os.MkdirAll(overlay, 0o755)
-	kust := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [%s]\nimages:\n  - name: ghcr.io/open-autoglm/autoglm-ebpf\n    newName: %s\n    newTag: %s\n", rel, repo, tag)
+	kust := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [%s]\nimages:\n  - name: ghcr.io/open-autoglm/autoglm-ebpf\n    newName: %q\n    newTag: %q\n", rel, repo, tag)
 	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
 		t.Fatal(err)
 	}
