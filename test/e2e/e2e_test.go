@@ -364,6 +364,7 @@ func (c *cluster) checkFindings(ctx context.Context, t *testing.T, agent, work p
 						match = match && l[k] == v
 					}
 					if match {
+						t.Logf("%s: autoglm_finding%v", agent.Metadata.Name, l)
 						return nil
 					}
 				}
