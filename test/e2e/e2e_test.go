@@ -441,25 +441,28 @@ func (c *cluster) bpfPrograms() []string {
 	return s.Progs
 }
 
-// checkNoBPF waits for the programs loaded now to be those of before (the
-// agent's pod has ended once kubectl delete --wait returned, but its
-// programs are freed when the last reference goes).
+// checkNoBPF waits for the programs the agent loaded (those in withAgent
+// but not loaded before the run) to be gone: the agent's pod has ended
+// once kubectl delete --wait returned, but its programs are freed when the
+// last reference goes. Programs of others may come and go meanwhile.
 func (c *cluster) checkNoBPF(ctx context.Context, t *testing.T, withAgent []string) {
-	var now []string
-	err := poll(ctx, 30*time.Second, func() error {
-		now = c.bpfPrograms()
-		if slices.Equal(now, c.before.Progs) {
-			return nil
-		}
-		return fmt.Errorf("%d BPF programs loaded, %d before the agent", len(now), len(c.before.Progs))
-	})
-	if len(withAgent) <= len(c.before.Progs) {
-		t.Errorf("the agent loaded no BPF program: %d with it, %d before", len(withAgent), len(c.before.Progs))
+	agents := slices.DeleteFunc(slices.Clone(withAgent), func(p string) bool { return slices.Contains(c.before.Progs, p) })
+	if len(agents) == 0 {
+		t.Fatalf("the agent loaded no BPF program: %d loaded with it, the same before", len(withAgent))
 	}
+	var left []string
+	err := poll(ctx, 30*time.Second, func() error {
+		now := c.bpfPrograms()
+		left = slices.DeleteFunc(slices.Clone(agents), func(p string) bool { return !slices.Contains(now, p) })
+		if len(left) > 0 {
+			return fmt.Errorf("%d of the agent's %d BPF programs still loaded", len(left), len(agents))
+		}
+		return nil
+	})
 	if err != nil {
-		t.Errorf("%v: %v", err, now)
+		t.Errorf("%v: %v", err, left)
 	} else {
-		t.Logf("BPF programs: %d before the agent, %d with it, %d after", len(c.before.Progs), len(withAgent), len(now))
+		t.Logf("the agent's %d BPF programs unloaded", len(agents))
 	}
 }
 

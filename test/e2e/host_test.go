@@ -150,9 +150,14 @@ func (before hostState) diff(after hostState) []string {
 	list("mount", before.Mounts, after.Mounts)
 	list("cgroup", before.Cgroups, after.Cgroups)
 	list("network interface", before.Links, after.Links)
-	list("BPF program", before.Progs, after.Progs)
 	list("path", before.Paths, after.Paths)
 	list("process", before.Processes, after.Processes)
+	// BPF programs of others may go meanwhile: only new ones are the run's.
+	for _, p := range after.Progs {
+		if !slices.Contains(before.Progs, p) {
+			d = append(d, "BPF program left: "+p)
+		}
+	}
 	if before.Nft != after.Nft {
 		d = append(d, "nftables ruleset changed:\n"+after.Nft)
 	}
