@@ -182,7 +182,13 @@ func runDaemon(f *daemonFlags, rules daemon.Rules) error {
 	cfg.CtxStorm.Floor = f.ctxFloor
 	cfg.GPUAlloc.MemoryBudget = uint64(f.gpuBudget)
 	cfg.Daemon, cfg.Source, cfg.Cache = true, finder, maps
-	cfg.Pod = func(pid int) model.Pod {
+	cfg.Pod = func(pid int, known model.Pod) model.Pod {
+		if known.UID != "" {
+			// The cgroup does not change: only the names may have come
+			// (a pause container's never does; a lookup is cheap).
+			known.Namespace, known.Name, known.Container, _ = resolver.Lookup(known.UID, known.ContainerID)
+			return known
+		}
 		pod, err := resolver.ForPID(proc, pid)
 		if err != nil {
 			return model.Pod{}

@@ -96,9 +96,11 @@ type Config struct {
 	// Source, if set, is asked for new processes to watch at each poll.
 	Source Source
 	// Pod, if set, says where a process runs in Kubernetes. It is asked
-	// when a process is watched, and again at each poll until the pod's
-	// name is known (the API server may answer later).
-	Pod func(pid int) model.Pod
+	// when a process is watched (known is zero), and again at each poll,
+	// given what it said last, while the pod's name or the container's is
+	// missing: the API server may answer later, and the kubelet reports a
+	// container's id in the pod's status only after its process started.
+	Pod func(pid int, known model.Pod) model.Pod
 }
 
 // Source finds processes to watch (the daemon's discovery).
@@ -380,7 +382,7 @@ func (p *Pipeline) watch(pid int) error {
 	}
 	pr := &model.Process{PID: pid, PPID: id.PPID, Comm: comm, Started: time.Now()}
 	if p.cfg.Pod != nil {
-		pr.Pod = p.cfg.Pod(pid)
+		pr.Pod = p.cfg.Pod(pid, model.Pod{})
 	}
 	p.procs[pid] = pr
 	p.starts[pid] = start
@@ -479,8 +481,8 @@ func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 			// comm changes at exec (run starts the command through a shell).
 			pr.Comm = id.Comm
 		}
-		if p.cfg.Pod != nil && pr.Pod.UID != "" && pr.Pod.Name == "" {
-			pr.Pod = p.cfg.Pod(pid)
+		if p.cfg.Pod != nil && pr.Pod.UID != "" && (pr.Pod.Name == "" || pr.Pod.Container == "" && pr.Pod.ContainerID != "") {
+			pr.Pod = p.cfg.Pod(pid, pr.Pod)
 		}
 		observe = append(observe, pr)
 	}
@@ -669,6 +671,9 @@ func (p *Pipeline) snapshot(now time.Time) *model.Snapshot {
 	s.GPUs = p.gpu.GPUs()
 	if xids := p.gpu.XIDCounts(); len(xids) > 0 {
 		s.GPUXIDs = xids
+	}
+	if events := p.gpu.EventCounts(); len(events) > 0 {
+		s.GPUEventCounts = events
 	}
 	for _, c := range p.concerns {
 		lost, err := c.Lost()

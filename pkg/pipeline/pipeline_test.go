@@ -398,3 +398,48 @@ func TestCadenceUnderLoad(t *testing.T) {
 		})
 	}
 }
+
+// A container's id reaches the pod's status only after its process
+// started: the pipeline asks again, with what it knows, until the names
+// come, and no more after.
+func TestPodNamesArriveLater(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := testutil.Fixture(t, "fdwork")
+	var mu sync.Mutex
+	var asked []model.Pod
+	ids := model.Pod{UID: "3f0e9b7c-1a2b-4c3d-8e9f-0123456789ab", ContainerID: strings.Repeat("ab", 32)}
+	cfg := DefaultConfig()
+	cfg.Pod = func(pid int, known model.Pod) model.Pod {
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, known)
+		switch len(asked) {
+		case 1:
+			return ids // from the cgroup: no names yet
+		case 2:
+			known.Namespace, known.Name = "ml", "serve-0" // the pod, not yet the container
+			return known
+		}
+		known.Namespace, known.Name, known.Container = "ml", "serve-0", "worker"
+		return known
+	}
+	polls, named := 0, 0
+	final, _ := runFromExec(t, cfg, []string{bin, "loop", "1000000000"}, 3*intervals*time.Second, func(s *model.Snapshot) bool {
+		polls++
+		if len(s.Processes) > 0 && s.Processes[0].Pod.Container == "worker" {
+			named++
+		}
+		return named == 3 || polls > intervals
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if named < 3 {
+		t.Fatalf("the container's name never came: asked %d times, last %+v", len(asked), final.Processes)
+	}
+	if len(asked) != 3 {
+		t.Errorf("Pod asked %d times, want 3 (then the names are known): %+v", len(asked), asked)
+	}
+	if asked[0] != (model.Pod{}) || asked[1] != ids || asked[2].UID != ids.UID || asked[2].Name != "serve-0" {
+		t.Errorf("Pod asked with %+v: want nothing known, then the cgroup's ids, then those with the pod's name", asked)
+	}
+}
