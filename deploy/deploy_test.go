@@ -1013,10 +1013,10 @@ func TestRulesContent(t *testing.T) {
 		}
 	}
 	kinds := model.Kinds
-	// A gpu_xid finding is a device's fault seen from each process on it:
-	// the device's counter alerts once, with the XID, whether or not a
-	// watched process used the GPU.
-	byDevice := map[string]string{model.KindGPUXID: "AutoglmGpuXid"}
+	// A gpu_xid or gpu_ecc_error finding is a device's fault seen from
+	// each process on it: the device's counter alerts once (with the XID),
+	// whether or not a watched process used the GPU.
+	byDevice := map[string]string{model.KindGPUXID: "AutoglmGpuXid", model.KindGPUECCError: "AutoglmGpuEccError"}
 	for _, k := range kinds {
 		if a, ok := byDevice[k]; ok {
 			if _, ok := alerts[a]; !ok || len(byKind[k]) != 0 {

@@ -49,7 +49,7 @@ func (m *Metrics) cudaSeries(s *model.Snapshot, out []prometheus.Metric) []prome
 		if !p.Exited {
 			ids[p.PID] = m.procLabels(p)
 			for _, u := range p.CUDA.GPUUtil {
-				labels := append(append([]string{strconv.Itoa(u.Device)}, ids[p.PID]...), u.Source)
+				labels := append(append([]string{u.Label()}, ids[p.PID]...), u.Source)
 				out = append(out,
 					constMetric(m.d.gpuSMUtilDesc, prometheus.GaugeValue, u.SM, labels...),
 					constMetric(m.d.gpuMemUtilDesc, prometheus.GaugeValue, u.Memory, labels...))
@@ -83,8 +83,11 @@ func (m *Metrics) cudaSeries(s *model.Snapshot, out []prometheus.Metric) []prome
 	for k, n := range s.GPUXIDs {
 		out = append(out, constMetric(m.d.gpuXIDDesc, prometheus.CounterValue, float64(n), strconv.Itoa(k.Device), label(k.UUID), strconv.FormatUint(k.XID, 10)))
 	}
+	for k, n := range s.GPUEventCounts {
+		out = append(out, constMetric(m.d.gpuEventsDesc, prometheus.CounterValue, float64(n), strconv.Itoa(k.Device), label(k.UUID), k.Kind))
+	}
 	for _, g := range s.GPUs {
-		idx := strconv.Itoa(g.Index)
+		idx := g.Label()
 		uuid := label(g.UUID)
 		out = append(out,
 			constMetric(m.d.gpuUsedDesc, prometheus.GaugeValue, float64(g.MemoryUsed), idx, uuid),

@@ -14,7 +14,7 @@ var cudaNames = []string{"autoglm_cuda_alloc_bytes_total", "autoglm_cuda_free_by
 	"autoglm_cuda_live_bytes", "autoglm_cuda_alloc_failures_total", "autoglm_cuda_untracked_bytes",
 	"autoglm_gpu_memory_used_bytes", "autoglm_gpu_memory_total_bytes", "autoglm_gpu_utilization_ratio",
 	"autoglm_gpu_process_memory_used_bytes", "autoglm_gpu_sm_utilization_ratio", "autoglm_gpu_memory_controller_utilization_ratio",
-	"autoglm_gpu_xid_errors_total"}
+	"autoglm_gpu_xid_errors_total", "autoglm_gpu_events_total"}
 
 func failure(ms int, api, errName string) model.CUDAFailure {
 	return model.CUDAFailure{Time: t0.Add(time.Duration(ms) * time.Millisecond), API: api, Size: 1 << 30, Code: 2, Error: errName}
@@ -41,6 +41,16 @@ func gpus() []model.GPU {
 	}
 }
 
+// migGPUs is GPU 2 in MIG mode and its MIG device 1, with pid 100 on it.
+func migGPUs() []model.GPU {
+	one := 1
+	return []model.GPU{
+		{Index: 2, UUID: "GPU-cccc", Name: "A100", MemoryUsed: 6 << 30, MemoryTotal: 40 << 30, Processes: map[int]uint64{}},
+		{Index: 2, MIG: &one, GPUInstance: 5, UUID: "MIG-dddd", Name: "A100 MIG 3g.20gb", MemoryUsed: 1 << 30, MemoryTotal: 20 << 30,
+			Processes: map[int]uint64{100: 1 << 30}},
+	}
+}
+
 func TestCUDAValues(t *testing.T) {
 	m, reg := newMetrics(t)
 	cp := cudaProc(100, "trainer", false,
@@ -48,12 +58,16 @@ func TestCUDAValues(t *testing.T) {
 		failure(2, "cudaMalloc", "cudaErrorMemoryAllocation"),
 		failure(3, "cuMemAlloc_v2", "CUDA_ERROR_OUT_OF_MEMORY"))
 	cp.CUDA.HasNVML, cp.CUDA.NVMLUsedBytes, cp.CUDA.UntrackedBytes = true, 3<<30+512<<20, 512<<20
+	one := 1
 	cp.CUDA.GPUUtil = []model.GPUUtil{{Device: 0, UUID: "GPU-aaaa", SM: 0.25, Memory: 0.125, Source: model.UtilProcess},
-		{Device: 1, UUID: "GPU-bbbb", SM: 0.5, Memory: 0.0625, Source: model.UtilDevice}}
+		{Device: 1, UUID: "GPU-bbbb", SM: 0.5, Memory: 0.0625, Source: model.UtilDevice},
+		{Device: 2, MIG: &one, UUID: "MIG-dddd", SM: 0.75, Memory: 0.25, Source: model.UtilDevice}}
 	plain := proc(200, "fdwork", 5, 1, 0, false) // no CUDA activity: no CUDA series
 	s := snap(1, []*model.Process{cp, plain}, nil, nil)
-	s.GPUs = gpus()
+	s.GPUs = append(gpus(), migGPUs()...)
 	s.GPUXIDs = map[model.XIDKey]uint64{{Device: 0, UUID: "GPU-aaaa", XID: 79}: 1, {Device: 0, UUID: "GPU-aaaa", XID: 31}: 3}
+	s.GPUEventCounts = map[model.GPUEventKey]uint64{{Device: 0, UUID: "GPU-aaaa", Kind: model.GPUEventXID}: 4,
+		{Device: 0, UUID: "GPU-aaaa", Kind: model.GPUEventPState}: 12, {Device: 2, UUID: "GPU-cccc", Kind: model.GPUEventDoubleBitECC}: 1}
 	m.Update(s)
 
 	want := `
@@ -78,33 +92,47 @@ autoglm_cuda_alloc_failures_total{api="cudaMalloc",comm="trainer",error="cudaErr
 # HELP autoglm_cuda_untracked_bytes Device memory NVML reports for the process minus the bytes the CUDA hooks see live.
 # TYPE autoglm_cuda_untracked_bytes gauge
 autoglm_cuda_untracked_bytes{comm="trainer",pid="100"} 5.36870912e+08
-# HELP autoglm_gpu_memory_used_bytes Device memory in use on the GPU, per NVML.
+# HELP autoglm_gpu_memory_used_bytes Device memory in use on the GPU, per NVML; gpu="0/mig1" is MIG device 1 of GPU 0, a device of its own.
 # TYPE autoglm_gpu_memory_used_bytes gauge
 autoglm_gpu_memory_used_bytes{gpu="0",uuid="GPU-aaaa"} 1.073741824e+10
 autoglm_gpu_memory_used_bytes{gpu="1",uuid="GPU-bbbb"} 0
+autoglm_gpu_memory_used_bytes{gpu="2",uuid="GPU-cccc"} 6.442450944e+09
+autoglm_gpu_memory_used_bytes{gpu="2/mig1",uuid="MIG-dddd"} 1.073741824e+09
 # HELP autoglm_gpu_memory_total_bytes Device memory of the GPU, per NVML.
 # TYPE autoglm_gpu_memory_total_bytes gauge
 autoglm_gpu_memory_total_bytes{gpu="0",uuid="GPU-aaaa"} 8.589934592e+10
 autoglm_gpu_memory_total_bytes{gpu="1",uuid="GPU-bbbb"} 8.589934592e+10
+autoglm_gpu_memory_total_bytes{gpu="2",uuid="GPU-cccc"} 4.294967296e+10
+autoglm_gpu_memory_total_bytes{gpu="2/mig1",uuid="MIG-dddd"} 2.147483648e+10
 # HELP autoglm_gpu_utilization_ratio Share of the last sample period in which a kernel ran on the GPU, per NVML.
 # TYPE autoglm_gpu_utilization_ratio gauge
 autoglm_gpu_utilization_ratio{gpu="0",uuid="GPU-aaaa"} 0.5
 autoglm_gpu_utilization_ratio{gpu="1",uuid="GPU-bbbb"} 0
+autoglm_gpu_utilization_ratio{gpu="2",uuid="GPU-cccc"} 0
+autoglm_gpu_utilization_ratio{gpu="2/mig1",uuid="MIG-dddd"} 0
 # HELP autoglm_gpu_process_memory_used_bytes Device memory a watched process uses on the GPU, per NVML.
 # TYPE autoglm_gpu_process_memory_used_bytes gauge
 autoglm_gpu_process_memory_used_bytes{comm="trainer",gpu="0",pid="100"} 3.758096384e+09
+autoglm_gpu_process_memory_used_bytes{comm="trainer",gpu="2/mig1",pid="100"} 1.073741824e+09
 # HELP autoglm_gpu_sm_utilization_ratio Share of the last poll interval in which a kernel of the process ran on the GPU, the mean of NVML's samples; source="device": the whole GPU's figure, where it keeps none per process (MIG, some vGPU).
 # TYPE autoglm_gpu_sm_utilization_ratio gauge
 autoglm_gpu_sm_utilization_ratio{comm="trainer",gpu="0",pid="100",source="process"} 0.25
 autoglm_gpu_sm_utilization_ratio{comm="trainer",gpu="1",pid="100",source="device"} 0.5
+autoglm_gpu_sm_utilization_ratio{comm="trainer",gpu="2/mig1",pid="100",source="device"} 0.75
 # HELP autoglm_gpu_memory_controller_utilization_ratio Share of the last poll interval in which the GPU's memory was read or written for the process, the mean of NVML's samples; source as for autoglm_gpu_sm_utilization_ratio.
 # TYPE autoglm_gpu_memory_controller_utilization_ratio gauge
 autoglm_gpu_memory_controller_utilization_ratio{comm="trainer",gpu="0",pid="100",source="process"} 0.125
 autoglm_gpu_memory_controller_utilization_ratio{comm="trainer",gpu="1",pid="100",source="device"} 0.0625
+autoglm_gpu_memory_controller_utilization_ratio{comm="trainer",gpu="2/mig1",pid="100",source="device"} 0.25
 # HELP autoglm_gpu_xid_errors_total XID errors (driver-reported GPU faults) per device and XID since the start, from NVML's events.
 # TYPE autoglm_gpu_xid_errors_total counter
 autoglm_gpu_xid_errors_total{gpu="0",uuid="GPU-aaaa",xid="31"} 3
 autoglm_gpu_xid_errors_total{gpu="0",uuid="GPU-aaaa",xid="79"} 1
+# HELP autoglm_gpu_events_total NVML events per device and type since the start: faults (xid, double_bit_ecc, ...), corrected errors and changes of state (single_bit_ecc, pstate, clock, ...); XIDs by number are in autoglm_gpu_xid_errors_total.
+# TYPE autoglm_gpu_events_total counter
+autoglm_gpu_events_total{gpu="0",type="pstate",uuid="GPU-aaaa"} 12
+autoglm_gpu_events_total{gpu="0",type="xid",uuid="GPU-aaaa"} 4
+autoglm_gpu_events_total{gpu="2",type="double_bit_ecc",uuid="GPU-cccc"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), cudaNames...); err != nil {
 		t.Fatal(err)
@@ -196,7 +224,8 @@ func TestCUDALint(t *testing.T) {
 	cp := cudaProc(100, "tr\xffiner", false, failure(1, "cudaMalloc", "cudaErrorMemoryAllocation"))
 	cp.CUDA.HasNVML, cp.CUDA.UntrackedBytes = true, -5
 	s := snap(1, []*model.Process{cp}, nil, nil)
-	s.GPUs = gpus()
+	s.GPUs = append(gpus(), migGPUs()...)
+	s.GPUEventCounts = map[model.GPUEventKey]uint64{{Device: 0, UUID: "GPU-aaaa", Kind: model.GPUEventSingleBitECC}: 1}
 	m.Update(s)
 	problems, err := testutil.CollectAndLint(collector{m})
 	if err != nil {

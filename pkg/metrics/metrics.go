@@ -58,6 +58,7 @@ type descs struct {
 	gpuSMUtilDesc      *prometheus.Desc
 	gpuMemUtilDesc     *prometheus.Desc
 	gpuXIDDesc         *prometheus.Desc
+	gpuEventsDesc      *prometheus.Desc
 	ctxSwitchesDesc    *prometheus.Desc
 	runqLatencyDesc    *prometheus.Desc
 }
@@ -114,7 +115,7 @@ func newDescs(pods bool) *descs {
 	d.cudaUntrackedDesc = prometheus.NewDesc("autoglm_cuda_untracked_bytes",
 		"Device memory NVML reports for the process minus the bytes the CUDA hooks see live.", names(), nil)
 	d.gpuUsedDesc = prometheus.NewDesc("autoglm_gpu_memory_used_bytes",
-		"Device memory in use on the GPU, per NVML.", []string{"gpu", "uuid"}, nil)
+		"Device memory in use on the GPU, per NVML; gpu=\"0/mig1\" is MIG device 1 of GPU 0, a device of its own.", []string{"gpu", "uuid"}, nil)
 	d.gpuTotalDesc = prometheus.NewDesc("autoglm_gpu_memory_total_bytes",
 		"Device memory of the GPU, per NVML.", []string{"gpu", "uuid"}, nil)
 	d.gpuUtilDesc = prometheus.NewDesc("autoglm_gpu_utilization_ratio",
@@ -129,6 +130,9 @@ func newDescs(pods bool) *descs {
 		append([]string{"gpu"}, names("source")...), nil)
 	d.gpuXIDDesc = prometheus.NewDesc("autoglm_gpu_xid_errors_total",
 		"XID errors (driver-reported GPU faults) per device and XID since the start, from NVML's events.", []string{"gpu", "uuid", "xid"}, nil)
+	d.gpuEventsDesc = prometheus.NewDesc("autoglm_gpu_events_total",
+		"NVML events per device and type since the start: faults (xid, double_bit_ecc, ...), corrected errors and changes of state (single_bit_ecc, pstate, clock, ...); XIDs by number are in autoglm_gpu_xid_errors_total.",
+		[]string{"gpu", "uuid", "type"}, nil)
 	d.ctxSwitchesDesc = prometheus.NewDesc("autoglm_context_switches_total",
 		"Context switches of the process's threads since attach, by type (voluntary: blocked; involuntary: preempted).",
 		names("type"), nil)
@@ -140,7 +144,7 @@ func newDescs(pods bool) *descs {
 
 // all lists every description, for Describe.
 func (d *descs) all() []*prometheus.Desc {
-	return []*prometheus.Desc{d.openFDsDesc, d.fdLimitDesc, d.openedDesc, d.closedDesc, d.fdFailuresDesc, d.socketsDesc, d.socketFDsDesc, d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.trackFailuresDesc, d.viewUpDesc, d.bpfMemoryDesc, d.buildInfoDesc, d.cudaAllocBytesDesc, d.cudaFreeBytesDesc, d.cudaAllocCallsDesc, d.cudaLiveBytesDesc, d.cudaFailuresDesc, d.cudaUntrackedDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.gpuSMUtilDesc, d.gpuMemUtilDesc, d.gpuXIDDesc, d.ctxSwitchesDesc, d.runqLatencyDesc}
+	return []*prometheus.Desc{d.openFDsDesc, d.fdLimitDesc, d.openedDesc, d.closedDesc, d.fdFailuresDesc, d.socketsDesc, d.socketFDsDesc, d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.trackFailuresDesc, d.viewUpDesc, d.bpfMemoryDesc, d.buildInfoDesc, d.cudaAllocBytesDesc, d.cudaFreeBytesDesc, d.cudaAllocCallsDesc, d.cudaLiveBytesDesc, d.cudaFailuresDesc, d.cudaUntrackedDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.gpuSMUtilDesc, d.gpuMemUtilDesc, d.gpuXIDDesc, d.gpuEventsDesc, d.ctxSwitchesDesc, d.runqLatencyDesc}
 }
 
 // Metrics is a sink that serves the latest snapshot to Prometheus.

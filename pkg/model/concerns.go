@@ -1,6 +1,9 @@
 package model
 
-import "time"
+import (
+	"strconv"
+	"time"
+)
 
 // SchedStats is the scheduler view of one process at one instant.
 type SchedStats struct {
@@ -80,8 +83,9 @@ type CUDAStats struct {
 	// GPUUtil is how busy the process kept each device it ran on since the
 	// previous poll, by device index; nil without NVML or any device.
 	GPUUtil []GPUUtil
-	// GPUEvents are the driver faults (XID errors) reported since the
-	// previous poll by the devices the process uses.
+	// GPUEvents are the driver faults (XID errors, uncorrectable ECC
+	// errors) reported since the previous poll by the devices the process
+	// uses; on MIG, those of its own GPU instance and the whole device's.
 	GPUEvents []GPUEvent
 	// Verdict says what held its GPU back over the last window
 	// (detect/inputbound): "gpu_bound" (the GPU, busy), "input_bound"
@@ -92,7 +96,8 @@ type CUDAStats struct {
 // GPUUtil is how busy a process kept one device over a poll interval, the
 // mean of NVML's samples in it.
 type GPUUtil struct {
-	Device int     // NVML index
+	Device int     // NVML index; on MIG, the parent GPU's
+	MIG    *int    // on MIG, the instance's index on Device (GPU.MIG); nil on a whole GPU
 	UUID   string  // the device's (a MIG instance's own on MIG)
 	SM     float64 // 0..1: share of the time a kernel of the process ran
 	Memory float64 // 0..1: share of the time device memory was read or written for it
@@ -102,23 +107,55 @@ type GPUUtil struct {
 	Source string
 }
 
-// GPUEvent is a fault a device's driver reported through NVML: an XID
-// error.
+// GPUEvent is an event a device's driver reported through NVML: a fault
+// (an XID error, an uncorrectable ECC error) or a change of state.
 type GPUEvent struct {
 	Time   time.Time
 	Device int    // NVML index
 	UUID   string // the device's
-	XID    uint64
-	// The MIG instance it concerns; 0xFFFFFFFF when not one (or the
+	Kind   string // what happened: GPUEventXID, GPUEventPState, ...
+	XID    uint64 // the XID of a GPUEventXID; 0 for the other kinds
+	// The MIG instance it concerns; NoInstance when not one (or the
 	// whole device).
 	GPUInstance, ComputeInstance uint32
 }
+
+// NoInstance is NVML's GPU or compute instance id for "not a MIG
+// instance", or not known.
+const NoInstance = 0xFFFFFFFF
+
+// Kinds of GPUEvent, one per NVML event type watched; they are the type
+// label of autoglm_gpu_events_total.
+const (
+	GPUEventXID                   = "xid"                     // XID critical error
+	GPUEventDoubleBitECC          = "double_bit_ecc"          // uncorrectable device memory error
+	GPUEventSingleBitECC          = "single_bit_ecc"          // corrected device memory error
+	GPUEventSingleBitECCStorm     = "single_bit_ecc_storm"    // corrected errors at a high rate
+	GPUEventDRAMRetirement        = "dram_retirement"         // a memory page retired or row remapped
+	GPUEventDRAMRetirementFailure = "dram_retirement_failure" // retiring or remapping failed
+	GPUEventNonFatalPoison        = "nonfatal_poison"         // poisoned memory consumed, contained
+	GPUEventFatalPoison           = "fatal_poison"            // poisoned memory consumed, not contained
+	GPUEventUnavailable           = "gpu_unavailable"         // the GPU stopped answering
+	GPUEventRecoveryAction        = "gpu_recovery_action"     // the driver asks for a reset, reboot or drain
+	GPUEventPState                = "pstate"                  // performance state changed
+	GPUEventClock                 = "clock"                   // clocks changed
+	GPUEventPowerSourceChange     = "power_source_change"     // AC or battery
+	GPUEventMIGConfigChange       = "mig_config_change"       // MIG instances created or destroyed
+)
 
 // XIDKey is a device and an XID, to count the XID errors of each device.
 type XIDKey struct {
 	Device int
 	UUID   string
 	XID    uint64
+}
+
+// GPUEventKey is a device and a kind of GPUEvent, to count the events of
+// each device.
+type GPUEventKey struct {
+	Device int
+	UUID   string
+	Kind   string
 }
 
 // Sources of GPUUtil.
@@ -181,4 +218,29 @@ type GPU struct {
 	// utilization samples (GPUUtil's UtilProcess); false on MIG and some
 	// vGPU setups, and before the first sample.
 	PerProcessUtil bool
+	// MIG is, on a MIG instance, its index among the MIG devices of its
+	// parent, the GPU Index; nil on a whole GPU. A MIG instance is a
+	// device of its own, with its memory and its processes: a parent in
+	// MIG mode lists none, lest a process count twice.
+	MIG *int
+	// GPUInstance is a MIG instance's GPU instance id, as nvidia-smi and
+	// the events that concern the instance name it; NoInstance when not
+	// known. Unset on a whole GPU.
+	GPUInstance uint32
+}
+
+// Label names g in metrics (the gpu label) and messages: see DeviceLabel.
+func (g GPU) Label() string { return DeviceLabel(g.Index, g.MIG) }
+
+// Label names the device of u as GPU.Label does.
+func (u GPUUtil) Label() string { return DeviceLabel(u.Device, u.MIG) }
+
+// DeviceLabel names a device: its NVML index, "0"; a MIG instance by its
+// parent's index and its own on it, "0/mig1". At most seven MIG devices
+// per GPU keep the label's values few.
+func DeviceLabel(index int, mig *int) string {
+	if mig == nil {
+		return strconv.Itoa(index)
+	}
+	return strconv.Itoa(index) + "/mig" + strconv.Itoa(*mig)
 }

@@ -16,11 +16,12 @@ const (
 	KindGPUAllocFailure = "gpu_alloc_failure"
 	KindGPUAllocChurn   = "gpu_alloc_churn"
 	KindGPUXID          = "gpu_xid"
+	KindGPUECCError     = "gpu_ecc_error"
 	KindGPUInputBound   = "gpu_input_bound"
 )
 
 // Kinds lists every finding kind, for flag validation and metric pre-creation.
-var Kinds = []string{KindFDLeak, KindFDExhausted, KindSocketLeak, KindCtxSwitchStorm, KindGPUAllocBurst, KindGPUMemoryLeak, KindGPUAllocFailure, KindGPUAllocChurn, KindGPUXID, KindGPUInputBound}
+var Kinds = []string{KindFDLeak, KindFDExhausted, KindSocketLeak, KindCtxSwitchStorm, KindGPUAllocBurst, KindGPUMemoryLeak, KindGPUAllocFailure, KindGPUAllocChurn, KindGPUXID, KindGPUECCError, KindGPUInputBound}
 
 // Severities, lowest first.
 const (
@@ -168,6 +169,9 @@ type Snapshot struct {
 	// GPUXIDs counts the XID errors each device reported since the start,
 	// watched processes on it or not (monotonic).
 	GPUXIDs map[XIDKey]uint64
+	// GPUEventCounts counts the NVML events each device reported since
+	// the start, by kind, XIDs among them (monotonic).
+	GPUEventCounts map[GPUEventKey]uint64
 	// Views says, for each view (Views lists them), why it is down: ""
 	// when it runs, "loading" while its BPF side loads.
 	Views map[string]string

@@ -3,6 +3,7 @@ package nvml
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"time"
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -10,10 +11,14 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
-// Driver faults reach the sampler as NVML events: an event set with the
-// XID critical errors of every device that reports them, waited on by a
-// goroutine of its own. Each event is kept for the window it came in
-// (Events) and counted by device and XID (XIDCounts).
+// Driver faults and changes of state reach the sampler as NVML events: an
+// event set with every event type of eventTypes that each GPU reports,
+// waited on by a goroutine of its own. Every event is counted by device
+// and kind (EventCounts), an XID also by its number (XIDCounts); a fault
+// is kept for the window it came in (Events) and handed to the detectors
+// with the processes on its device. Events are registered on the GPUs,
+// MIG mode or not: those that concern one MIG instance name its GPU and
+// compute instances.
 
 // eventWait is how long one wait for an event lasts: the goroutine notices
 // the end of the run within it.
@@ -23,8 +28,45 @@ const eventWait = 500 * time.Millisecond
 // trouble can report thousands a second; the counts keep every one.
 const maxWindowEvents = 256
 
-// watchEvents registers the devices' XID events and waits on them until
-// ctx is done. It reports which devices deliver them.
+// eventTypes are the NVML event types watched, and the kind of
+// model.GPUEvent each makes. fault: kept for the window and handed to the
+// detectors (detect/gpuxid makes findings of them). The others are only
+// counted: corrected errors and state changes say how a GPU fares, not
+// that a job failed, and pstate and clock changes come by the dozen as a
+// GPU goes busy and idle; kept, they would crowd the faults out of the
+// bounded window.
+var eventTypes = []struct {
+	mask  uint64
+	kind  string
+	fault bool
+}{
+	{gonvml.EventTypeXidCriticalError, model.GPUEventXID, true},
+	{gonvml.EventTypeDoubleBitEccError, model.GPUEventDoubleBitECC, true},
+	{gonvml.EventTypeSingleBitEccError, model.GPUEventSingleBitECC, false},
+	{gonvml.EventTypeSingleBitEccErrorStorm, model.GPUEventSingleBitECCStorm, false},
+	{gonvml.EventTypeDramRetirementEvent, model.GPUEventDRAMRetirement, false},
+	{gonvml.EventTypeDramRetirementFailure, model.GPUEventDRAMRetirementFailure, false},
+	{gonvml.EventTypeNonFatalPoisonError, model.GPUEventNonFatalPoison, false},
+	{gonvml.EventTypeFatalPoisonError, model.GPUEventFatalPoison, false},
+	{gonvml.EventTypeGpuUnavailableError, model.GPUEventUnavailable, false},
+	{gonvml.EventTypeGpuRecoveryAction, model.GPUEventRecoveryAction, false},
+	{gonvml.EventTypePState, model.GPUEventPState, false},
+	{gonvml.EventTypeClock, model.GPUEventClock, false},
+	{gonvml.EventTypePowerSourceChange, model.GPUEventPowerSourceChange, false},
+	{gonvml.EventMigConfigChange, model.GPUEventMIGConfigChange, false},
+}
+
+// watchedEvents is the mask of every type in eventTypes.
+var watchedEvents = func() uint64 {
+	var m uint64
+	for _, t := range eventTypes {
+		m |= t.mask
+	}
+	return m
+}()
+
+// watchEvents registers, on each GPU, the watched event types it reports
+// and waits on them until ctx is done.
 func (s *Sampler) watchEvents(ctx context.Context) {
 	set, ret := s.lib.EventSetCreate()
 	if ret != gonvml.SUCCESS {
@@ -43,20 +85,22 @@ func (s *Sampler) watchEvents(ctx context.Context) {
 			continue
 		}
 		types, ret := dev.GetSupportedEventTypes()
-		if ret != gonvml.SUCCESS || types&gonvml.EventTypeXidCriticalError == 0 {
+		if types &= watchedEvents; ret != gonvml.SUCCESS || types == 0 {
 			continue
 		}
-		if ret := dev.RegisterEvents(gonvml.EventTypeXidCriticalError, set); ret != gonvml.SUCCESS {
-			slog.Debug("NVML XID events", "device", i, "err", ret.Error())
+		ret = dev.RegisterEvents(types, set)
+		if xid := types & gonvml.EventTypeXidCriticalError; ret != gonvml.SUCCESS && xid != 0 && xid != types {
+			// A type the device claims but fails to register must not
+			// cost the XIDs: those alone, as before the other types.
+			slog.Debug("NVML events", "device", i, "types", types, "err", ret.Error())
+			types, ret = xid, dev.RegisterEvents(xid, set)
+		}
+		if ret != gonvml.SUCCESS {
+			slog.Debug("NVML events", "device", i, "types", types, "err", ret.Error())
 			continue
 		}
 		index[dev] = i
 	}
-	s.mu.Lock()
-	for _, i := range index {
-		s.xidDevices[i] = true
-	}
-	s.mu.Unlock()
 	if len(index) == 0 {
 		_ = set.Free()
 		return
@@ -81,27 +125,46 @@ func (s *Sampler) watchEvents(ctx context.Context) {
 				}
 				continue
 			}
-			if data.EventType&gonvml.EventTypeXidCriticalError == 0 {
-				continue
-			}
 			i, ok := index[data.Device]
 			if !ok {
 				continue
 			}
-			uuid, _ := data.Device.GetUUID()
-			s.recordXID(model.GPUEvent{Time: time.Now(), Device: i, UUID: uuid, XID: data.EventData,
-				GPUInstance: data.GpuInstanceId, ComputeInstance: data.ComputeInstanceId})
+			for _, t := range eventTypes {
+				if data.EventType&t.mask == 0 {
+					continue
+				}
+				uuid, _ := data.Device.GetUUID()
+				e := model.GPUEvent{Time: time.Now(), Device: i, UUID: uuid, Kind: t.kind,
+					GPUInstance: data.GpuInstanceId, ComputeInstance: data.ComputeInstanceId}
+				if t.kind == model.GPUEventXID {
+					e.XID = data.EventData
+				}
+				s.record(e, t.fault)
+				break // one type an event
+			}
 		}
 	}()
 }
 
-func (s *Sampler) recordXID(e model.GPUEvent) {
+// record counts e and keeps it for the window if it is a fault.
+func (s *Sampler) record(e model.GPUEvent, fault bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.xidCounts[model.XIDKey{Device: e.Device, UUID: e.UUID, XID: e.XID}]++
-	if len(s.winEvents) < maxWindowEvents {
+	s.eventCounts[model.GPUEventKey{Device: e.Device, UUID: e.UUID, Kind: e.Kind}]++
+	if e.Kind == model.GPUEventXID {
+		s.xidCounts[model.XIDKey{Device: e.Device, UUID: e.UUID, XID: e.XID}]++
+	}
+	if fault && len(s.winEvents) < maxWindowEvents {
 		s.winEvents = append(s.winEvents, e)
 	}
+}
+
+// EventCounts returns how many events of each kind each device reported
+// since Start (monotonic), XIDs among them.
+func (s *Sampler) EventCounts() map[model.GPUEventKey]uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.eventCounts)
 }
 
 // XIDCounts returns how many of each XID each device reported since
@@ -109,29 +172,13 @@ func (s *Sampler) recordXID(e model.GPUEvent) {
 func (s *Sampler) XIDCounts() map[model.XIDKey]uint64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make(map[model.XIDKey]uint64, len(s.xidCounts))
-	for k, n := range s.xidCounts {
-		out[k] = n
-	}
-	return out
+	return maps.Clone(s.xidCounts)
 }
 
-// Events returns the XID errors of the window closed by the last Roll
-// (at most maxWindowEvents of them), oldest first.
+// Events returns the faults of the window closed by the last Roll (at
+// most maxWindowEvents of them), oldest first.
 func (s *Sampler) Events() []model.GPUEvent {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return append([]model.GPUEvent(nil), s.rolledEvents...)
-}
-
-// XIDDevices reports, by device index, the devices whose XID errors are
-// watched.
-func (s *Sampler) XIDDevices() map[int]bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make(map[int]bool, len(s.xidDevices))
-	for i := range s.xidDevices {
-		out[i] = true
-	}
-	return out
 }

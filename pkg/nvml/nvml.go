@@ -2,19 +2,23 @@
 // used and total and utilization per device, and device memory used per
 // process. That is the GPU's own figure, which the eBPF CUDA hooks cannot
 // see whole (contexts, caching allocators, paths not hooked); Join puts the
-// two side by side.
+// two side by side. On a GPU in MIG mode each MIG instance is a device of
+// its own (model.GPU.MIG): processes run on instances, and NVML reports
+// their memory per instance.
 //
 // NVML is optional: without the library or a loaded driver Start fails with
 // a clear error and the rest of the tool works as before.
 package nvml
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -42,9 +46,9 @@ type Sampler struct {
 	mu    sync.Mutex
 	gpus  []model.GPU    // the latest sample
 	procs map[int]uint64 // device memory used by pid, summed over devices, in the latest sample
-	// The open window: by pid, and device memory used by device index.
+	// The open window: by pid, and device memory used by device.
 	winProcs map[int]Range
-	winGPUs  map[int]Range
+	winGPUs  map[devKey]Range
 	// The window closed by the last Roll.
 	rolledGPUs  []model.GPU
 	rolledProcs map[int]Range
@@ -55,12 +59,13 @@ type Sampler struct {
 	// touches lastSeen.
 	winUtil    map[utilKey]utilSum
 	rolledUtil map[int][]model.GPUUtil
-	lastSeen   map[int]uint64
-	// XID errors (events.go): of the open window and the closed one,
-	// counts since Start, and the devices that report them.
+	lastSeen   map[devKey]uint64
+	// NVML events (events.go): the faults of the open window and the
+	// closed one; counts since Start of every event by kind and of the
+	// XIDs by number.
 	winEvents, rolledEvents []model.GPUEvent
+	eventCounts             map[model.GPUEventKey]uint64
 	xidCounts               map[model.XIDKey]uint64
-	xidDevices              map[int]bool
 	events                  sync.WaitGroup // the event goroutine
 
 	done chan struct{} // closed once the loop has shut NVML down
@@ -69,9 +74,9 @@ type Sampler struct {
 // New returns a sampler over lib: gonvml.New() for the real library, a mock
 // in tests.
 func New(lib gonvml.Interface) *Sampler {
-	return &Sampler{lib: lib, procs: map[int]uint64{}, winProcs: map[int]Range{}, winGPUs: map[int]Range{}, rolledProcs: map[int]Range{},
-		winUtil: map[utilKey]utilSum{}, rolledUtil: map[int][]model.GPUUtil{}, lastSeen: map[int]uint64{},
-		xidCounts: map[model.XIDKey]uint64{}, xidDevices: map[int]bool{},
+	return &Sampler{lib: lib, procs: map[int]uint64{}, winProcs: map[int]Range{}, winGPUs: map[devKey]Range{}, rolledProcs: map[int]Range{},
+		winUtil: map[utilKey]utilSum{}, rolledUtil: map[int][]model.GPUUtil{}, lastSeen: map[devKey]uint64{},
+		eventCounts: map[model.GPUEventKey]uint64{}, xidCounts: map[model.XIDKey]uint64{},
 		done: make(chan struct{})}
 }
 
@@ -146,101 +151,187 @@ func (s *Sampler) shutdown() {
 	}
 }
 
-// sample reads every device once and replaces the kept sample. Failures of
-// single queries leave that value zero: a MIG device does not report
-// utilization, and that must not hide its memory.
+// sample reads every device, and every MIG instance of a GPU in MIG mode,
+// once and replaces the kept sample.
 func (s *Sampler) sample() error {
 	n, ret := s.lib.DeviceGetCount()
 	if ret != gonvml.SUCCESS {
 		return fmt.Errorf("NVML: counting devices: %s", ret.Error())
 	}
 	gpus := make([]model.GPU, 0, n)
-	procs := map[int]uint64{}
-	util := map[utilKey]utilReading{}
-	var listedOn []utilKey
-	uuids := map[int]string{}
+	r := reading{procs: map[int]uint64{}, util: map[utilKey]utilReading{}, uuids: map[devKey]string{}}
 	for i := range n {
 		dev, ret := s.lib.DeviceGetHandleByIndex(i)
 		if ret != gonvml.SUCCESS {
 			slog.Debug("NVML device handle", "index", i, "err", ret.Error())
 			continue
 		}
-		g := model.GPU{Index: i, Processes: map[int]uint64{}}
-		if uuid, ret := dev.GetUUID(); ret == gonvml.SUCCESS {
-			g.UUID = uuid
+		migs, mig := migInstances(dev, i)
+		// In MIG mode the parent's process lists add up its instances'
+		// (and need privileges theirs do not): a process is read on
+		// its instance alone, else it would count twice.
+		gpus = append(gpus, s.read(dev, devKey{i, wholeGPU}, !mig, &r))
+		for _, m := range migs {
+			g := s.read(m.dev, devKey{i, m.index}, true, &r)
+			g.GPUInstance = m.gpuInstance
+			gpus = append(gpus, g)
 		}
-		if name, ret := dev.GetName(); ret == gonvml.SUCCESS {
-			g.Name = name
-		}
-		if mem, ret := dev.GetMemoryInfo(); ret == gonvml.SUCCESS {
-			g.MemoryUsed, g.MemoryTotal = mem.Used, mem.Total
-		}
-		u, uret := dev.GetUtilizationRates()
-		if uret == gonvml.SUCCESS {
-			g.Utilization, g.MemoryUtilization = float64(u.Gpu)/100, float64(u.Memory)/100
-		}
-		listed := map[int]bool{} // with or without a memory figure
-		for _, list := range []func() ([]gonvml.ProcessInfo, gonvml.Return){dev.GetComputeRunningProcesses, dev.GetGraphicsRunningProcesses} {
-			infos, ret := list()
-			if ret != gonvml.SUCCESS {
-				continue
-			}
-			for _, pi := range infos {
-				listed[int(pi.Pid)] = true
-				// Without permission (or under some virtualization) the
-				// driver lists the process but not its memory.
-				if pi.UsedGpuMemory == notAvailable {
-					continue
-				}
-				// A process with both a compute and a graphics context is
-				// listed twice with the same total: take it once.
-				pid := int(pi.Pid)
-				g.Processes[pid] = max(g.Processes[pid], pi.UsedGpuMemory)
-			}
-		}
-		for pid, b := range g.Processes {
-			procs[pid] += b
-		}
-		g.PerProcessUtil = s.readUtil(dev, i, g.UUID, listed, util)
-		if g.PerProcessUtil {
-			for pid := range listed {
-				// Listed, so reported even if no reading comes this
-				// window: 0.
-				listedOn = append(listedOn, utilKey{pid, i})
-				uuids[i] = g.UUID
-			}
-		} else if uret == gonvml.SUCCESS {
-			for pid := range listed {
-				util[utilKey{pid, i}] = utilReading{g.Utilization, g.MemoryUtilization, g.UUID, true}
-			}
-		}
-		gpus = append(gpus, g)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.gpus, s.procs = gpus, procs
-	for _, k := range listedOn {
+	s.gpus, s.procs = gpus, r.procs
+	for _, k := range r.listedOn {
 		if _, ok := s.winUtil[k]; !ok {
-			s.winUtil[k] = utilSum{uuid: uuids[k.dev]}
+			s.winUtil[k] = utilSum{uuid: r.uuids[k.dev]}
 		}
 	}
-	for k, r := range util {
+	for k, u := range r.util {
 		sum := s.winUtil[k]
-		sum.sm += r.sm
-		sum.mem += r.mem
+		sum.sm += u.sm
+		sum.mem += u.mem
 		sum.n++
-		sum.uuid, sum.device = r.uuid, r.device
+		sum.uuid, sum.device = u.uuid, u.device
 		s.winUtil[k] = sum
 	}
-	for pid, b := range procs {
-		r, ok := s.winProcs[pid]
-		s.winProcs[pid] = r.with(b, !ok)
+	for pid, b := range r.procs {
+		w, ok := s.winProcs[pid]
+		s.winProcs[pid] = w.with(b, !ok)
 	}
 	for _, g := range gpus {
-		r, ok := s.winGPUs[g.Index]
-		s.winGPUs[g.Index] = r.with(g.MemoryUsed, !ok)
+		k := keyOf(g.Index, g.MIG)
+		w, ok := s.winGPUs[k]
+		s.winGPUs[k] = w.with(g.MemoryUsed, !ok)
 	}
 	return nil
+}
+
+// reading is what one sample read of the processes on every device.
+type reading struct {
+	procs    map[int]uint64 // device memory by pid, summed over devices
+	util     map[utilKey]utilReading
+	listedOn []utilKey         // processes on devices with per-process samples
+	uuids    map[devKey]string // of those devices
+}
+
+// read samples one device, a GPU or a MIG instance, and adds its
+// processes to r unless processes is false. Failures of single queries
+// leave that value zero: a MIG device does not report utilization, and
+// that must not hide its memory.
+func (s *Sampler) read(dev gonvml.Device, k devKey, processes bool, r *reading) model.GPU {
+	g := model.GPU{Index: k.index, MIG: k.migIndex(), Processes: map[int]uint64{}}
+	if uuid, ret := dev.GetUUID(); ret == gonvml.SUCCESS {
+		g.UUID = uuid
+	}
+	if name, ret := dev.GetName(); ret == gonvml.SUCCESS {
+		g.Name = name
+	}
+	if mem, ret := dev.GetMemoryInfo(); ret == gonvml.SUCCESS {
+		g.MemoryUsed, g.MemoryTotal = mem.Used, mem.Total
+	}
+	u, uret := dev.GetUtilizationRates()
+	if uret == gonvml.SUCCESS {
+		g.Utilization, g.MemoryUtilization = float64(u.Gpu)/100, float64(u.Memory)/100
+	}
+	if !processes {
+		return g
+	}
+	listed := map[int]bool{} // with or without a memory figure
+	for _, list := range []func() ([]gonvml.ProcessInfo, gonvml.Return){dev.GetComputeRunningProcesses, dev.GetGraphicsRunningProcesses} {
+		infos, ret := list()
+		if ret != gonvml.SUCCESS {
+			continue
+		}
+		for _, pi := range infos {
+			listed[int(pi.Pid)] = true
+			// Without permission (or under some virtualization) the
+			// driver lists the process but not its memory.
+			if pi.UsedGpuMemory == notAvailable {
+				continue
+			}
+			// A process with both a compute and a graphics context is
+			// listed twice with the same total: take it once.
+			pid := int(pi.Pid)
+			g.Processes[pid] = max(g.Processes[pid], pi.UsedGpuMemory)
+		}
+	}
+	for pid, b := range g.Processes {
+		r.procs[pid] += b
+	}
+	g.PerProcessUtil = s.readUtil(dev, k, g.UUID, listed, r.util)
+	if g.PerProcessUtil {
+		for pid := range listed {
+			// Listed, so reported even if no reading comes this
+			// window: 0.
+			r.listedOn = append(r.listedOn, utilKey{pid, k})
+		}
+		r.uuids[k] = g.UUID
+	} else if uret == gonvml.SUCCESS {
+		// No samples of its own (MIG, some vGPU): each process on the
+		// device gets the device's figure, said to be the device's.
+		for pid := range listed {
+			r.util[utilKey{pid, k}] = utilReading{g.Utilization, g.MemoryUtilization, g.UUID, true}
+		}
+	}
+	return g
+}
+
+// migInstance is a MIG device of a GPU.
+type migInstance struct {
+	dev         gonvml.Device
+	index       int    // its index on the GPU
+	gpuInstance uint32 // its GPU instance id; model.NoInstance when not known
+}
+
+// migInstances returns the MIG devices of GPU i, dev, and whether it is in
+// MIG mode. They are read at every sample: instances are made and
+// destroyed (EventMigConfigChange) while the GPU runs.
+func migInstances(dev gonvml.Device, i int) ([]migInstance, bool) {
+	current, _, ret := dev.GetMigMode()
+	if ret != gonvml.SUCCESS || current != gonvml.DEVICE_MIG_ENABLE {
+		return nil, false // NOT_SUPPORTED on GPUs without MIG
+	}
+	n, ret := dev.GetMaxMigDeviceCount()
+	if ret != gonvml.SUCCESS {
+		slog.Debug("NVML MIG device count", "index", i, "err", ret.Error())
+		return nil, true
+	}
+	var out []migInstance
+	for j := range n {
+		m, ret := dev.GetMigDeviceHandleByIndex(j)
+		if ret != gonvml.SUCCESS {
+			continue // NOT_FOUND: no instance in that slot
+		}
+		gi := uint32(model.NoInstance)
+		if id, ret := m.GetGpuInstanceId(); ret == gonvml.SUCCESS {
+			gi = uint32(id)
+		}
+		out = append(out, migInstance{m, j, gi})
+	}
+	return out, true
+}
+
+// devKey is a device the sampler reads: the GPU of NVML index index, mig
+// wholeGPU; or MIG device mig of it.
+type devKey struct{ index, mig int }
+
+// wholeGPU is the devKey.mig of a GPU, not a MIG instance.
+const wholeGPU = -1
+
+// keyOf is the devKey of a device as model.GPU and model.GPUUtil name it.
+func keyOf(index int, mig *int) devKey {
+	if mig == nil {
+		return devKey{index, wholeGPU}
+	}
+	return devKey{index, *mig}
+}
+
+// migIndex is k's MIG index as model.GPU and model.GPUUtil hold it.
+func (k devKey) migIndex() *int {
+	if k.mig == wholeGPU {
+		return nil
+	}
+	mig := k.mig
+	return &mig
 }
 
 // Roll ends the current window: from now until the next Roll, GPUs and
@@ -261,7 +352,7 @@ func (s *Sampler) Roll() {
 	}
 	s.rolledGPUs = make([]model.GPU, len(s.gpus))
 	for i, g := range s.gpus {
-		r := s.winGPUs[g.Index]
+		r := s.winGPUs[keyOf(g.Index, g.MIG)]
 		g.MemoryUsedMin, g.MemoryUsedMax = r.Min, r.Max
 		s.rolledGPUs[i] = g // the maps of a sample are never written again
 	}
@@ -271,7 +362,7 @@ func (s *Sampler) Roll() {
 	}
 	clear(s.winGPUs)
 	for _, g := range s.gpus {
-		s.winGPUs[g.Index] = Range{g.MemoryUsed, g.MemoryUsed, g.MemoryUsed}
+		s.winGPUs[keyOf(g.Index, g.MIG)] = Range{g.MemoryUsed, g.MemoryUsed, g.MemoryUsed}
 	}
 	s.rolledUtil = make(map[int][]model.GPUUtil, len(s.rolledUtil))
 	for k, sum := range s.winUtil {
@@ -279,21 +370,27 @@ func (s *Sampler) Roll() {
 		if sum.device {
 			src = model.UtilDevice
 		}
-		u := model.GPUUtil{Device: k.dev, UUID: sum.uuid, Source: src}
+		u := model.GPUUtil{Device: k.dev.index, MIG: k.dev.migIndex(), UUID: sum.uuid, Source: src}
 		if sum.n > 0 {
 			u.SM, u.Memory = sum.sm/float64(sum.n), sum.mem/float64(sum.n)
 		}
 		s.rolledUtil[k.pid] = append(s.rolledUtil[k.pid], u)
 	}
 	for _, us := range s.rolledUtil {
-		slices.SortFunc(us, func(a, b model.GPUUtil) int { return a.Device - b.Device })
+		slices.SortFunc(us, func(a, b model.GPUUtil) int {
+			ka, kb := keyOf(a.Device, a.MIG), keyOf(b.Device, b.MIG)
+			return cmp.Or(cmp.Compare(ka.index, kb.index), cmp.Compare(ka.mig, kb.mig))
+		})
 	}
 	clear(s.winUtil)
 	s.rolledEvents, s.winEvents = s.winEvents, nil
 }
 
 // utilKey is a process on a device.
-type utilKey struct{ pid, dev int }
+type utilKey struct {
+	pid int
+	dev devKey
+}
 
 // utilReading is one sample's utilization of a process on a device.
 type utilReading struct {
@@ -310,13 +407,13 @@ type utilSum struct {
 	device  bool
 }
 
-// readUtil reads the per-process utilization samples device i took since
+// readUtil reads the per-process utilization samples device k took since
 // the last read into out and reports whether the device keeps such
 // samples. The driver takes them at its own pace, slower than ours: a read
 // with no new sample is no reading at all; one with new samples reads 0
 // for each process listed on the device that has none (it ran no kernel).
-func (s *Sampler) readUtil(dev gonvml.Device, i int, uuid string, listed map[int]bool, out map[utilKey]utilReading) bool {
-	samples, ret := dev.GetProcessUtilization(s.lastSeen[i])
+func (s *Sampler) readUtil(dev gonvml.Device, k devKey, uuid string, listed map[int]bool, out map[utilKey]utilReading) bool {
+	samples, ret := dev.GetProcessUtilization(s.lastSeen[k])
 	if ret != gonvml.SUCCESS && ret != gonvml.ERROR_NOT_FOUND { // NOT_FOUND: no sample since
 		return false
 	}
@@ -325,9 +422,9 @@ func (s *Sampler) readUtil(dev gonvml.Device, i int, uuid string, listed map[int
 		n       int
 	}
 	per := map[int]acc{}
-	newest := s.lastSeen[i]
+	newest := s.lastSeen[k]
 	for _, x := range samples {
-		if x.TimeStamp <= s.lastSeen[i] {
+		if x.TimeStamp <= s.lastSeen[k] {
 			continue
 		}
 		newest = max(newest, x.TimeStamp)
@@ -337,21 +434,21 @@ func (s *Sampler) readUtil(dev gonvml.Device, i int, uuid string, listed map[int
 		a.n++
 		per[int(x.Pid)] = a
 	}
-	s.lastSeen[i] = newest
+	s.lastSeen[k] = newest
 	if len(per) == 0 {
 		return true
 	}
 	for pid := range listed {
-		out[utilKey{pid, i}] = utilReading{uuid: uuid}
+		out[utilKey{pid, k}] = utilReading{uuid: uuid}
 	}
 	for pid, a := range per {
-		out[utilKey{pid, i}] = utilReading{sm: float64(a.sm) / float64(a.n) / 100, mem: float64(a.mem) / float64(a.n) / 100, uuid: uuid}
+		out[utilKey{pid, k}] = utilReading{sm: float64(a.sm) / float64(a.n) / 100, mem: float64(a.mem) / float64(a.n) / 100, uuid: uuid}
 	}
 	return true
 }
 
 // Utilization returns how busy pid kept each device, as of the last Roll:
-// the means of the window's samples, by device index.
+// the means of the window's samples, by device index, then MIG instance.
 func (s *Sampler) Utilization(pid int) []model.GPUUtil {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -378,8 +475,9 @@ func (s *Sampler) GPUs() []model.GPU {
 	return out
 }
 
-// ProcessMemory returns the device memory pid uses on all GPUs together as
-// of the last Roll, and whether NVML listed it then.
+// ProcessMemory returns the device memory pid uses on all its devices
+// (GPUs, MIG instances) together as of the last Roll, and whether NVML
+// listed it then.
 func (s *Sampler) ProcessMemory(pid int) (Range, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -436,25 +534,46 @@ func (j joining) Forget(pid int) {
 }
 
 // eventsOf returns the faults of the last window on the devices p uses:
-// those NVML lists it on, or it ran on.
+// those NVML lists it on, or it ran on. On a GPU in MIG mode, a fault an
+// event pins to a GPU instance goes only to the processes on that
+// instance: one tenant's illegal address is not its neighbours'.
 func (s *Sampler) eventsOf(p *model.Process) []model.GPUEvent {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.rolledEvents) == 0 {
 		return nil
 	}
-	uses := map[int]bool{}
+	used := map[devKey]bool{}
+	instance := map[devKey]uint32{} // of the MIG devices
 	for _, g := range s.rolledGPUs {
+		k := keyOf(g.Index, g.MIG)
 		if _, ok := g.Processes[p.PID]; ok {
-			uses[g.Index] = true
+			used[k] = true
+		}
+		if g.MIG != nil {
+			instance[k] = g.GPUInstance
 		}
 	}
 	for _, u := range s.rolledUtil[p.PID] {
-		uses[u.Device] = true
+		used[keyOf(u.Device, u.MIG)] = true
+	}
+	whole := map[int]bool{}                // GPUs p uses whole, or on an instance not known
+	instances := map[int]map[uint32]bool{} // the GPU instances p uses, by GPU
+	for k := range used {
+		gi, ok := instance[k]
+		if !ok || gi == model.NoInstance {
+			whole[k.index] = true
+			continue
+		}
+		if instances[k.index] == nil {
+			instances[k.index] = map[uint32]bool{}
+		}
+		instances[k.index][gi] = true
 	}
 	var out []model.GPUEvent
 	for _, e := range s.rolledEvents {
-		if uses[e.Device] {
+		on := instances[e.Device]
+		if whole[e.Device] || on != nil && (e.GPUInstance == model.NoInstance || on[e.GPUInstance]) {
 			out = append(out, e)
 		}
 	}
@@ -482,17 +601,52 @@ func Probe(lib gonvml.Interface) (string, error) {
 			out += fmt.Sprintf("; GPU %d: %s", i, ret.Error())
 			continue
 		}
-		util := "per-process utilization"
-		if _, ret := dev.GetProcessUtilization(0); ret != gonvml.SUCCESS && ret != gonvml.ERROR_NOT_FOUND {
-			util = "device utilization only (no per-process samples: " + ret.Error() + ")"
+		migs, mig := migInstances(dev, i)
+		var util string
+		if mig {
+			// Per-process figures are the instances', listed next.
+			util = fmt.Sprintf("MIG mode, %d instances", len(migs))
+		} else {
+			util = utilization(dev)
 		}
-		xid := "XID events"
-		if types, ret := dev.GetSupportedEventTypes(); ret != gonvml.SUCCESS || types&gonvml.EventTypeXidCriticalError == 0 {
-			xid = "no XID events"
+		out += fmt.Sprintf("; GPU %d: %s, %s", i, util, supportedEvents(dev))
+		for _, m := range migs {
+			out += fmt.Sprintf("; GPU %s: %s", model.DeviceLabel(i, &m.index), utilization(m.dev))
 		}
-		out += fmt.Sprintf("; GPU %d: %s, %s", i, util, xid)
 	}
 	return out, nil
+}
+
+// utilization says which utilization figures dev gives: per process, or
+// only the device's that sampling then lends each process on it, or none.
+func utilization(dev gonvml.Device) string {
+	_, ret := dev.GetProcessUtilization(0)
+	if ret == gonvml.SUCCESS || ret == gonvml.ERROR_NOT_FOUND { // NOT_FOUND: no sample yet
+		return "per-process utilization"
+	}
+	if _, dret := dev.GetUtilizationRates(); dret != gonvml.SUCCESS {
+		return fmt.Sprintf("no utilization (per process: %s, device: %s)", ret.Error(), dret.Error())
+	}
+	return "device utilization only (no per-process samples: " + ret.Error() + ")"
+}
+
+// supportedEvents lists the kinds of the watched NVML event types dev
+// reports.
+func supportedEvents(dev gonvml.Device) string {
+	types, ret := dev.GetSupportedEventTypes()
+	if ret != gonvml.SUCCESS {
+		return "no events (" + ret.Error() + ")"
+	}
+	var kinds []string
+	for _, t := range eventTypes {
+		if types&t.mask != 0 {
+			kinds = append(kinds, t.kind)
+		}
+	}
+	if len(kinds) == 0 {
+		return "no events"
+	}
+	return "events " + strings.Join(kinds, " ")
 }
 
 // ErrUnavailable is wrapped by the errors of Start and Probe when NVML

@@ -3,6 +3,7 @@ package nvml
 import (
 	"context"
 	"errors"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -73,6 +74,8 @@ func (f *fakeGPU) device(uuid string) *mock.Device {
 		},
 		GetComputeRunningProcessesFunc:  func() ([]gonvml.ProcessInfo, gonvml.Return) { return f.compute, gonvml.SUCCESS },
 		GetGraphicsRunningProcessesFunc: func() ([]gonvml.ProcessInfo, gonvml.Return) { return f.graphics, gonvml.SUCCESS },
+		// A GPU without MIG, as most are.
+		GetMigModeFunc: func() (int, int, gonvml.Return) { return 0, 0, gonvml.ERROR_NOT_SUPPORTED },
 	}
 }
 
@@ -308,15 +311,17 @@ func TestIntervalMinimum(t *testing.T) {
 func TestProbe(t *testing.T) {
 	lib, fakes := twoGPUs()
 	devs := []*mock.Device{fakes[0].device("GPU-aaaa"), fakes[1].device("GPU-bbbb")}
-	devs[0].GetSupportedEventTypesFunc = func() (uint64, gonvml.Return) { return gonvml.EventTypeXidCriticalError, gonvml.SUCCESS }
+	devs[0].GetSupportedEventTypesFunc = func() (uint64, gonvml.Return) {
+		return gonvml.EventTypeXidCriticalError | gonvml.EventTypeDoubleBitEccError | gonvml.EventTypePState | 1<<5, gonvml.SUCCESS
+	}
 	devs[1].GetSupportedEventTypesFunc = func() (uint64, gonvml.Return) { return 0, gonvml.ERROR_NOT_SUPPORTED }
 	lib.DeviceGetHandleByIndexFunc = func(i int) (gonvml.Device, gonvml.Return) { return devs[i], gonvml.SUCCESS }
 	got, err := Probe(lib)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "driver 550.54.15, 2 devices; GPU 0: per-process utilization, XID events; " +
-		"GPU 1: device utilization only (no per-process samples: ERROR_NOT_SUPPORTED), no XID events"; got != want {
+	if want := "driver 550.54.15, 2 devices; GPU 0: per-process utilization, events xid double_bit_ecc pstate; " +
+		"GPU 1: no utilization (per process: ERROR_NOT_SUPPORTED, device: ERROR_NOT_SUPPORTED), no events (ERROR_NOT_SUPPORTED)"; got != want {
 		t.Errorf("Probe = %q, want %q", got, want)
 	}
 	if n := len(lib.ShutdownCalls()); n != 1 {
@@ -451,13 +456,16 @@ func TestProcessUtilization(t *testing.T) {
 	}
 }
 
-// XID errors come from an event set with every device that reports them:
-// each is counted by device and XID, kept for the window it came in, and
-// handed with the process to the detectors only when the process uses
-// that device. The event goroutine frees its set before NVML is shut down.
-func TestXIDEvents(t *testing.T) {
+// Events come from an event set with, on every device, each watched type
+// it reports. Each is counted by device and kind, an XID also by number;
+// the faults (XID, double-bit ECC) are kept for the window they came in
+// and handed with the process to the detectors only when the process uses
+// that device; changes of state only counted, however many, never crowd
+// a fault out of the window. The event goroutine frees its set before
+// NVML is shut down.
+func TestEvents(t *testing.T) {
 	lib, fakes := twoGPUs()
-	events := make(chan gonvml.EventData, 4)
+	events := make(chan gonvml.EventData, 2*maxWindowEvents)
 	var freed, shutdown time.Time
 	set := &mock.EventSet{
 		WaitFunc: func(timeout uint32) (gonvml.EventData, gonvml.Return) {
@@ -473,11 +481,15 @@ func TestXIDEvents(t *testing.T) {
 	lib.EventSetCreateFunc = func() (gonvml.EventSet, gonvml.Return) { return set, gonvml.SUCCESS }
 	lib.ShutdownFunc = func() gonvml.Return { shutdown = time.Now(); return gonvml.SUCCESS }
 	devs := []*mock.Device{fakes[0].device("GPU-aaaa"), fakes[1].device("GPU-bbbb")}
+	supported := []uint64{
+		// 1<<5 is no type NVML defines: not asked for.
+		gonvml.EventTypeXidCriticalError | gonvml.EventTypeDoubleBitEccError | gonvml.EventTypeSingleBitEccError |
+			gonvml.EventTypePState | gonvml.EventTypeClock | gonvml.EventMigConfigChange | 1<<5,
+		gonvml.EventTypeXidCriticalError | gonvml.EventTypeSingleBitEccError,
+	}
 	registered := make([]uint64, 2)
 	for i, d := range devs {
-		d.GetSupportedEventTypesFunc = func() (uint64, gonvml.Return) {
-			return gonvml.EventTypeXidCriticalError | gonvml.EventTypeSingleBitEccError, gonvml.SUCCESS
-		}
+		d.GetSupportedEventTypesFunc = func() (uint64, gonvml.Return) { return supported[i], gonvml.SUCCESS }
 		d.RegisterEventsFunc = func(types uint64, _ gonvml.EventSet) gonvml.Return { registered[i] = types; return gonvml.SUCCESS }
 	}
 	lib.DeviceGetHandleByIndexFunc = func(i int) (gonvml.Device, gonvml.Return) { return devs[i], gonvml.SUCCESS }
@@ -486,31 +498,51 @@ func TestXIDEvents(t *testing.T) {
 	if err := s.Start(ctx, MinInterval); err != nil {
 		t.Fatal(err)
 	}
-	if registered[0] != gonvml.EventTypeXidCriticalError || registered[1] != gonvml.EventTypeXidCriticalError {
-		t.Errorf("registered %#x, want the XID type on both devices", registered)
+	if want := supported[0] &^ (1 << 5); registered[0] != want || registered[1] != supported[1] {
+		t.Errorf("registered %#x, want %#x and %#x: every watched type each device reports", registered, want, supported[1])
 	}
-	if got := s.XIDDevices(); !got[0] || !got[1] {
-		t.Errorf("XID devices %v", got)
+	noMIG := func(d *mock.Device, typ uint64, data uint64) gonvml.EventData {
+		return gonvml.EventData{Device: d, EventType: typ, EventData: data, GpuInstanceId: model.NoInstance, ComputeInstanceId: model.NoInstance}
 	}
-	events <- gonvml.EventData{Device: devs[1], EventType: gonvml.EventTypeXidCriticalError, EventData: 79, GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
-	events <- gonvml.EventData{Device: devs[1], EventType: gonvml.EventTypeXidCriticalError, EventData: 79, GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
-	for deadline := time.Now().Add(10 * time.Second); s.XIDCounts()[model.XIDKey{Device: 1, UUID: "GPU-bbbb", XID: 79}] != 2; {
+	// A GPU going busy and idle: pstate changes past the window's bound.
+	for range maxWindowEvents + 10 {
+		events <- noMIG(devs[0], gonvml.EventTypePState, 0)
+	}
+	events <- noMIG(devs[0], gonvml.EventTypeClock, 0)
+	events <- noMIG(devs[0], gonvml.EventTypeSingleBitEccError, 0)
+	events <- noMIG(devs[0], gonvml.EventTypeDoubleBitEccError, 0)
+	events <- noMIG(devs[1], gonvml.EventTypeXidCriticalError, 79)
+	events <- noMIG(devs[1], gonvml.EventTypeXidCriticalError, 79)
+	want := map[model.GPUEventKey]uint64{
+		{Device: 0, UUID: "GPU-aaaa", Kind: model.GPUEventPState}:       maxWindowEvents + 10,
+		{Device: 0, UUID: "GPU-aaaa", Kind: model.GPUEventClock}:        1,
+		{Device: 0, UUID: "GPU-aaaa", Kind: model.GPUEventSingleBitECC}: 1,
+		{Device: 0, UUID: "GPU-aaaa", Kind: model.GPUEventDoubleBitECC}: 1,
+		{Device: 1, UUID: "GPU-bbbb", Kind: model.GPUEventXID}:          2,
+	}
+	for deadline := time.Now().Add(10 * time.Second); !maps.Equal(s.EventCounts(), want); {
 		if time.Now().After(deadline) {
-			t.Fatalf("XID counts %v", s.XIDCounts())
+			t.Fatalf("event counts %v, want %v", s.EventCounts(), want)
 		}
 		time.Sleep(time.Millisecond)
 	}
+	if got := s.XIDCounts(); len(got) != 1 || got[model.XIDKey{Device: 1, UUID: "GPU-bbbb", XID: 79}] != 2 {
+		t.Errorf("XID counts %v, want XID 79 twice on GPU 1", got)
+	}
 	s.Roll()
-	if ev := s.Events(); len(ev) != 2 || ev[0].Device != 1 || ev[0].UUID != "GPU-bbbb" || ev[0].XID != 79 {
-		t.Errorf("window events %+v", ev)
+	ev := s.Events()
+	if len(ev) != 3 || ev[0].Kind != model.GPUEventDoubleBitECC || ev[0].Device != 0 || ev[0].XID != 0 ||
+		ev[1].Kind != model.GPUEventXID || ev[1].Device != 1 || ev[1].UUID != "GPU-bbbb" || ev[1].XID != 79 {
+		t.Errorf("window events %+v, want the double-bit ECC error and the two XIDs alone", ev)
 	}
 	// pid 100 uses both devices (NVML lists it on the second); pid 200
-	// only the first, which reported nothing.
+	// only the first, with its ECC error.
 	var det seen
 	d := s.Joining(&det)
 	d.Observe(t0(), &model.Process{PID: 100})
 	d.Observe(t0(), &model.Process{PID: 200})
-	if len(det.procs) != 2 || len(det.procs[0].GPUEvents) != 2 || len(det.procs[1].GPUEvents) != 0 {
+	if len(det.procs) != 2 || len(det.procs[0].GPUEvents) != 3 || len(det.procs[1].GPUEvents) != 1 ||
+		det.procs[1].GPUEvents[0].Kind != model.GPUEventDoubleBitECC {
 		t.Errorf("events handed to the detector: pid 100 %+v, pid 200 %+v", det.procs[0].GPUEvents, det.procs[1].GPUEvents)
 	}
 	s.Roll()
@@ -521,5 +553,197 @@ func TestXIDEvents(t *testing.T) {
 	s.Wait()
 	if freed.IsZero() || shutdown.Before(freed) {
 		t.Errorf("event set freed at %v, NVML shut down at %v: want freed first", freed, shutdown)
+	}
+}
+
+// A device that claims types it then fails to register still has its
+// XIDs watched; one that fails even those, nothing.
+func TestEventsRegistrationFallback(t *testing.T) {
+	lib, fakes := twoGPUs()
+	set := &mock.EventSet{
+		WaitFunc: func(timeout uint32) (gonvml.EventData, gonvml.Return) {
+			time.Sleep(time.Millisecond)
+			return gonvml.EventData{}, gonvml.ERROR_TIMEOUT
+		},
+		FreeFunc: func() gonvml.Return { return gonvml.SUCCESS },
+	}
+	lib.EventSetCreateFunc = func() (gonvml.EventSet, gonvml.Return) { return set, gonvml.SUCCESS }
+	devs := []*mock.Device{fakes[0].device("GPU-aaaa"), fakes[1].device("GPU-bbbb")}
+	var mu sync.Mutex
+	asked := make([][]uint64, 2)
+	for i, d := range devs {
+		d.GetSupportedEventTypesFunc = func() (uint64, gonvml.Return) {
+			return gonvml.EventTypeXidCriticalError | gonvml.EventTypePState, gonvml.SUCCESS
+		}
+		d.RegisterEventsFunc = func(types uint64, _ gonvml.EventSet) gonvml.Return {
+			mu.Lock()
+			defer mu.Unlock()
+			asked[i] = append(asked[i], types)
+			if i == 0 && types == gonvml.EventTypeXidCriticalError {
+				return gonvml.SUCCESS
+			}
+			return gonvml.ERROR_NO_PERMISSION
+		}
+	}
+	lib.DeviceGetHandleByIndexFunc = func(i int) (gonvml.Device, gonvml.Return) { return devs[i], gonvml.SUCCESS }
+	s := New(lib)
+	ctx, cancel := context.WithCancel(context.Background())
+	s.watchEvents(ctx)
+	cancel()
+	s.events.Wait()
+	all := uint64(gonvml.EventTypeXidCriticalError | gonvml.EventTypePState)
+	for i, want := range [][]uint64{{all, gonvml.EventTypeXidCriticalError}, {all, gonvml.EventTypeXidCriticalError}} {
+		if !slices.Equal(asked[i], want) {
+			t.Errorf("GPU %d: registered %#x, want %#x", i, asked[i], want)
+		}
+	}
+}
+
+// migMachine mocks three GPUs. GPU 0 is in MIG mode with MIG devices in
+// slots 0 and 3 of 7 (GPU instances 1 and 5): pid 100 on the second, pid
+// 300 on both; the parent's own list adds them up, as NVML's does for
+// root. GPUs 1 and 2 are whole, with pid 200 on both. MIG device 0 reports
+// no utilization, MIG device 3 only its own; GPU 1 keeps per-process
+// samples, GPU 2 does not.
+func migMachine() (*mock.Interface, []*mock.Device) {
+	parent := &fakeGPU{used: 12 * gib, utilRet: gonvml.ERROR_NOT_SUPPORTED, sampRet: gonvml.ERROR_NOT_SUPPORTED,
+		compute: []gonvml.ProcessInfo{{Pid: 100, UsedGpuMemory: 5 * gib}, {Pid: 300, UsedGpuMemory: 2 * gib}}}
+	mig0 := &fakeGPU{used: 1 * gib, utilRet: gonvml.ERROR_NOT_SUPPORTED, sampRet: gonvml.ERROR_NOT_SUPPORTED,
+		compute: []gonvml.ProcessInfo{{Pid: 300, UsedGpuMemory: 1 * gib}}}
+	mig3 := &fakeGPU{used: 6 * gib, util: 30, memUtil: 10, utilRet: gonvml.SUCCESS, sampRet: gonvml.ERROR_NOT_SUPPORTED,
+		compute: []gonvml.ProcessInfo{{Pid: 100, UsedGpuMemory: 5 * gib}, {Pid: 300, UsedGpuMemory: 1 * gib}}}
+	gpu1 := &fakeGPU{used: 2 * gib, util: 50, utilRet: gonvml.SUCCESS,
+		compute: []gonvml.ProcessInfo{{Pid: 200, UsedGpuMemory: 2 * gib}},
+		samples: []gonvml.ProcessUtilizationSample{{Pid: 200, TimeStamp: 10, SmUtil: 40, MemUtil: 20}}}
+	gpu2 := &fakeGPU{used: 3 * gib, util: 60, memUtil: 30, utilRet: gonvml.SUCCESS, sampRet: gonvml.ERROR_NOT_SUPPORTED,
+		compute: []gonvml.ProcessInfo{{Pid: 200, UsedGpuMemory: 3 * gib}}}
+	migs := map[int]*mock.Device{0: mig0.device("MIG-0000"), 3: mig3.device("MIG-3333")}
+	migs[0].GetGpuInstanceIdFunc = func() (int, gonvml.Return) { return 1, gonvml.SUCCESS }
+	migs[3].GetGpuInstanceIdFunc = func() (int, gonvml.Return) { return 5, gonvml.SUCCESS }
+	devs := []*mock.Device{parent.device("GPU-aaaa"), gpu1.device("GPU-bbbb"), gpu2.device("GPU-cccc")}
+	devs[0].GetMigModeFunc = func() (int, int, gonvml.Return) {
+		return gonvml.DEVICE_MIG_ENABLE, gonvml.DEVICE_MIG_ENABLE, gonvml.SUCCESS
+	}
+	devs[0].GetMaxMigDeviceCountFunc = func() (int, gonvml.Return) { return 7, gonvml.SUCCESS }
+	devs[0].GetMigDeviceHandleByIndexFunc = func(j int) (gonvml.Device, gonvml.Return) {
+		if m, ok := migs[j]; ok {
+			return m, gonvml.SUCCESS
+		}
+		return nil, gonvml.ERROR_NOT_FOUND
+	}
+	// A GPU in MIG mode registers events; its instances have none of
+	// their own.
+	devs[0].GetSupportedEventTypesFunc = func() (uint64, gonvml.Return) {
+		return gonvml.EventTypeXidCriticalError | gonvml.EventMigConfigChange, gonvml.SUCCESS
+	}
+	for _, d := range devs[1:] {
+		d.GetSupportedEventTypesFunc = func() (uint64, gonvml.Return) { return gonvml.EventTypeXidCriticalError, gonvml.SUCCESS }
+	}
+	lib := &mock.Interface{
+		InitFunc:                   func() gonvml.Return { return gonvml.SUCCESS },
+		ShutdownFunc:               func() gonvml.Return { return gonvml.SUCCESS },
+		DeviceGetCountFunc:         func() (int, gonvml.Return) { return len(devs), gonvml.SUCCESS },
+		DeviceGetHandleByIndexFunc: func(i int) (gonvml.Device, gonvml.Return) { return devs[i], gonvml.SUCCESS },
+		SystemGetDriverVersionFunc: func() (string, gonvml.Return) { return "550.54.15", gonvml.SUCCESS },
+	}
+	return lib, devs
+}
+
+// Each MIG instance is a device of its own, labelled by its parent and
+// its slot; the parent in MIG mode lists no process, so none counts twice.
+// A process on two devices, GPUs or MIG instances, has its memory summed
+// and its utilization on each.
+func TestMIG(t *testing.T) {
+	lib, _ := migMachine()
+	s := New(lib)
+	if err := s.sample(); err != nil {
+		t.Fatal(err)
+	}
+	s.Roll()
+	gpus := s.GPUs()
+	var labels []string
+	for _, g := range gpus {
+		labels = append(labels, g.Label())
+	}
+	if want := []string{"0", "0/mig0", "0/mig3", "1", "2"}; !slices.Equal(labels, want) {
+		t.Fatalf("devices %v, want %v", labels, want)
+	}
+	if g := gpus[0]; g.MIG != nil || g.UUID != "GPU-aaaa" || g.MemoryUsed != 12*gib || len(g.Processes) != 0 {
+		t.Errorf("GPU 0 in MIG mode: %+v; want its memory and no process", g)
+	}
+	if g := gpus[2]; g.Index != 0 || g.MIG == nil || *g.MIG != 3 || g.UUID != "MIG-3333" || g.GPUInstance != 5 ||
+		g.MemoryUsed != 6*gib || g.Processes[100] != 5*gib || g.Processes[300] != 1*gib || g.PerProcessUtil {
+		t.Errorf("MIG device 0/mig3: %+v", g)
+	}
+	for _, c := range []struct {
+		pid  int
+		want uint64
+	}{{100, 5 * gib}, {200, 5 * gib}, {300, 2 * gib}} {
+		if r, ok := s.ProcessMemory(c.pid); !ok || r != (Range{c.want, c.want, c.want}) {
+			t.Errorf("ProcessMemory(%d) = %+v, %v; want %d GiB", c.pid, r, ok, c.want/gib)
+		}
+	}
+	// MIG device 3 lends its own figure, said to be the device's; MIG
+	// device 0 has none to lend.
+	label := func(us []model.GPUUtil) (out []string) {
+		for _, u := range us {
+			out = append(out, u.Label()+" "+u.Source+" "+u.UUID)
+		}
+		return out
+	}
+	if u := s.Utilization(100); len(u) != 1 || u[0].SM != 0.3 || u[0].Memory != 0.1 ||
+		!slices.Equal(label(u), []string{"0/mig3 device MIG-3333"}) {
+		t.Errorf("pid 100 on MIG device 3: %+v", u)
+	}
+	if u := s.Utilization(300); !slices.Equal(label(u), []string{"0/mig3 device MIG-3333"}) {
+		t.Errorf("pid 300 on MIG devices 0 and 3: %v", label(u))
+	}
+	if u := s.Utilization(200); !slices.Equal(label(u), []string{"1 process GPU-bbbb", "2 device GPU-cccc"}) ||
+		u[0].SM != 0.4 || u[1].SM != 0.6 {
+		t.Errorf("pid 200 on GPUs 1 and 2: %+v", u)
+	}
+
+	// A fault pinned to a GPU instance goes to the processes on it; one of
+	// the whole GPU to every process on any of its instances.
+	mig := func(dev int, xid uint64, gi uint32) model.GPUEvent {
+		return model.GPUEvent{Device: dev, UUID: "GPU", Kind: model.GPUEventXID, XID: xid, GPUInstance: gi, ComputeInstance: 0}
+	}
+	s.record(mig(0, 31, 5), true)
+	s.record(mig(0, 13, 1), true)
+	s.record(mig(0, 79, model.NoInstance), true)
+	s.record(mig(1, 48, model.NoInstance), true)
+	s.Roll()
+	var det seen
+	d := s.Joining(&det)
+	for _, pid := range []int{100, 200, 300} {
+		d.Observe(t0(), &model.Process{PID: pid})
+	}
+	xids := func(es []model.GPUEvent) (out []uint64) {
+		for _, e := range es {
+			out = append(out, e.XID)
+		}
+		return out
+	}
+	for i, want := range [][]uint64{{31, 79}, {48}, {31, 13, 79}} {
+		if got := xids(det.procs[i].GPUEvents); !slices.Equal(got, want) {
+			t.Errorf("pid %d: XIDs %v, want %v", []int{100, 200, 300}[i], got, want)
+		}
+	}
+}
+
+// check says, for a GPU in MIG mode, what each instance reports.
+func TestProbeMIG(t *testing.T) {
+	lib, _ := migMachine()
+	got, err := Probe(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "driver 550.54.15, 3 devices; GPU 0: MIG mode, 2 instances, events xid mig_config_change; " +
+		"GPU 0/mig0: no utilization (per process: ERROR_NOT_SUPPORTED, device: ERROR_NOT_SUPPORTED); " +
+		"GPU 0/mig3: device utilization only (no per-process samples: ERROR_NOT_SUPPORTED); " +
+		"GPU 1: per-process utilization, events xid; " +
+		"GPU 2: device utilization only (no per-process samples: ERROR_NOT_SUPPORTED), events xid"
+	if got != want {
+		t.Errorf("Probe =\n%q\nwant\n%q", got, want)
 	}
 }

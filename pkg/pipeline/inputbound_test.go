@@ -39,6 +39,8 @@ func oneGPU(pid *atomic.Int64, sm uint32) gonvml.Interface {
 		GetProcessUtilizationFunc: func(uint64) ([]gonvml.ProcessUtilizationSample, gonvml.Return) {
 			return []gonvml.ProcessUtilizationSample{{Pid: uint32(pid.Load()), TimeStamp: uint64(time.Now().UnixMicro()), SmUtil: sm, MemUtil: sm / 2}}, gonvml.SUCCESS
 		},
+		// Not in MIG mode: the sampler asks every GPU.
+		GetMigModeFunc: func() (int, int, gonvml.Return) { return 0, 0, gonvml.ERROR_NOT_SUPPORTED },
 	}
 	return &mock.Interface{
 		InitFunc:                   func() gonvml.Return { return gonvml.SUCCESS },

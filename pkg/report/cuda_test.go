@@ -10,6 +10,7 @@ import (
 )
 
 func TestCUDAAndGPUs(t *testing.T) {
+	two := 2
 	withNVML := proc(100, "trainer", 10, false)
 	withNVML.CUDA = model.CUDAStats{
 		LiveBytes:  3 << 30,
@@ -19,7 +20,8 @@ func TestCUDAAndGPUs(t *testing.T) {
 		Failures:   []model.CUDAFailure{{API: "cudaMalloc", Code: 2, Error: "cudaErrorMemoryAllocation"}},
 		HasNVML:    true, NVMLUsedBytes: 3<<30 + 1<<20, UntrackedBytes: 1 << 20,
 		Libraries: []string{"/usr/lib/libcudart.so.12"},
-		GPUUtil:   []model.GPUUtil{{Device: 0, UUID: "GPU-aaaa", SM: 0.75, Memory: 0.5, Source: model.UtilProcess}},
+		GPUUtil: []model.GPUUtil{{Device: 0, UUID: "GPU-aaaa", SM: 0.75, Memory: 0.5, Source: model.UtilProcess},
+			{Device: 1, MIG: &two, UUID: "MIG-cccc", SM: 0.25, Memory: 0.125, Source: model.UtilDevice}},
 	}
 	noNVML := proc(200, "loader", 3, false)
 	noNVML.CUDA = model.CUDAStats{Libraries: []string{"/usr/lib/libcuda.so.1"}}
@@ -30,7 +32,10 @@ func TestCUDAAndGPUs(t *testing.T) {
 		Time: t0.Add(10 * time.Second), Start: t0, Targets: []int{100, 200, 300},
 		Processes: []*model.Process{withNVML, noNVML, plain},
 		GPUs: []model.GPU{{Index: 0, UUID: "GPU-aaaa", Name: "H100", MemoryUsed: 10 << 30, MemoryTotal: 80 << 30, Utilization: 0.25,
-			MemoryUtilization: 0.125, PerProcessUtil: true, Processes: map[int]uint64{100: 3<<30 + 1<<20, 999: 1 << 30}}},
+			MemoryUtilization: 0.125, PerProcessUtil: true, Processes: map[int]uint64{100: 3<<30 + 1<<20, 999: 1 << 30}},
+			// GPU 1 in MIG mode, and its MIG device 2.
+			{Index: 1, UUID: "GPU-bbbb", Name: "A100", Processes: map[int]uint64{}},
+			{Index: 1, MIG: &two, GPUInstance: 5, UUID: "MIG-cccc", Name: "A100 MIG 3g.20gb", Processes: map[int]uint64{100: 1 << 20}}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -50,8 +55,9 @@ func TestCUDAAndGPUs(t *testing.T) {
 		"live_bytes": float64(3 << 30), "alloc_bytes": map[string]any{"cudaMalloc": float64(5 << 30)},
 		"free_bytes": map[string]any{"cudaFree": float64(2 << 30)}, "alloc_calls": map[string]any{"cudaMalloc": 40.0},
 		"failures": 1.0, "nvml_used_bytes": float64(3<<30 + 1<<20), "untracked_bytes": float64(1 << 20),
-		"libraries":       []any{"/usr/lib/libcudart.so.12"},
-		"gpu_utilization": []any{map[string]any{"device": 0.0, "uuid": "GPU-aaaa", "sm": 0.75, "memory": 0.5, "source": "process"}},
+		"libraries": []any{"/usr/lib/libcudart.so.12"},
+		"gpu_utilization": []any{map[string]any{"device": 0.0, "uuid": "GPU-aaaa", "sm": 0.75, "memory": 0.5, "source": "process"},
+			map[string]any{"device": 1.0, "mig_device": 2.0, "uuid": "MIG-cccc", "sm": 0.25, "memory": 0.125, "source": "device"}},
 	}
 	if !reflect.DeepEqual(cuda, want) {
 		t.Errorf("pid 100 cuda = %v\nwant %v", cuda, want)
@@ -69,8 +75,11 @@ func TestCUDAAndGPUs(t *testing.T) {
 	wantGPU := map[string]any{"index": 0.0, "uuid": "GPU-aaaa", "name": "H100", "memory_used_bytes": float64(10 << 30),
 		"memory_total_bytes": float64(80 << 30), "utilization_ratio": 0.25, "memory_utilization_ratio": 0.125, "per_process_utilization": true,
 		"process_memory_used_bytes": map[string]any{"100": float64(3<<30 + 1<<20), "999": float64(1 << 30)}}
-	if len(raw.GPUs) != 1 || !reflect.DeepEqual(raw.GPUs[0], wantGPU) {
-		t.Errorf("gpus = %v\nwant [%v]", raw.GPUs, wantGPU)
+	if len(raw.GPUs) != 3 || !reflect.DeepEqual(raw.GPUs[0], wantGPU) {
+		t.Errorf("gpus = %v\nwant [%v ...]", raw.GPUs, wantGPU)
+	}
+	if len(raw.GPUs) == 3 && (raw.GPUs[1]["mig_device"] != nil || raw.GPUs[2]["index"] != 1.0 || raw.GPUs[2]["mig_device"] != 2.0 || raw.GPUs[2]["uuid"] != "MIG-cccc") {
+		t.Errorf("GPU 1 in MIG mode and its MIG device 2: %v, %v", raw.GPUs[1], raw.GPUs[2])
 	}
 }
 

@@ -60,6 +60,7 @@ var chartOf = map[string]string{
 	// Every process on a GPU has the memory chart; not every GPU keeps
 	// per-process utilization.
 	model.KindGPUXID:        ChartGPUMemory,
+	model.KindGPUECCError:   ChartGPUMemory,
 	model.KindGPUInputBound: ChartGPUUtil, // it needs the utilization that chart shows
 }
 
@@ -215,7 +216,7 @@ func buildPage(r *Report, data []byte) *page {
 		if g.MemoryTotalBytes > 0 {
 			refs = append(refs, ref{float64(g.MemoryTotalBytes), "total " + bytesText(g.MemoryTotalBytes)})
 		}
-		title := fmt.Sprintf("GPU %d %s: device memory used", g.Index, g.Name)
+		title := fmt.Sprintf("GPU %s %s: device memory used", model.DeviceLabel(g.Index, g.MIGDevice), g.Name)
 		c := newChart(ChartDeviceMemory, 0, title, history.UnitBytes, "no samples", ax, h.Time,
 			[]plot{{name: history.MemoryUsedBytes, label: "used (NVML)", color: teal, vals: s.Last, min: s.Min, max: s.Max, bandLabel: "least–most of the samples"}},
 			refs)

@@ -50,6 +50,9 @@ type GPU struct {
 	// it keeps per-process utilization samples.
 	MemoryUtilizationRatio float64 `json:"memory_utilization_ratio"`
 	PerProcessUtilization  bool    `json:"per_process_utilization"`
+	// On a MIG instance, its index on the GPU Index, whose own entry
+	// lists no processes: they are the instances'.
+	MIGDevice *int `json:"mig_device,omitempty"`
 	// Device memory by pid, every process NVML lists, watched or not.
 	ProcessMemoryUsedBytes map[int]uint64 `json:"process_memory_used_bytes"`
 	// Used memory over the run.
@@ -78,6 +81,7 @@ type CUDA struct {
 // GPUUtil is model.GPUUtil in the report.
 type GPUUtil struct {
 	Device int     `json:"device"`
+	MIG    *int    `json:"mig_device,omitempty"` // on a MIG instance, its index on the GPU
 	UUID   string  `json:"uuid,omitempty"`
 	SM     float64 `json:"sm"`
 	Memory float64 `json:"memory"`
@@ -244,7 +248,7 @@ func (w *Writer) report(now time.Time) *Report {
 		maps.Copy(r.LostEvents, s.Lost)
 		for _, g := range s.GPUs {
 			r.GPUs = append(r.GPUs, GPU{
-				Index: g.Index, UUID: g.UUID, Name: g.Name,
+				Index: g.Index, MIGDevice: g.MIG, UUID: g.UUID, Name: g.Name,
 				MemoryUsedBytes: g.MemoryUsed, MemoryTotalBytes: g.MemoryTotal, UtilizationRatio: g.Utilization,
 				MemoryUtilizationRatio: g.MemoryUtilization, PerProcessUtilization: g.PerProcessUtil,
 				ProcessMemoryUsedBytes: maps.Clone(g.Processes),

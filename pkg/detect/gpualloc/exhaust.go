@@ -89,7 +89,7 @@ func (d *Detector) nearFull(pid int, peak uint64) string {
 	}
 	for _, g := range d.devicesOf(pid) {
 		if g.MemoryTotal > 0 && float64(max(g.MemoryUsedMax, g.MemoryUsed)) >= share*float64(g.MemoryTotal) {
-			return fmt.Sprintf("GPU %d within %.0f %% of its %s", g.Index, 100*(1-share), human(float64(g.MemoryTotal)))
+			return fmt.Sprintf("GPU %s within %.0f %% of its %s", g.Label(), 100*(1-share), human(float64(g.MemoryTotal)))
 		}
 	}
 	return ""

@@ -1,8 +1,10 @@
-// Package gpuxid turns the driver faults a GPU reports (XID errors, from
-// NVML's events) into findings on the processes using that GPU: a job that
-// dies of a GPU that fell off the bus, an uncorrectable ECC error or a
-// kernel's illegal memory access should say so in its report, not only in
-// the node's kernel log.
+// Package gpuxid turns the driver faults a GPU reports (XID errors and
+// double-bit ECC errors, from NVML's events) into findings on the
+// processes using that GPU: a job that dies of a GPU that fell off the
+// bus, an uncorrectable ECC error or a kernel's illegal memory access
+// should say so in its report, not only in the node's kernel log. The
+// other events NVML reports (corrected ECC errors, pstate and clock
+// changes) are counted by the sampler and make no finding.
 package gpuxid
 
 import (
@@ -61,8 +63,8 @@ func Meaning(xid uint64) string {
 	return "see NVIDIA's XID catalogue"
 }
 
-// Detector groups each process's XID errors by device and XID. Not safe for
-// concurrent use.
+// Detector groups each process's faults by device and kind, XID errors
+// also by XID. Not safe for concurrent use.
 type Detector struct {
 	cfg   Config
 	procs map[int]map[key]*group
@@ -70,7 +72,8 @@ type Detector struct {
 
 type key struct {
 	device int
-	xid    uint64
+	kind   string // of the finding: model.KindGPUXID or model.KindGPUECCError
+	xid    uint64 // of a gpu_xid
 }
 
 type group struct {
@@ -88,19 +91,25 @@ func New(cfg Config) *Detector {
 	return &Detector{cfg: cfg, procs: map[int]map[key]*group{}}
 }
 
-// noInstance is NVML's instance id for "not a MIG instance".
-const noInstance = 0xFFFFFFFF
-
 // Observe takes in p.CUDA.GPUEvents and returns a finding per device and
-// XID seen: active while that XID keeps coming, ended after Quiet without.
+// XID seen, and per device with double-bit ECC errors: active while they
+// keep coming, ended after Quiet without.
 func (d *Detector) Observe(now time.Time, p *model.Process) []model.Finding {
 	gs := d.procs[p.PID]
 	for _, e := range p.CUDA.GPUEvents {
+		var k key
+		switch e.Kind {
+		case model.GPUEventXID:
+			k = key{e.Device, model.KindGPUXID, e.XID}
+		case model.GPUEventDoubleBitECC:
+			k = key{e.Device, model.KindGPUECCError, 0}
+		default:
+			continue
+		}
 		if gs == nil {
 			gs = map[key]*group{}
 			d.procs[p.PID] = gs
 		}
-		k := key{e.Device, e.XID}
 		g := gs[k]
 		if g == nil {
 			// A finding is known by kind, pid and first sighting: two
@@ -114,13 +123,13 @@ func (d *Detector) Observe(now time.Time, p *model.Process) []model.Finding {
 		}
 		g.count++
 		g.last = e.Time
-		if e.GPUInstance != noInstance {
+		if e.GPUInstance != model.NoInstance {
 			g.instances[[2]uint32{e.GPUInstance, e.ComputeInstance}] = true
 		}
 	}
 	var out []model.Finding
 	for _, k := range slices.SortedFunc(maps.Keys(gs), func(a, b key) int {
-		return cmp.Or(cmp.Compare(a.device, b.device), cmp.Compare(a.xid, b.xid))
+		return cmp.Or(cmp.Compare(a.device, b.device), cmp.Compare(a.kind, b.kind), cmp.Compare(a.xid, b.xid))
 	}) {
 		g := gs[k]
 		active := now.Sub(g.last) < d.cfg.Quiet
@@ -141,8 +150,7 @@ func finding(p *model.Process, k key, g *group, active bool) model.Finding {
 		times = fmt.Sprintf("%d times", g.count)
 	}
 	ev := map[string]any{
-		"xid": k.xid, "meaning": Meaning(k.xid), "device": k.device, "uuid": g.uuid, "count": g.count,
-		"first_at": g.first, "last_at": g.last,
+		"device": k.device, "uuid": g.uuid, "count": g.count, "first_at": g.first, "last_at": g.last,
 	}
 	if len(g.instances) > 0 {
 		var mig []map[string]uint32
@@ -153,13 +161,22 @@ func finding(p *model.Process, k key, g *group, active bool) model.Finding {
 		}
 		ev["mig_instances"] = mig
 	}
-	return model.Finding{
-		Kind: model.KindGPUXID, PID: p.PID, Comm: p.Comm, Severity: model.SeverityCritical,
-		FirstSeen: g.first, LastSeen: g.last, Active: active,
-		Summary:  fmt.Sprintf("GPU %d (%s) reported XID %d %s while %s used it: %s", k.device, g.uuid, k.xid, times, p.Comm, Meaning(k.xid)),
-		Evidence: ev,
+	f := model.Finding{
+		Kind: k.kind, PID: p.PID, Comm: p.Comm, Severity: model.SeverityCritical,
+		FirstSeen: g.first, LastSeen: g.last, Active: active, Evidence: ev,
 	}
+	if k.kind == model.KindGPUECCError {
+		f.Summary = fmt.Sprintf("GPU %d (%s) reported a double-bit ECC error %s while %s used it: %s", k.device, g.uuid, times, p.Comm, eccMeaning)
+		return f
+	}
+	ev["xid"], ev["meaning"] = k.xid, Meaning(k.xid)
+	f.Summary = fmt.Sprintf("GPU %d (%s) reported XID %d %s while %s used it: %s", k.device, g.uuid, k.xid, times, p.Comm, Meaning(k.xid))
+	return f
 }
+
+// eccMeaning is what a double-bit ECC error means and what to do.
+const eccMeaning = "uncorrectable device memory error: what its kernels read may be corrupt, so its results are suspect; " +
+	"reset the GPU (a pending page retirement or row remapping takes effect then) and see nvidia-smi -q -d ECC,ROW_REMAPPER"
 
 // Forget drops what is kept of pid.
 func (d *Detector) Forget(pid int) { delete(d.procs, pid) }

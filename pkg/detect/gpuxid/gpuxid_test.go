@@ -11,7 +11,13 @@ import (
 var t0 = time.Date(2026, 12, 2, 7, 0, 0, 0, time.UTC)
 
 func xid(at time.Duration, dev int, n uint64) model.GPUEvent {
-	return model.GPUEvent{Time: t0.Add(at), Device: dev, UUID: "GPU-aaaa", XID: n, GPUInstance: noInstance, ComputeInstance: noInstance}
+	return model.GPUEvent{Time: t0.Add(at), Device: dev, UUID: "GPU-aaaa", Kind: model.GPUEventXID, XID: n,
+		GPUInstance: model.NoInstance, ComputeInstance: model.NoInstance}
+}
+
+func event(at time.Duration, dev int, kind string) model.GPUEvent {
+	return model.GPUEvent{Time: t0.Add(at), Device: dev, UUID: "GPU-aaaa", Kind: kind,
+		GPUInstance: model.NoInstance, ComputeInstance: model.NoInstance}
 }
 
 // A process whose GPU reports nothing has no finding; one whose GPU falls
@@ -55,5 +61,37 @@ func TestXIDFindings(t *testing.T) {
 	fs = d.Observe(t0.Add(4*time.Minute), p)
 	if len(fs) != 1 || fs[0].Evidence["mig_instances"] == nil || !strings.Contains(fs[0].Summary, "contained ECC error") {
 		t.Errorf("MIG fault: %+v", fs)
+	}
+}
+
+// A double-bit ECC error is a critical gpu_ecc_error finding of its own,
+// next to the XIDs of the same device; corrected errors and changes of
+// state make none.
+func TestECCFindings(t *testing.T) {
+	d := New(Config{Quiet: time.Minute})
+	p := &model.Process{PID: 2, Comm: "train"}
+	p.CUDA.GPUEvents = []model.GPUEvent{event(0, 0, model.GPUEventPState), event(0, 0, model.GPUEventClock),
+		event(0, 0, model.GPUEventSingleBitECC), event(0, 0, model.GPUEventPowerSourceChange)}
+	if fs := d.Observe(t0, p); len(fs) != 0 {
+		t.Fatalf("a healthy GPU's events: %+v", fs)
+	}
+	p.CUDA.GPUEvents = []model.GPUEvent{event(time.Second, 0, model.GPUEventDoubleBitECC), xid(time.Second, 0, 48),
+		event(2*time.Second, 0, model.GPUEventDoubleBitECC), event(2*time.Second, 0, model.GPUEventPState)}
+	fs := d.Observe(t0.Add(3*time.Second), p)
+	if len(fs) != 2 {
+		t.Fatalf("findings %+v, want gpu_ecc_error and gpu_xid", fs)
+	}
+	f := fs[0]
+	if f.Kind != model.KindGPUECCError || f.Severity != model.SeverityCritical || !f.Active || f.Evidence["count"] != 2 ||
+		f.Evidence["device"] != 0 || f.Evidence["uuid"] != "GPU-aaaa" || f.Evidence["xid"] != nil ||
+		!strings.Contains(f.Summary, "double-bit ECC error 2 times") || !strings.Contains(f.Summary, "reset the GPU") {
+		t.Errorf("ECC finding %+v", f)
+	}
+	if fs[1].Kind != model.KindGPUXID || fs[1].Evidence["xid"] != uint64(48) || fs[1].FirstSeen.Equal(f.FirstSeen) {
+		t.Errorf("XID finding %+v next to the ECC one", fs[1])
+	}
+	p.CUDA.GPUEvents = nil
+	if fs := d.Observe(t0.Add(2*time.Minute), p); len(fs) != 2 || fs[0].Active || fs[1].Active {
+		t.Errorf("after Quiet: %+v, want both ended", fs)
 	}
 }
