@@ -90,6 +90,9 @@ func (c *cluster) up(ctx context.Context) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
+		if t.Failed() {
+			c.dumpLogs()
+		}
 		c.down()
 		after, err := snapshotHost(c.dir)
 		if err != nil {
@@ -426,20 +429,34 @@ func (c *cluster) down() {
 			}
 		}
 	}
-	// The cgroups the kubelet made, in every hierarchy, deepest first.
-	for _, top := range c.newCgroups() {
-		var dirs []string
-		filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
-			if err == nil && d.IsDir() {
-				dirs = append(dirs, p)
-			}
-			return nil
-		})
-		for i := len(dirs) - 1; i >= 0; i-- {
-			if err := os.Remove(dirs[i]); err != nil {
-				logf("cgroup %s: %v", dirs[i], err)
+	// The cgroups the kubelet made, in every hierarchy, deepest first. A
+	// killed process keeps its cgroup busy until it is reaped, which is
+	// init's to do for those whose shim went first: retry a while.
+	var busy []error
+	for try := 0; try < 50; try++ {
+		busy = nil
+		for _, top := range c.newCgroups() {
+			var dirs []string
+			filepath.WalkDir(top, func(p string, d os.DirEntry, err error) error {
+				if err == nil && d.IsDir() {
+					dirs = append(dirs, p)
+				}
+				return nil
+			})
+			for i := len(dirs) - 1; i >= 0; i-- {
+				if err := os.Remove(dirs[i]); err != nil {
+					busy = append(busy, err)
+				}
 			}
 		}
+		if len(busy) == 0 {
+			break
+		}
+		killAll()
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, err := range busy {
+		logf("cgroup: %v", err)
 	}
 	exec.Command("ip", "link", "del", bridge).Run()
 	exec.Command("nft", "delete", "table", "ip", nftTable).Run()
@@ -482,4 +499,24 @@ func (c *cluster) newCgroups() []string {
 		}
 	}
 	return made
+}
+
+// dumpLogs prints, for a failed run, the end of each component's log and
+// of the pods' (the run's folder goes with the teardown).
+func (c *cluster) dumpLogs() {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if out, err := c.kubectl(ctx, "get", "pods", "-A", "-o", "wide"); err == nil {
+		c.t.Logf("pods:\n%s", out)
+	}
+	logs, _ := filepath.Glob(c.path("logs", "*.log"))
+	pods, _ := filepath.Glob(c.path("pod-logs", "*", "*", "*.log"))
+	for _, f := range append(logs, pods...) {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+		c.t.Logf("%s (last %d lines):\n%s", f, min(len(lines), 40), strings.Join(lines[max(0, len(lines)-40):], "\n"))
+	}
 }
