@@ -459,6 +459,14 @@ func (c *cluster) down() {
 		logf("cgroup: %v", err)
 	}
 	exec.Command("ip", "link", "del", bridge).Run()
+	// The pods' veth ends go with their network namespaces, which the
+	// kernel tears down after the last process and mount let go.
+	poll(context.Background(), 10*time.Second, func() error {
+		if now, _ := snapshotHost(c.dir); !slices.Equal(now.Links, c.before.Links) {
+			return errors.New("interfaces still going")
+		}
+		return nil
+	})
 	exec.Command("nft", "delete", "table", "ip", nftTable).Run()
 	for _, k := range touchedSysctls {
 		if v, ok := c.before.Sysctls[k]; ok {
