@@ -328,7 +328,7 @@ func (c *cluster) ctr(ctx context.Context, args ...string) (string, error) {
 // importImage loads an image archive (OCI layout or docker save) into the
 // kubelet's containerd namespace.
 func (c *cluster) importImage(ctx context.Context, archive string) {
-	if _, err := c.ctr(ctx, "images", "import", "--no-unpack=false", archive); err != nil {
+	if _, err := c.ctr(ctx, "images", "import", archive); err != nil {
 		c.t.Fatal(err)
 	}
 }
