@@ -21,7 +21,16 @@
  * exited process are dropped by user space. Fd creation failing with EMFILE
  * or ENFILE is counted per process, with the site of the latest failure.
  * Per call site (bpf/sites.h), fds opened and closed, a close credited to
- * the site that opened the fd. */
+ * the site that opened the fd.
+ *
+ * Children of a process user space follows (tracked_pids value
+ * TRACK_FOLLOW) are tracked from fork, before their first instruction: the
+ * fork marks them in forks (parent, when) and makes their counters, so that
+ * user space takes what they inherited from the parent's table as it knows
+ * it and reads from /proc only what changed since (pkg/fdtrack). Until then
+ * and after, an fd the child closes or duplicates that its own table lacks
+ * is one it inherited: a close asks user space to reconcile, a dup takes
+ * the kind of the parent's entry. */
 #include "common.h"
 #include "pyframes.h"
 #include "sites.h"
@@ -114,7 +123,34 @@ struct {
 	__type(value, struct fd_info);
 } fail_sites SEC(".maps");
 
+/* tracked_pids values: followed processes' children are tracked from fork,
+ * as TRACK_FORKED until user space takes them (their children too). */
+enum track_how {
+	TRACK_ONLY = 1,
+	TRACK_FOLLOW = 2,
+	TRACK_FORKED = 3,
+};
+
+/* A child marked at fork: which process it came from and when
+ * (bpf_ktime_get_ns), so that user space takes the parent's entries older
+ * than that as its inherited fds. */
+struct fork_info {
+	u32 parent; /* tgid */
+	u32 pad;
+	u64 fork_ns;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096); /* as tracked_pids */
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, u32); /* the child's tgid */
+	__type(value, struct fork_info);
+} forks SEC(".maps");
+
 /* Force the shared structs into BTF so bpf2go can generate them. */
+const struct fork_info *unused_fork_info __attribute__((unused));
+const enum track_how *unused_track_how __attribute__((unused));
 const struct fd_info *unused_fd_info __attribute__((unused));
 const struct fd_counts *unused_fd_counts __attribute__((unused));
 const struct fd_key *unused_fd_key __attribute__((unused));
@@ -155,6 +191,15 @@ __noinline int fd_unwind(u32 tgid, u64 ip, u64 sp, u64 bp)
  * open()), and the Python frames. */
 static __always_inline void capture_site(struct pt_regs *regs, u32 tgid, struct fd_info *info)
 {
+	/* A child not taken by user space yet has no unwind rules, and most
+	 * such children exit before a poll: its fds have no site, as those
+	 * seeded from /proc. */
+	u8 *how = bpf_map_lookup_elem(&tracked_pids, &tgid);
+	if (how && *how == TRACK_FORKED) {
+		info->stack_id = -1;
+		info->py_stack = 0;
+		return;
+	}
 	info->stack_id = regs ? fd_unwind(tgid, regs->ip, regs->sp, regs->bp) : -1;
 	info->py_stack = capture_py(tgid);
 }
@@ -183,11 +228,21 @@ static __always_inline void add_fd(struct pt_regs *regs, u32 tgid, s32 fd, u8 ki
 	count_site(tgid, info.stack_id, info.py_stack, 0, false);
 }
 
+/* The kind of fd; for a child marked at fork whose table lacks it, the kind
+ * of the parent's entry of that number from before the fork. */
 static __always_inline u8 kind_of(u32 tgid, s32 fd)
 {
 	struct fd_key key = { .tgid = tgid, .fd = fd };
 	struct fd_info *info = bpf_map_lookup_elem(&fd_table, &key);
-	return info ? info->kind : FD_OTHER;
+	if (info)
+		return info->kind;
+	struct fork_info *fi = bpf_map_lookup_elem(&forks, &tgid);
+	if (!fi)
+		return FD_OTHER;
+	u64 fork_ns = fi->fork_ns;
+	key.tgid = fi->parent;
+	info = bpf_map_lookup_elem(&fd_table, &key);
+	return info && info->open_ns < fork_ns ? info->kind : FD_OTHER;
 }
 
 /* x86_64 syscall numbers (arch/x86/entry/syscalls/syscall_64.tbl). */
@@ -373,8 +428,12 @@ static __always_inline void closed(u32 tgid, s32 fd)
 {
 	struct fd_key key = { .tgid = tgid, .fd = fd };
 	struct fd_info *info = bpf_map_lookup_elem(&fd_table, &key);
-	if (!info)
+	if (!info) {
+		/* A child's inherited fd, which user space holds: it looks again. */
+		if (bpf_map_lookup_elem(&forks, &tgid))
+			request_resync(tgid);
 		return;
+	}
 	u8 kind = info->kind;
 	s32 stack_id = info->stack_id;
 	u32 py_stack = info->py_stack;
@@ -502,6 +561,44 @@ int BPF_PROG(exec_btf)
 	return 0;
 }
 
+#define CLONE_FILES 0x00000400
+#define CLONE_THREAD 0x00010000
+
+/* A new process of a followed parent is tracked from here, before it runs:
+ * its counters made, its parent and the time noted. Threads are the
+ * parent's own; a child sharing the parent's fd table (CLONE_FILES) is
+ * left to user space, which lists it when it is watched. Runs in the
+ * parent, at the end of copy_process. */
+static __always_inline void forked(u32 child, u64 clone_flags)
+{
+	if (clone_flags & (CLONE_THREAD | CLONE_FILES))
+		return;
+	u32 parent = bpf_get_current_pid_tgid() >> 32;
+	u8 *how = bpf_map_lookup_elem(&tracked_pids, &parent);
+	if (!how || (*how != TRACK_FOLLOW && *how != TRACK_FORKED))
+		return;
+	struct fd_counts zero = {};
+	if (bpf_map_update_elem(&fd_counters, &child, &zero, BPF_ANY)) {
+		count_err(ERR_COUNTERS);
+		return;
+	}
+	struct fork_info fi = { .parent = parent, .fork_ns = bpf_ktime_get_ns() };
+	u8 forked = TRACK_FORKED;
+	if (bpf_map_update_elem(&forks, &child, &fi, BPF_ANY) ||
+	    bpf_map_update_elem(&tracked_pids, &child, &forked, BPF_ANY)) {
+		count_err(ERR_TABLE_FULL);
+		bpf_map_delete_elem(&forks, &child);
+		bpf_map_delete_elem(&fd_counters, &child);
+	}
+}
+
+SEC("tp_btf/task_newtask")
+int BPF_PROG(fork_btf, struct task_struct *task, u64 clone_flags)
+{
+	forked(task->pid, clone_flags);
+	return 0;
+}
+
 /* Classic tracepoints, where tp_btf is refused. */
 SEC("tracepoint/raw_syscalls/sys_enter")
 int sys_enter_tp(struct trace_event_raw_sys_enter *ctx)
@@ -528,5 +625,12 @@ int exec_tp(void *ctx)
 	u32 tgid = tracked_tgid();
 	if (tgid)
 		request_resync(tgid);
+	return 0;
+}
+
+SEC("tracepoint/task/task_newtask")
+int fork_tp(struct trace_event_raw_task_newtask *ctx)
+{
+	forked(ctx->pid, ctx->clone_flags);
 	return 0;
 }

@@ -11,7 +11,13 @@ done
 # CUDA processes at 500 allocations/s each; discovery latency.
 go test -count=1 -run '^$' -bench 'BenchmarkDaemon$' -benchtime 1x -timeout 10m ./cmd/autoglm-ebpf/
 # Its CPU under ~100 process starts a second, with and without a process
-# holding 15 000 fds (--all and the default mode), then a soak of
-# AUTOGLM_SOAK (30m) whose CPU and RSS per minute must stay flat.
+# holding 15 000 fds (--all and the default mode).
 go test -count=1 -run '^$' -bench 'BenchmarkDaemonChurn$' -benchtime 1x -timeout 30m ./cmd/autoglm-ebpf/
+# Beside a process holding 10 000 fds that forks 5 children a second, each
+# inheriting every fd, against the same process forking none (issue 35).
+go test -count=1 -run '^$' -bench 'BenchmarkDaemonFork$' -benchtime 1x -timeout 20m ./cmd/autoglm-ebpf/
+# A soak of AUTOGLM_SOAK (30m) whose CPU and RSS per minute must stay flat.
 go test -count=1 -run '^$' -bench 'BenchmarkDaemonSoak$' -benchtime 1x -timeout 90m ./cmd/autoglm-ebpf/
+# A soak of AUTOGLM_FORK_SOAK (20m) with a leaking, forking shell-like
+# process and a process holding 15 000 fds among the churn (issue 35).
+go test -count=1 -run '^$' -bench 'BenchmarkDaemonForkSoak$' -benchtime 1x -timeout 40m ./cmd/autoglm-ebpf/

@@ -15,6 +15,11 @@
  *   fdwork churn OPENS CONNS SECONDS
  *                                 OPENS file open+close pairs and CONNS loopback TCP connections (connect,
  *                                 accept, close on both ends) a second, for the agent's own cost (benchmark)
+ *   fdwork forker N LEAK CHILDREN SECONDS
+ *                                 open N fds at start, then leak LEAK fds/s from leak_tick() and start
+ *                                 CHILDREN children a second, each exec'ing `sleep 0.3` with every fd
+ *                                 inherited (none is close-on-exec), as a leaking shell or a forking
+ *                                 server does (benchmark)
  *   fdwork loop N                 N open+close pairs as fast as possible (benchmark)
  *   fdwork server N               N loopback TCP connections served (benchmark)
  *
@@ -376,6 +381,36 @@ int main(int argc, char **argv)
 		ready();
 		while (now() < end)
 			sleep_s(0.1);
+	} else if (!strcmp(mode, "forker") && argc == 6) {
+		int n = atoi(argv[2]);
+		double leak = atof(argv[3]), children = atof(argv[4]);
+		signal(SIGCHLD, SIG_IGN); /* children reaped by the kernel */
+		for (int i = 0; i < n; i++)
+			if (hold_open() < 0)
+				return 1;
+		ready();
+		double next_leak = now(), next_child = now();
+		while (now() < end) {
+			double t = now();
+			if (leak > 0 && t >= next_leak) {
+				leak_tick();
+				next_leak += 1.0 / leak;
+			}
+			if (children > 0 && t >= next_child) {
+				next_child += 1.0 / children;
+				if (fork() == 0) {
+					execlp("sleep", "sleep", "0.3", (char *)NULL);
+					_exit(127);
+				}
+			}
+			double d = 1e9;
+			if (leak > 0)
+				d = next_leak - now();
+			if (children > 0 && next_child - now() < d)
+				d = next_child - now();
+			if (d > 0)
+				sleep_s(d < 0.1 ? d : 0.1);
+		}
 	} else if (!strcmp(mode, "passfd") && argc == 4) {
 		int sp[2], n = atoi(argv[2]);
 		if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp))

@@ -13,17 +13,20 @@ import (
 )
 
 // churn starts argv every period (with env added) until stop is called;
-// each process is reaped when it exits. stop returns how many started.
+// each process is reaped when it exits. stop kills those still running
+// (a soak's teardown need not wait out a long one) and returns how many
+// started.
 func churn(b testing.TB, period time.Duration, env []string, argv ...string) (stop func() int) {
 	b.Helper()
-	done := make(chan struct{})
 	var (
-		wg      sync.WaitGroup
-		started int
+		done, loopDone = make(chan struct{}), make(chan struct{})
+		wg             sync.WaitGroup
+		mu             sync.Mutex
+		running        = map[*exec.Cmd]bool{}
+		started        int
 	)
-	wg.Add(1)
 	go func() {
-		defer wg.Done()
+		defer close(loopDone)
 		tick := time.NewTicker(period)
 		defer tick.Stop()
 		for {
@@ -38,12 +41,27 @@ func churn(b testing.TB, period time.Duration, env []string, argv ...string) (st
 				continue
 			}
 			started++
+			mu.Lock()
+			running[c] = true
+			mu.Unlock()
 			wg.Add(1)
-			go func() { defer wg.Done(); _ = c.Wait() }()
+			go func() {
+				defer wg.Done()
+				_ = c.Wait()
+				mu.Lock()
+				delete(running, c)
+				mu.Unlock()
+			}()
 		}
 	}()
 	return func() int {
 		close(done)
+		<-loopDone // nothing starts after this
+		mu.Lock()
+		for c := range running {
+			_ = c.Process.Kill()
+		}
+		mu.Unlock()
 		wg.Wait()
 		return started
 	}
@@ -201,4 +219,139 @@ func BenchmarkDaemonSoak(b *testing.B) {
 	b.ReportMetric(rssLast, "MiB-rss-last")
 	fmt.Fprintf(os.Stderr, "soak %v, first and last %d minutes: CPU %.2f%% -> %.2f%% of a core (x%.2f), RSS %.1f -> %.1f MiB (x%.2f)\n",
 		soak, ten, 100*cpuFirst, 100*cpuLast, cpuLast/cpuFirst, rssFirst, rssLast, rssLast/rssFirst)
+}
+
+// BenchmarkDaemonFork measures the daemon (--all) beside a process holding
+// 10 000 fds that starts 5 short children a second, each inheriting every
+// fd, against the same process starting none: a fork must not cost the fds
+// the child inherits. Runs alternate, each with a fresh daemon and process;
+// each figure is the median of its runs. Target (issue 35): under 3 % of a
+// core with the forking process.
+func BenchmarkDaemonFork(b *testing.B) {
+	testutil.RequireRoot(b)
+	fdwork := testutil.Fixture(b, "fdwork", "-pthread")
+	const (
+		rounds  = 3
+		held    = 10000
+		measure = 20 * time.Second
+	)
+	cpu := map[bool][]float64{}
+	for range rounds {
+		for _, fork := range []bool{true, false} {
+			share, watched := forkRun(b, fdwork, held, fork, measure)
+			fmt.Fprintf(os.Stderr, "fork, process with %d fds forking %v: daemon %.2f%% of a core, %d processes watched at the end\n",
+				held, fork, 100*share, int(watched))
+			cpu[fork] = append(cpu[fork], share)
+		}
+	}
+	with, without := median(cpu[true]), median(cpu[false])
+	b.ReportMetric(100*with, "%core")
+	b.ReportMetric(100*without, "%core-nofork")
+	b.ReportMetric(with/without, "ratio")
+	fmt.Fprintf(os.Stderr, "fork, median of %d: %.2f%% of a core with 5 children a second, %.2f%% with none (ratio %.2f)\n",
+		rounds, 100*with, 100*without, with/without)
+}
+
+// forkRun starts a daemon (--all) and `fdwork forker n 0 C` (C = 5 children
+// a second when fork, else 0), waits until the forker is watched, lets it
+// run 10 s and returns the daemon's share of a core over d and how many
+// processes it watched at the end.
+func forkRun(b *testing.B, fdwork string, n int, fork bool, d time.Duration) (float64, float64) {
+	const settle = 10 * time.Second
+	d0 := startDaemon(b, "--all")
+	defer func() { _ = d0.cmd.Process.Kill(); _ = d0.cmd.Wait() }()
+	children := "0"
+	if fork {
+		children = "5"
+	}
+	// Bounded, so that it ends even if the benchmark is killed.
+	secs := fmt.Sprint(int((settle + d).Seconds()) + 60)
+	c := testutil.Start(b, fdwork, "forker", fmt.Sprint(n), "0", children, secs)
+	defer func() { _ = c.Process.Kill(); _ = c.Wait() }()
+	waitFor(b, 30*time.Second, "the forker watched", func() bool { return d0.scrapeHas(b, c.Process.Pid) })
+	time.Sleep(settle)
+	share := coreShare(b, d0.cmd.Process.Pid, d)
+	return share, gauge(b, d0, "autoglm_watched_processes")
+}
+
+// BenchmarkDaemonForkSoak runs the daemon (--all) for AUTOGLM_FORK_SOAK
+// (20m when unset, 10m at least) beside fd and socket churn restarted every
+// 2 minutes, a CUDA process restarted every minute, ~20 short processes a
+// second, a process holding 15 000 fds and a shell-like leaker forking 5
+// children a second that inherit every leaked fd, and samples its CPU and
+// RSS each minute. Target (issue 35): the last five minutes within 1.2x the
+// first five and under 5 % of a core, RSS flat.
+func BenchmarkDaemonForkSoak(b *testing.B) {
+	testutil.RequireRoot(b)
+	soak := 20 * time.Minute
+	if v := os.Getenv("AUTOGLM_FORK_SOAK"); v != "" {
+		var err error
+		if soak, err = time.ParseDuration(v); err != nil {
+			b.Fatalf("AUTOGLM_FORK_SOAK: %v", err)
+		}
+	}
+	if soak < 10*time.Minute {
+		b.Fatalf("AUTOGLM_FORK_SOAK=%v: at least 10m (two five-minute windows)", soak)
+	}
+	rt := testutil.CUDAStubs(b)
+	fdwork := testutil.Fixture(b, "fdwork", "-pthread")
+	cudawork := testutil.Fixture(b, "cudawork")
+	d := startDaemon(b, "--all")
+	defer func() { _ = d.cmd.Process.Kill(); _ = d.cmd.Wait() }()
+	pid := d.cmd.Process.Pid
+	secs := fmt.Sprint(int(soak.Seconds()) + 120)
+	for _, args := range [][]string{
+		{"startup", "15000", secs},
+		{"forker", "0", "5", "5", secs}, // one fd leaked every 200 ms
+	} {
+		c := testutil.Start(b, fdwork, args...)
+		defer func() { _ = c.Process.Kill(); _ = c.Wait() }()
+	}
+	// churn's first start comes one period in: one of each now, so that the
+	// first five minutes carry the load the last five do.
+	for _, argv := range [][]string{
+		{fdwork, "churn", "2000", "500", "119"},
+		{cudawork, rt, "steady", "59"},
+	} {
+		c := exec.Command(argv[0], argv[1:]...)
+		if err := c.Start(); err != nil {
+			b.Fatal(err)
+		}
+		defer func() { _ = c.Process.Kill(); _ = c.Wait() }()
+	}
+	stops := []func() int{
+		churn(b, 2*time.Minute, nil, fdwork, "churn", "2000", "500", "119"),
+		churn(b, time.Minute, nil, cudawork, rt, "steady", "59"),
+		churn(b, 50*time.Millisecond, nil, "sleep", "0.3"),
+	}
+	defer func() {
+		for _, s := range stops {
+			s()
+		}
+	}()
+	time.Sleep(30 * time.Second)
+
+	var cpu, rss []float64
+	for range int(soak / time.Minute) {
+		cpu = append(cpu, coreShare(b, pid, time.Minute))
+		rss = append(rss, float64(rssKiB(b, pid))/1024)
+		fmt.Fprintf(os.Stderr, "fork soak minute %d: daemon %.2f%% of a core, RSS %.1f MiB, %v processes watched\n",
+			len(cpu), 100*cpu[len(cpu)-1], rss[len(rss)-1], gauge(b, d, "autoglm_watched_processes"))
+	}
+	const five = 5
+	mean := func(xs []float64) float64 {
+		var s float64
+		for _, x := range xs {
+			s += x
+		}
+		return s / float64(len(xs))
+	}
+	cpuFirst, cpuLast := mean(cpu[:five]), mean(cpu[len(cpu)-five:])
+	rssFirst, rssLast := mean(rss[:five]), mean(rss[len(rss)-five:])
+	b.ReportMetric(100*cpuFirst, "%core-first5")
+	b.ReportMetric(100*cpuLast, "%core-last5")
+	b.ReportMetric(rssFirst, "MiB-rss-first5")
+	b.ReportMetric(rssLast, "MiB-rss-last5")
+	fmt.Fprintf(os.Stderr, "fork soak %v, first and last %d minutes: CPU %.2f%% -> %.2f%% of a core (x%.2f), RSS %.1f -> %.1f MiB (x%.2f)\n",
+		soak, five, 100*cpuFirst, 100*cpuLast, cpuLast/cpuFirst, rssFirst, rssLast, rssLast/rssFirst)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ctxstorm"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpualloc"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/discover"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/fdtrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/metrics"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/nvml"
@@ -37,6 +38,7 @@ type daemonFlags struct {
 	findingsLog bool
 	node        string
 	maxFDs      uint32
+	fdReads     int
 	maxAllocs   uint32
 	gpuEvery    time.Duration
 	ctxFloor    float64
@@ -80,6 +82,7 @@ everything and exits 0.`,
 	fl.BoolVar(&f.findingsLog, "findings-log", false, "also write each finding state change as a JSON line on stdout")
 	fl.StringVar(&f.node, "node-name", os.Getenv("NODE_NAME"), "this node's name, to ask the API server for its pods (default $NODE_NAME, from the downward API)")
 	fl.Uint32Var(&f.maxFDs, "max-fds", 1<<18, "capacity of the kernel's live fd table, all processes together")
+	fl.IntVar(&f.fdReads, "fd-reads-per-poll", fdtrack.DefaultReadsPerPoll, "most fds described from /proc (a readlink each) per interval, all processes together; a larger table is filled over several intervals (autoglm_fd_descriptions_deferred_total)")
 	fl.Uint32Var(&f.maxAllocs, "max-allocs", 1<<18, "capacity of the kernel's live GPU allocation table, all processes together")
 	fl.DurationVar(&f.gpuEvery, "gpu-interval", nvml.DefaultInterval, "how often NVML is sampled (at least "+nvml.MinInterval.String()+")")
 	fl.Float64Var(&f.ctxFloor, "ctx-switch-floor", ctxstorm.DefaultConfig().Floor, "context switches/s below which no storm is reported")
@@ -108,8 +111,8 @@ func (f *daemonFlags) rules() (daemon.Rules, error) {
 	if f.gpuEvery < nvml.MinInterval {
 		return r, usagef("--gpu-interval must be at least %s, got %s", nvml.MinInterval, f.gpuEvery)
 	}
-	if f.maxFDs == 0 || f.maxAllocs == 0 || f.ctxFloor <= 0 {
-		return r, usagef("--max-fds, --max-allocs and --ctx-switch-floor must be positive")
+	if f.maxFDs == 0 || f.maxAllocs == 0 || f.ctxFloor <= 0 || f.fdReads <= 0 {
+		return r, usagef("--max-fds, --max-allocs, --ctx-switch-floor and --fd-reads-per-poll must be positive")
 	}
 	if f.matchComm != "" {
 		re, err := regexp.Compile(f.matchComm)
@@ -179,6 +182,7 @@ func runDaemon(f *daemonFlags, rules daemon.Rules) error {
 
 	cfg := pipeline.DefaultConfig()
 	cfg.Interval, cfg.MaxFDs, cfg.MaxAllocs, cfg.GPUInterval = f.interval, f.maxFDs, f.maxAllocs, f.gpuEvery
+	cfg.FDReadsPerPoll = f.fdReads
 	cfg.CtxStorm.Floor = f.ctxFloor
 	cfg.GPUAlloc.MemoryBudget = uint64(f.gpuBudget)
 	cfg.Daemon, cfg.Source, cfg.Cache = true, finder, maps

@@ -113,6 +113,10 @@ func (t *Table[K, V]) Keys(owner uint32) map[K]struct{} {
 	return ks
 }
 
+// Group returns owner's entries: those of the last read, put since and not
+// dropped. The slice is the Table's: not to be changed.
+func (t *Table[K, V]) Group(owner uint32) []Entry[K, V] { return t.groups[owner] }
+
 // Put records that user space inserted k for owner.
 func (t *Table[K, V]) Put(owner uint32, k K, v V) {
 	ks := t.Keys(owner)

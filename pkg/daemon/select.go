@@ -109,6 +109,11 @@ func (f *Finder) Discover(p *pipeline.Pipeline) {
 		candidates[pid] = true
 	}
 	f.drain(candidates)
+	// Children of watched processes, tracked from their fork: taken now,
+	// they cost no fd listing.
+	for _, pid := range p.Forked() {
+		candidates[pid] = true
+	}
 	if f.lastRun.IsZero() || time.Since(f.lastRun) >= f.resync {
 		f.lastRun = time.Now()
 		pids, err := f.proc.AllPIDs()

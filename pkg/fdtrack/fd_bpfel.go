@@ -83,6 +83,13 @@ const (
 	fdFdKindFD_KIND_MAX fdFdKind = 11
 )
 
+type fdForkInfo struct {
+	_      structs.HostLayout
+	Parent uint32
+	Pad    uint32
+	ForkNs uint64
+}
+
 type fdPyProc struct {
 	_              structs.HostLayout
 	Runtime        uint64
@@ -147,6 +154,14 @@ type fdSiteOwnerKey struct {
 	Which uint32
 }
 
+type fdTrackHow uint32
+
+const (
+	fdTrackHowTRACK_ONLY   fdTrackHow = 1
+	fdTrackHowTRACK_FOLLOW fdTrackHow = 2
+	fdTrackHowTRACK_FORKED fdTrackHow = 3
+)
+
 type fdUnwindKey struct {
 	_    structs.HostLayout
 	Mm   uint64
@@ -188,6 +203,7 @@ const (
 	fdMapFdCounters             = "fd_counters"
 	fdMapFdEntries              = "fd_entries"
 	fdMapFdTable                = "fd_table"
+	fdMapForks                  = "forks"
 	fdMapPyErrors               = "py_errors"
 	fdMapPyProcs                = "py_procs"
 	fdMapPyScratch              = "py_scratch"
@@ -205,6 +221,8 @@ const (
 	fdMapUnwoundStacks          = "unwound_stacks"
 	fdProgExecBtf               = "exec_btf"
 	fdProgExecTp                = "exec_tp"
+	fdProgForkBtf               = "fork_btf"
+	fdProgForkTp                = "fork_tp"
 	fdProgSysEnterBtf           = "sys_enter_btf"
 	fdProgSysEnterTp            = "sys_enter_tp"
 	fdProgSysExitBtf            = "sys_exit_btf"
@@ -218,9 +236,11 @@ const (
 	fdVarUnusedFdInfo           = "unused_fd_info"
 	fdVarUnusedFdKey            = "unused_fd_key"
 	fdVarUnusedFdKind           = "unused_fd_kind"
+	fdVarUnusedForkInfo         = "unused_fork_info"
 	fdVarUnusedPyErr            = "unused_py_err"
 	fdVarUnusedPyProc           = "unused_py_proc"
 	fdVarUnusedPyStack          = "unused_py_stack"
+	fdVarUnusedTrackHow         = "unused_track_how"
 	fdVarUnusedUnwindKey        = "unused_unwind_key"
 	fdVarUnusedUnwindPendingKey = "unused_unwind_pending_key"
 	fdVarUnusedUnwindRequest    = "unused_unwind_request"
@@ -272,6 +292,8 @@ type fdSpecs struct {
 type fdProgramSpecs struct {
 	ExecBtf     *ebpf.ProgramSpec `ebpf:"exec_btf"`
 	ExecTp      *ebpf.ProgramSpec `ebpf:"exec_tp"`
+	ForkBtf     *ebpf.ProgramSpec `ebpf:"fork_btf"`
+	ForkTp      *ebpf.ProgramSpec `ebpf:"fork_tp"`
 	SysEnterBtf *ebpf.ProgramSpec `ebpf:"sys_enter_btf"`
 	SysEnterTp  *ebpf.ProgramSpec `ebpf:"sys_enter_tp"`
 	SysExitBtf  *ebpf.ProgramSpec `ebpf:"sys_exit_btf"`
@@ -287,6 +309,7 @@ type fdMapSpecs struct {
 	FdCounters     *ebpf.MapSpec `ebpf:"fd_counters"`
 	FdEntries      *ebpf.MapSpec `ebpf:"fd_entries"`
 	FdTable        *ebpf.MapSpec `ebpf:"fd_table"`
+	Forks          *ebpf.MapSpec `ebpf:"forks"`
 	PyErrors       *ebpf.MapSpec `ebpf:"py_errors"`
 	PyProcs        *ebpf.MapSpec `ebpf:"py_procs"`
 	PyScratch      *ebpf.MapSpec `ebpf:"py_scratch"`
@@ -317,9 +340,11 @@ type fdVariableSpecs struct {
 	UnusedFdInfo           *ebpf.VariableSpec `ebpf:"unused_fd_info"`
 	UnusedFdKey            *ebpf.VariableSpec `ebpf:"unused_fd_key"`
 	UnusedFdKind           *ebpf.VariableSpec `ebpf:"unused_fd_kind"`
+	UnusedForkInfo         *ebpf.VariableSpec `ebpf:"unused_fork_info"`
 	UnusedPyErr            *ebpf.VariableSpec `ebpf:"unused_py_err"`
 	UnusedPyProc           *ebpf.VariableSpec `ebpf:"unused_py_proc"`
 	UnusedPyStack          *ebpf.VariableSpec `ebpf:"unused_py_stack"`
+	UnusedTrackHow         *ebpf.VariableSpec `ebpf:"unused_track_how"`
 	UnusedUnwindKey        *ebpf.VariableSpec `ebpf:"unused_unwind_key"`
 	UnusedUnwindPendingKey *ebpf.VariableSpec `ebpf:"unused_unwind_pending_key"`
 	UnusedUnwindRequest    *ebpf.VariableSpec `ebpf:"unused_unwind_request"`
@@ -352,6 +377,7 @@ type fdMaps struct {
 	FdCounters     *ebpf.Map `ebpf:"fd_counters"`
 	FdEntries      *ebpf.Map `ebpf:"fd_entries"`
 	FdTable        *ebpf.Map `ebpf:"fd_table"`
+	Forks          *ebpf.Map `ebpf:"forks"`
 	PyErrors       *ebpf.Map `ebpf:"py_errors"`
 	PyProcs        *ebpf.Map `ebpf:"py_procs"`
 	PyScratch      *ebpf.Map `ebpf:"py_scratch"`
@@ -376,6 +402,7 @@ func (m *fdMaps) Close() error {
 		m.FdCounters,
 		m.FdEntries,
 		m.FdTable,
+		m.Forks,
 		m.PyErrors,
 		m.PyProcs,
 		m.PyScratch,
@@ -407,9 +434,11 @@ type fdVariables struct {
 	UnusedFdInfo           *ebpf.Variable `ebpf:"unused_fd_info"`
 	UnusedFdKey            *ebpf.Variable `ebpf:"unused_fd_key"`
 	UnusedFdKind           *ebpf.Variable `ebpf:"unused_fd_kind"`
+	UnusedForkInfo         *ebpf.Variable `ebpf:"unused_fork_info"`
 	UnusedPyErr            *ebpf.Variable `ebpf:"unused_py_err"`
 	UnusedPyProc           *ebpf.Variable `ebpf:"unused_py_proc"`
 	UnusedPyStack          *ebpf.Variable `ebpf:"unused_py_stack"`
+	UnusedTrackHow         *ebpf.Variable `ebpf:"unused_track_how"`
 	UnusedUnwindKey        *ebpf.Variable `ebpf:"unused_unwind_key"`
 	UnusedUnwindPendingKey *ebpf.Variable `ebpf:"unused_unwind_pending_key"`
 	UnusedUnwindRequest    *ebpf.Variable `ebpf:"unused_unwind_request"`
@@ -423,6 +452,8 @@ type fdVariables struct {
 type fdPrograms struct {
 	ExecBtf     *ebpf.Program `ebpf:"exec_btf"`
 	ExecTp      *ebpf.Program `ebpf:"exec_tp"`
+	ForkBtf     *ebpf.Program `ebpf:"fork_btf"`
+	ForkTp      *ebpf.Program `ebpf:"fork_tp"`
 	SysEnterBtf *ebpf.Program `ebpf:"sys_enter_btf"`
 	SysEnterTp  *ebpf.Program `ebpf:"sys_enter_tp"`
 	SysExitBtf  *ebpf.Program `ebpf:"sys_exit_btf"`
@@ -433,6 +464,8 @@ func (p *fdPrograms) Close() error {
 	return _FdClose(
 		p.ExecBtf,
 		p.ExecTp,
+		p.ForkBtf,
+		p.ForkTp,
 		p.SysEnterBtf,
 		p.SysEnterTp,
 		p.SysExitBtf,

@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/stacks"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
@@ -31,7 +32,19 @@ type Config struct {
 	// Stacks is the stack service shared with the other objects; nil: one
 	// of the tracker's own (with Symbolizer), closed with it.
 	Stacks *stacks.Service
+	// Follow tracks the children of tracked processes from their fork
+	// (Forked offers them): their inherited fds are taken from the
+	// parent's table, not read from /proc.
+	Follow bool
+	// ReadsPerPoll bounds the fds described from /proc (a readlink each)
+	// per poll, node-wide; a table larger than what is left is filled over
+	// several polls. 0: DefaultReadsPerPoll.
+	ReadsPerPoll int
 }
+
+// DefaultReadsPerPoll is ReadsPerPoll's default: ~25 ms of readlinks here,
+// a fortieth of a core at a 1 s interval.
+const DefaultReadsPerPoll = 8192
 
 // Tracker owns the loaded fd BPF object and its links.
 type Tracker struct {
@@ -56,6 +69,19 @@ type Tracker struct {
 	// cost that many entries to rebuild each poll, idle or not.
 	last map[uint32]lastFDs
 
+	// Children tracked from fork hold the fds they inherited here, by
+	// number, not in the kernel table: a leaking shell's 3 000 fds are not
+	// copied, read back and deleted for each of its children. The kernel
+	// table's entry of a number wins over an inherited one (dup2 onto it).
+	inherited map[uint32]map[int32]uint8
+	inhGen    map[uint32]uint64 // bumped when a process's inherited set changes
+	filling   map[uint32]bool   // fds left to describe at a later poll
+	offered   map[uint32]bool   // children marked at fork, offered by Forked, not tracked yet
+	follow    bool
+	perPoll   int
+	budget    int // descriptions left this poll
+	reads     model.FDReads
+
 	stacks    *stacks.Service
 	ownStacks bool // made by New: closed by Close
 	view      *stacks.View
@@ -79,7 +105,18 @@ func New(cfg Config) (*Tracker, error) {
 		started:     map[uint32]time.Time{},
 		atStart:     map[uint32]int{},
 		last:        map[uint32]lastFDs{},
+		inherited:   map[uint32]map[int32]uint8{},
+		inhGen:      map[uint32]uint64{},
+		filling:     map[uint32]bool{},
+		offered:     map[uint32]bool{},
+		follow:      cfg.Follow,
+		perPoll:     cfg.ReadsPerPoll,
 	}
+	if t.perPoll <= 0 {
+		t.perPoll = DefaultReadsPerPoll
+	}
+	t.budget = t.perPoll
+	t.reads.PerPoll = t.perPoll
 	if t.stacks, t.ownStacks, err = stacks.SharedOr(cfg.Stacks, t.proc, cfg.Symbolizer, cfg.ProcRoot); err != nil {
 		return nil, err
 	}

@@ -225,7 +225,7 @@ func TestExitedNotReapedKeepsTable(t *testing.T) {
 	if before < 10 {
 		t.Fatalf("only %d fds in the table of the exited process", before)
 	}
-	if _, err := tr.reconcile(uint32(pid)); err == nil {
+	if _, err := tr.reconcile(uint32(pid), false); err == nil {
 		t.Error("reconciled the table of an exited process")
 	}
 	for range 3 { // past the drift check's two polls

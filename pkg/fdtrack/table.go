@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"os"
 	"slices"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/stacks"
 )
 
@@ -53,45 +55,138 @@ type Sample struct {
 const nFails = len(fdFdCounts{}.Failed)
 
 // Track starts tracking pid: counters first (the BPF side only updates
-// existing entries), then the filter, then the table seeded from /proc and,
-// if the kernel saw fds go meanwhile, reconciled once more to drop anything
-// closed while seeding.
+// existing entries), then the filter, then the table. A child the kernel
+// tracks from its fork (Config.Follow) keeps what the kernel counted since
+// and starts from its parent's table (inherit). Another is seeded from
+// /proc and, if the kernel saw fds go meanwhile, reconciled once more to
+// drop anything closed while seeding.
 func (t *Tracker) Track(pid int) error {
 	tgid := uint32(pid)
-	if err := t.table.Claim(tgid, t.tracked); err != nil {
+	fork, forked, stale := t.forkOf(tgid)
+	live := t.liveOwners()
+	if err := t.table.Claim(tgid, live); err != nil {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
-	if err := t.failSites.Claim(tgid, t.tracked); err != nil {
+	if err := t.failSites.Claim(tgid, live); err != nil {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
-	if err := t.sites.Claim(tgid, t.tracked); err != nil {
+	if err := t.sites.Claim(tgid, live); err != nil {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
 	t.view.Track(pid) // Python frames from its first open on
-	zero := make([]fdFdCounts, ebpf.MustPossibleCPU())
-	if err := t.maps.FdCounters.Update(tgid, zero, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
-		return fmt.Errorf("tracking pid %d: %w", pid, err)
+	if !forked {
+		flags := ebpf.UpdateNoExist
+		if stale {
+			// A mark left for an earlier process of that pid: its
+			// counts are not this one's.
+			_ = t.maps.Forks.Delete(tgid)
+			flags = ebpf.UpdateAny
+		}
+		zero := make([]fdFdCounts, ebpf.MustPossibleCPU())
+		if err := t.maps.FdCounters.Update(tgid, zero, flags); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+			return fmt.Errorf("tracking pid %d: %w", pid, err)
+		}
 	}
-	if err := t.maps.TrackedPids.Update(tgid, uint8(1), ebpf.UpdateAny); err != nil {
+	how := uint8(fdTrackHowTRACK_ONLY)
+	if t.follow {
+		how = uint8(fdTrackHowTRACK_FOLLOW)
+	}
+	if err := t.maps.TrackedPids.Update(tgid, how, ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
 	t.started[tgid] = time.Now()
 	t.extraClosed[tgid] = &[nKinds]uint64{}
+	delete(t.offered, tgid)
+	if forked {
+		// The listing covers the resyncs asked for before it (an exec
+		// since the fork, say).
+		var err error
+		if t.resyncs[tgid], err = t.resyncsOf(tgid); err != nil {
+			return fmt.Errorf("tracking pid %d: %w", pid, err)
+		}
+		if t.atStart[tgid], err = t.inherit(tgid, fork); err != nil {
+			return fmt.Errorf("tracking pid %d: %w", pid, err)
+		}
+		return nil
+	}
 	gone, err := t.fdsGone(tgid)
 	if err != nil {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
 	// A process at its fd limit already ran out before we could see a
 	// call fail: what it held then tells.
-	if t.atStart[tgid], err = t.reconcile(tgid); err != nil {
+	if t.atStart[tgid], err = t.reconcile(tgid, false); err != nil {
 		return err
 	}
 	if again, err := t.fdsGone(tgid); err != nil || again != gone {
-		if _, err := t.reconcile(tgid); err != nil {
+		if _, err := t.reconcile(tgid, false); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// forkOf returns the mark the kernel made at tgid's fork (ok) if tgid is
+// still the process it was made for; stale: a mark of an earlier process
+// of that pid (its start time is not the fork's).
+func (t *Tracker) forkOf(tgid uint32) (fi fdForkInfo, ok, stale bool) {
+	if err := t.maps.Forks.Lookup(tgid, &fi); err != nil {
+		return fi, false, false
+	}
+	id, err := t.proc.Identify(int(tgid))
+	if err != nil || !startedAt(id.Start, fi.ForkNs) {
+		return fi, false, true
+	}
+	return fi, true, false
+}
+
+// startedAt reports whether a process whose /proc start time is ticks
+// (USER_HZ, on the boot-time clock) is one forked at forkNs (the
+// monotonic clock of bpf_ktime_get_ns): the start is taken early in the
+// fork, the mark at its end; ticks are truncated.
+func startedAt(ticks, forkNs uint64) bool {
+	const tick = uint64(time.Second / 100)
+	var boot, mono unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_BOOTTIME, &boot)
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &mono)
+	forkBoot := forkNs + uint64(boot.Nano()-mono.Nano())
+	start := ticks * tick
+	return start <= forkBoot+tick && forkBoot < start+5*tick
+}
+
+// inherit starts the table of tgid, a child tracked since its fork, from
+// its parent's as this tracker knows it: the parent's entries older than
+// the fork, and what the parent inherited itself, are the child's where
+// /proc still lists that number. /proc is listed once, by number; only
+// what the parent's table cannot tell (fds the parent closed since, or
+// opened after its last read) is described one by one. It returns how
+// many fds /proc listed.
+func (t *Tracker) inherit(tgid uint32, fork fdForkInfo) (int, error) {
+	from := map[int32]uint8{}
+	if _, ok := t.started[fork.Parent]; ok {
+		for _, e := range t.table.Group(fork.Parent) {
+			if e.Val.OpenNs < fork.ForkNs {
+				from[e.Key.Fd] = e.Val.Kind
+			}
+		}
+		for num, kind := range t.inherited[fork.Parent] {
+			if _, ok := from[num]; !ok {
+				from[num] = kind
+			}
+		}
+	}
+	t.inherited[tgid] = from
+	// The other views need not read what the parent's table told.
+	t.proc.SetKindHint(int(tgid), func(num int) (uint8, bool) {
+		kind, ok := t.inherited[tgid][int32(num)]
+		return kind, ok
+	})
+	n, err := t.reconcile(tgid, false)
+	if err != nil {
+		return 0, err
+	}
+	t.reads.Inherited += uint64(len(t.inherited[tgid]))
+	return n, nil
 }
 
 // fdsGone sums what the kernel counted of tgid's fds going: closes and
@@ -111,12 +206,26 @@ func (t *Tracker) fdsGone(tgid uint32) (uint64, error) {
 	return n, nil
 }
 
+// resyncsOf sums the reconciliations the kernel asked for tgid.
+func (t *Tracker) resyncsOf(tgid uint32) (uint64, error) {
+	var per []fdFdCounts
+	if err := t.maps.FdCounters.Lookup(tgid, &per); err != nil {
+		return 0, err
+	}
+	var n uint64
+	for _, c := range per {
+		n += c.Resyncs
+	}
+	return n, nil
+}
+
 // Untrack stops tracking pid and drops its kernel state, the fds opened
 // since the last poll at the next (see bpfobj.Table).
 func (t *Tracker) Untrack(pid int) {
 	tgid := uint32(pid)
 	_ = t.maps.TrackedPids.Delete(tgid)
 	_ = t.maps.FdCounters.Delete(tgid)
+	_ = t.maps.Forks.Delete(tgid)
 	// A failure site exists only once a call failed: the one read may
 	// know it, else the next read sweeps it.
 	t.failSites.Forget(tgid)
@@ -129,20 +238,99 @@ func (t *Tracker) Untrack(pid int) {
 	delete(t.extraClosed, tgid)
 	delete(t.resyncs, tgid)
 	delete(t.last, tgid)
+	delete(t.inherited, tgid)
+	t.proc.SetKindHint(pid, nil)
+	delete(t.inhGen, tgid)
+	delete(t.filling, tgid)
+	delete(t.offered, tgid)
 }
 
-// reconcile makes the table of tgid match /proc/PID/fd, key by key: of the
-// entries user space knows for tgid (the last poll's and those seeded
-// since), those /proc no longer lists and that are older than the listing
-// are dropped and counted as closed; fds that /proc lists and the table
-// lacks are added without a stack. Other processes' entries are never read,
-// whatever they hold; Poll reads the table first, so that what the process
-// opened since the last poll is known, and the read is kept up to date.
+// Forked returns the children the kernel tracks from their fork
+// (Config.Follow) that Track has not taken yet, for the caller to watch
+// or leave; call it once a poll. Those offered at the last call and not
+// taken are let go now: counted as short-lived if they are gone, with the
+// fds they opened. A child that lived between two polls costs no /proc
+// read.
+func (t *Tracker) Forked() []int {
+	if !t.follow {
+		return nil
+	}
+	var (
+		child uint32
+		fi    fdForkInfo
+		out   []int
+		leave []uint32
+	)
+	seen := map[uint32]bool{}
+	it := t.maps.Forks.Iterate()
+	for it.Next(&child, &fi) {
+		if _, ok := t.started[child]; ok {
+			continue
+		}
+		seen[child] = true
+		if t.offered[child] {
+			leave = append(leave, child)
+		} else {
+			out = append(out, int(child))
+		}
+	}
+	if err := it.Err(); err != nil {
+		slog.Debug("reading the children marked at fork", "err", err)
+	}
+	for _, c := range leave {
+		t.release(c)
+	}
+	for c := range t.offered {
+		if !seen[c] {
+			delete(t.offered, c)
+		}
+	}
+	for _, c := range out {
+		t.offered[uint32(c)] = true
+	}
+	return out
+}
+
+// release lets go of a child marked at fork that was not taken: counted
+// if it is gone, its kernel state deleted; the entries it made go at the
+// next read of each table (their owner is no longer live).
+func (t *Tracker) release(child uint32) {
+	if id, err := t.proc.Identify(int(child)); err != nil || !id.Running {
+		t.reads.ShortLived++
+		var per []fdFdCounts
+		if t.maps.FdCounters.Lookup(child, &per) == nil {
+			for _, c := range per {
+				for _, n := range c.Opened {
+					t.reads.ShortLivedOpens += n
+				}
+			}
+		}
+	}
+	_ = t.maps.TrackedPids.Delete(child)
+	_ = t.maps.FdCounters.Delete(child)
+	_ = t.maps.Forks.Delete(child)
+	delete(t.offered, child)
+}
+
+// Reads is what the tracker read from /proc to learn fd tables so far.
+func (t *Tracker) Reads() model.FDReads { return t.reads }
+
+// reconcile makes the table of tgid match /proc/PID/fd, listed by number:
+// of the entries user space knows for tgid (the last poll's, those seeded
+// since and those it inherited), those /proc no longer lists and that are
+// older than the listing are dropped and counted as closed; numbers /proc
+// lists that none of them has are described (a readlink each) and added
+// without a stack, as many as the poll's budget allows, the rest at the
+// next polls (filling). Other processes' entries are never read; Poll reads
+// the table first, so that what the process opened since the last poll is
+// known, and the read is kept up to date. thorough also checks that each
+// listed number user space knows still has its entry: an fd closed where
+// the kernel saw and given anew where it cannot see (SCM_RIGHTS) has none.
 // It returns how many fds /proc listed.
-func (t *Tracker) reconcile(tgid uint32) (int, error) {
+func (t *Tracker) reconcile(tgid uint32, thorough bool) (int, error) {
 	delete(t.last, tgid) // the table changes from here
 	before := monoNow()
-	fds, err := t.proc.FDsNow(int(tgid))
+	nums, err := t.proc.FDNumsNow(int(tgid))
 	if err != nil {
 		return 0, err
 	}
@@ -152,32 +340,72 @@ func (t *Tracker) reconcile(tgid uint32) (int, error) {
 	if t.proc.FDsGone(int(tgid)) {
 		return 0, fmt.Errorf("pid %d is exiting: /proc no longer lists its fds", tgid)
 	}
-	live := make(map[int32]uint8, len(fds))
-	for _, fd := range fds {
-		live[int32(fd.Num)] = fd.Kind
+	t.reads.Listings++
+	listed := make(map[int32]bool, len(nums))
+	for _, n := range nums {
+		listed[int32(n)] = true
 	}
 	extra := t.extraClosed[tgid]
+	closed := func(kind uint8) {
+		if extra != nil && int(kind) < nKinds {
+			extra[kind]++
+		}
+	}
+	known := t.table.Keys(tgid)
 	gone := map[fdFdKey]bool{}
-	for key := range t.table.Keys(tgid) {
-		if _, ok := live[key.Fd]; ok {
+	for key := range known {
+		if listed[key.Fd] {
 			continue
 		}
 		info, ok := t.table.Lookup(key)
 		if ok && info.OpenNs >= before {
 			continue // opened since the listing
 		}
-		if ok && t.maps.FdTable.Delete(key) == nil && extra != nil && int(info.Kind) < nKinds {
-			extra[info.Kind]++
+		if ok && t.maps.FdTable.Delete(key) == nil {
+			closed(info.Kind)
 		}
 		gone[key] = true
 	}
 	t.table.Drop(tgid, gone)
-	// Known or not, each listed fd is inserted unless there: one it holds
-	// may have come where no tracepoint sees (SCM_RIGHTS) after a close.
-	for num, kind := range live {
+	inh := t.inherited[tgid]
+	for num, kind := range inh {
+		if !listed[num] {
+			delete(inh, num)
+			closed(kind)
+			t.inhGen[tgid]++
+		}
+	}
+	var unknown []int32
+	for _, n := range nums {
+		num := int32(n)
+		if _, ok := inh[num]; ok {
+			continue
+		}
+		key := fdFdKey{Tgid: tgid, Fd: num}
+		if _, ok := known[key]; ok {
+			if !thorough {
+				continue
+			}
+			if _, ok := t.table.Lookup(key); ok {
+				continue
+			}
+		}
+		unknown = append(unknown, num)
+	}
+	n := min(len(unknown), max(t.budget, 0))
+	for _, num := range unknown[:n] {
+		kind, err := t.proc.FDKind(int(tgid), int(num))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // closed since the listing
+		}
+		if err != nil {
+			return 0, err
+		}
 		key := fdFdKey{Tgid: tgid, Fd: num}
 		seed := fdFdInfo{StackId: -1, Kind: kind}
-		err := t.maps.FdTable.Update(key, seed, ebpf.UpdateNoExist)
+		// A number the kernel has an entry for (opened since the last
+		// read) keeps it.
+		err = t.maps.FdTable.Update(key, seed, ebpf.UpdateNoExist)
 		if err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 			return 0, fmt.Errorf("seeding fd table for pid %d: %w", tgid, err)
 		}
@@ -185,7 +413,15 @@ func (t *Tracker) reconcile(tgid uint32) (int, error) {
 			t.table.Put(tgid, key, seed)
 		}
 	}
-	return len(fds), nil
+	t.budget -= n
+	t.reads.Described += uint64(n)
+	if rest := len(unknown) - n; rest > 0 {
+		t.reads.Deferred += uint64(rest)
+		t.filling[tgid] = true
+	} else {
+		delete(t.filling, tgid)
+	}
+	return len(nums), nil
 }
 
 // Poll reads the table once and returns a sample for each tracked pid in pids.
@@ -193,7 +429,9 @@ func (t *Tracker) reconcile(tgid uint32) (int, error) {
 // close_range) is reconciled with /proc first.
 func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 	nowWall, nowMono := time.Now(), monoNow()
-	table, err := t.table.Read(t.tracked)
+	defer func() { t.budget = t.perPoll }() // for the next poll's Tracks and Poll
+	live := t.liveOwners()
+	table, err := t.table.Read(live)
 	if err != nil {
 		return nil, fmt.Errorf("reading fd table: %w", err)
 	}
@@ -216,9 +454,9 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 			}
 			resyncs += c.Resyncs
 		}
-		if resyncs != t.resyncs[tgid] {
+		if resyncs != t.resyncs[tgid] || t.filling[tgid] && t.budget > 0 {
 			// A process that has just exited cannot be listed; that is not an error.
-			if _, err := t.reconcile(tgid); err == nil {
+			if _, err := t.reconcile(tgid, false); err == nil {
 				t.resyncs[tgid] = resyncs
 			}
 		}
@@ -229,7 +467,7 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		}
 		out[pid] = s
 	}
-	counts, err := t.sites.Read(t.tracked)
+	counts, err := t.sites.Read(live)
 	if err != nil {
 		return nil, fmt.Errorf("reading the fd call site table: %w", err)
 	}
@@ -247,11 +485,13 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 	for pid, s := range out {
 		tgid := uint32(pid)
 		g := table[tgid]
-		sum := digest(g)
-		if l, ok := t.last[tgid]; ok && l.sum == sum && len(l.fds) == len(g) {
+		inh := t.inherited[tgid]
+		t.shadow(tgid, g, inh)
+		sum := digest(g) + t.inhGen[tgid]*0x9e3779b97f4a7c15
+		if l, ok := t.last[tgid]; ok && l.sum == sum && len(l.fds) == len(g)+len(inh) {
 			s.FDs = l.fds
 		} else {
-			s.FDs = make([]FD, 0, len(g))
+			s.FDs = make([]FD, 0, len(g)+len(inh))
 			settled := true
 			for _, e := range byNum(g) {
 				opened := t.started[e.Key.Tgid]
@@ -261,6 +501,14 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 				settled = settled && t.stacks.Settled(e.Val.StackId)
 				s.FDs = append(s.FDs, FD{Num: e.Key.Fd, Kind: e.Val.Kind, StackID: t.stacks.Canonical(e.Val.StackId), Opened: opened, PyStack: e.Val.PyStack})
 			}
+			if len(inh) > 0 {
+				// Inherited fds are described as seeded ones are: no
+				// stack, open since tracking began.
+				for num, kind := range inh {
+					s.FDs = append(s.FDs, FD{Num: num, Kind: kind, StackID: -1, Opened: t.started[tgid]})
+				}
+				slices.SortFunc(s.FDs, func(a, b FD) int { return cmp.Compare(a.Num, b.Num) })
+			}
 			delete(t.last, tgid)
 			if settled {
 				t.last[tgid] = lastFDs{sum, s.FDs}
@@ -269,9 +517,30 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		t.checkDrift(tgid, len(s.FDs))
 	}
 	if t.polls++; t.polls%bpfobj.StackGCEvery == 0 {
-		t.keepStacks(table)
+		t.keepStacks(table, live)
 	}
 	return out, nil
+}
+
+// shadow drops the inherited fds of tgid that its kernel entries g
+// replaced (dup2 onto an inherited number, or one closed and given anew),
+// each counted as closed.
+func (t *Tracker) shadow(tgid uint32, g []bpfobj.Entry[fdFdKey, fdFdInfo], inh map[int32]uint8) {
+	if len(inh) == 0 {
+		return
+	}
+	extra := t.extraClosed[tgid]
+	for _, e := range g {
+		kind, ok := inh[e.Key.Fd]
+		if !ok {
+			continue
+		}
+		delete(inh, e.Key.Fd)
+		if extra != nil && int(kind) < nKinds {
+			extra[kind]++
+		}
+		t.inhGen[tgid]++
+	}
 }
 
 // lastFDs is a process's fds from one poll and the digest of the table
@@ -330,7 +599,7 @@ func byNum(g []bpfobj.Entry[fdFdKey, fdFdInfo]) []bpfobj.Entry[fdFdKey, fdFdInfo
 
 // keepStacks gives the stack service the stacks this view refers to: of
 // live fds, call site counts and failure sites, of any process.
-func (t *Tracker) keepStacks(table map[uint32][]bpfobj.Entry[fdFdKey, fdFdInfo]) {
+func (t *Tracker) keepStacks(table map[uint32][]bpfobj.Entry[fdFdKey, fdFdInfo], live func(uint32) bool) {
 	keep := map[uint32]bool{}
 	for _, g := range table {
 		for _, e := range g {
@@ -338,8 +607,8 @@ func (t *Tracker) keepStacks(table map[uint32][]bpfobj.Entry[fdFdKey, fdFdInfo])
 			keep[uint32(t.stacks.Canonical(e.Val.StackId))] = true
 		}
 	}
-	t.sites.Keep(keep, t.tracked)
-	sites, err := t.failSites.Read(t.tracked)
+	t.sites.Keep(keep, live)
+	sites, err := t.failSites.Read(live)
 	if err != nil {
 		slog.Warn("reading fd failure sites", "err", err)
 		return
@@ -353,11 +622,27 @@ func (t *Tracker) keepStacks(table map[uint32][]bpfobj.Entry[fdFdKey, fdFdInfo])
 	t.view.Sweep(keep)
 }
 
-// tracked reports whether tgid is tracked: a read of a table drops the
-// entries of the others.
-func (t *Tracker) tracked(tgid uint32) bool {
-	_, ok := t.started[tgid]
-	return ok
+// liveOwners returns whether a table entry's owner is tracked, for a read
+// of a table, which drops the entries of the others: processes Track took,
+// and children the kernel tracks from their fork that are not taken yet
+// (asked of the kernel once per owner and read).
+func (t *Tracker) liveOwners() func(tgid uint32) bool {
+	marked := map[uint32]bool{}
+	return func(tgid uint32) bool {
+		if _, ok := t.started[tgid]; ok {
+			return true
+		}
+		if !t.follow {
+			return false
+		}
+		m, ok := marked[tgid]
+		if !ok {
+			var fi fdForkInfo
+			m = t.maps.Forks.Lookup(tgid, &fi) == nil
+			marked[tgid] = m
+		}
+		return m
+	}
 }
 
 // checkDrift reconciles tgid with /proc when its table count has differed
@@ -366,6 +651,9 @@ func (t *Tracker) tracked(tgid uint32) bool {
 // otherwise stay missing until the next exec or close_range. One differing
 // poll is usually a race with the running process and is let pass.
 func (t *Tracker) checkDrift(tgid uint32, n int) {
+	if t.filling[tgid] {
+		return // differs until filled
+	}
 	procN, err := t.proc.FDCount(int(tgid))
 	if err != nil || procN == n || t.proc.FDsGone(int(tgid)) {
 		delete(t.drift, tgid)
@@ -375,7 +663,7 @@ func (t *Tracker) checkDrift(tgid uint32, n int) {
 		return
 	}
 	delete(t.drift, tgid)
-	if _, err := t.reconcile(tgid); err != nil {
+	if _, err := t.reconcile(tgid, true); err != nil {
 		slog.Debug("reconciling fd table", "pid", tgid, "err", err)
 	}
 }

@@ -44,6 +44,12 @@ type descs struct {
 	trackFailuresDesc  *prometheus.Desc
 	viewUpDesc         *prometheus.Desc
 	bpfMemoryDesc      *prometheus.Desc
+	fdListingsDesc     *prometheus.Desc
+	fdDescribedDesc    *prometheus.Desc
+	fdDeferredDesc     *prometheus.Desc
+	fdReadsBoundDesc   *prometheus.Desc
+	shortLivedDesc     *prometheus.Desc
+	shortLivedFDsDesc  *prometheus.Desc
 	buildInfoDesc      *prometheus.Desc
 	cudaAllocBytesDesc *prometheus.Desc
 	cudaFreeBytesDesc  *prometheus.Desc
@@ -99,6 +105,19 @@ func newDescs(pods bool) *descs {
 	d.bpfMemoryDesc = prometheus.NewDesc("autoglm_bpf_memory_bytes",
 		"Kernel memory of each view's BPF maps and programs (memlock; charged to the agent's memory cgroup on Linux >= 5.11), read every 10 polls.",
 		[]string{"view"}, nil)
+	d.fdListingsDesc = prometheus.NewDesc("autoglm_fd_proc_listings_total",
+		"Listings of a /proc/PID/fd directory by number, to find what changed in a table the fd view knows.", nil, nil)
+	d.fdDescribedDesc = prometheus.NewDesc("autoglm_fd_descriptions_total",
+		"Fds of watched processes described without a kernel event: by a readlink in /proc (source=proc) or from the parent's table, for a child tracked from its fork (source=parent).",
+		[]string{"source"}, nil)
+	d.fdDeferredDesc = prometheus.NewDesc("autoglm_fd_descriptions_deferred_total",
+		"Fd descriptions put off to a later interval by the per-interval bound (--fd-reads-per-poll); an fd put off twice counts twice.", nil, nil)
+	d.fdReadsBoundDesc = prometheus.NewDesc("autoglm_fd_descriptions_per_poll_limit",
+		"The most fds described from /proc per interval, all processes together.", nil, nil)
+	d.shortLivedDesc = prometheus.NewDesc("autoglm_short_lived_processes_total",
+		"Children of watched processes, tracked from their fork, that exited before an interval watched them: counted, never listed.", nil, nil)
+	d.shortLivedFDsDesc = prometheus.NewDesc("autoglm_short_lived_fds_opened_total",
+		"Fds those short-lived children opened.", nil, nil)
 	d.buildInfoDesc = prometheus.NewDesc("autoglm_build_info",
 		"Always 1; labelled with the version of autoglm-ebpf, the VCS revision it was built from, and the Go version and architecture it was built with.",
 		[]string{"version", "revision", "goversion", "goarch"}, nil)
@@ -144,7 +163,7 @@ func newDescs(pods bool) *descs {
 
 // all lists every description, for Describe.
 func (d *descs) all() []*prometheus.Desc {
-	return []*prometheus.Desc{d.openFDsDesc, d.fdLimitDesc, d.openedDesc, d.closedDesc, d.fdFailuresDesc, d.socketsDesc, d.socketFDsDesc, d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.trackFailuresDesc, d.viewUpDesc, d.bpfMemoryDesc, d.buildInfoDesc, d.cudaAllocBytesDesc, d.cudaFreeBytesDesc, d.cudaAllocCallsDesc, d.cudaLiveBytesDesc, d.cudaFailuresDesc, d.cudaUntrackedDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.gpuSMUtilDesc, d.gpuMemUtilDesc, d.gpuXIDDesc, d.gpuEventsDesc, d.ctxSwitchesDesc, d.runqLatencyDesc}
+	return []*prometheus.Desc{d.openFDsDesc, d.fdLimitDesc, d.openedDesc, d.closedDesc, d.fdFailuresDesc, d.socketsDesc, d.socketFDsDesc, d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.trackFailuresDesc, d.viewUpDesc, d.bpfMemoryDesc, d.fdListingsDesc, d.fdDescribedDesc, d.fdDeferredDesc, d.fdReadsBoundDesc, d.shortLivedDesc, d.shortLivedFDsDesc, d.buildInfoDesc, d.cudaAllocBytesDesc, d.cudaFreeBytesDesc, d.cudaAllocCallsDesc, d.cudaLiveBytesDesc, d.cudaFailuresDesc, d.cudaUntrackedDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.gpuSMUtilDesc, d.gpuMemUtilDesc, d.gpuXIDDesc, d.gpuEventsDesc, d.ctxSwitchesDesc, d.runqLatencyDesc}
 }
 
 // Metrics is a sink that serves the latest snapshot to Prometheus.
@@ -382,6 +401,16 @@ func (m *Metrics) render() []prometheus.Metric {
 		}
 		for view, n := range s.BPFMemory {
 			out = append(out, constMetric(m.d.bpfMemoryDesc, prometheus.GaugeValue, float64(n), view))
+		}
+		if r := s.FDReads; r.PerPoll > 0 { // the fd view is loaded
+			out = append(out,
+				constMetric(m.d.fdListingsDesc, prometheus.CounterValue, float64(r.Listings)),
+				constMetric(m.d.fdDescribedDesc, prometheus.CounterValue, float64(r.Described), "proc"),
+				constMetric(m.d.fdDescribedDesc, prometheus.CounterValue, float64(r.Inherited), "parent"),
+				constMetric(m.d.fdDeferredDesc, prometheus.CounterValue, float64(r.Deferred)),
+				constMetric(m.d.fdReadsBoundDesc, prometheus.GaugeValue, float64(r.PerPoll)),
+				constMetric(m.d.shortLivedDesc, prometheus.CounterValue, float64(r.ShortLived)),
+				constMetric(m.d.shortLivedFDsDesc, prometheus.CounterValue, float64(r.ShortLivedOpens)))
 		}
 	}
 	for kind, n := range m.total {

@@ -179,6 +179,22 @@ type Snapshot struct {
 	// programs (their memlock), by view; "stacks" is that of the stack and
 	// Python frame maps the fd and cuda views share (pkg/stacks).
 	BPFMemory map[string]uint64
+	// FDReads is what the fd view read from /proc to learn fd tables.
+	FDReads FDReads
+}
+
+// FDReads counts, since the start, how the fd view learnt the fds of the
+// processes it watches (monotonic): listings of /proc/PID/fd, fds described
+// one by one (a readlink each), fds taken from the parent's table by a
+// child tracked from its fork, and descriptions put off to a later poll by
+// the per-poll bound (an fd put off at two polls counts twice). Children
+// tracked from fork that were gone before any poll took them are counted
+// with the fds they opened, and cost no /proc read.
+type FDReads struct {
+	Listings, Described, Inherited, Deferred uint64
+	// PerPoll is the bound on descriptions a poll, node-wide.
+	PerPoll                     int
+	ShortLived, ShortLivedOpens uint64
 }
 
 // Views are the parts of the tool that can be up or down on their own: the

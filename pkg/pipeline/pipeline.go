@@ -86,6 +86,9 @@ type Config struct {
 	NVML gonvml.Interface
 	// TopSites bounds how many opening stacks per process are symbolized.
 	TopSites int
+	// FDReadsPerPoll bounds the fds described from /proc per poll, all
+	// processes together (0: fdtrack.DefaultReadsPerPoll).
+	FDReadsPerPoll int
 	// Children also watches the descendants of the targets, found every
 	// interval (what they did before being found is seeded from /proc).
 	Children bool
@@ -138,6 +141,9 @@ type Pipeline struct {
 	starts  map[int]uint64 // start time of each watched pid, to notice reuse
 	// identified: watched during this poll, so its stat was just read
 	identified map[int]bool
+	// forked: children the fd view tracks from their fork, not watched
+	// yet, offered to the Source and to Children this poll.
+	forked     []int
 	order      []int // pids in the order they were added
 	findings   []model.Finding
 	link       *causes.Linker
@@ -226,7 +232,10 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 		new  func() (Concern, error)
 	}{
 		{"fd", func() (Concern, error) {
-			return fdtrack.NewConcern(fdtrack.Config{MaxFDs: cfg.MaxFDs, ProcRoot: cfg.ProcRoot, Cache: p.cache, Stacks: p.stacks}, cfg.FDLeak, p.sym, cfg.TopSites)
+			// Children are tracked from their fork where they are
+			// watched: their inherited fds come from the parent's table.
+			return fdtrack.NewConcern(fdtrack.Config{MaxFDs: cfg.MaxFDs, ProcRoot: cfg.ProcRoot, Cache: p.cache, Stacks: p.stacks,
+				Follow: cfg.Children || cfg.Daemon, ReadsPerPoll: cfg.FDReadsPerPoll}, cfg.FDLeak, p.sym, cfg.TopSites)
 		}},
 		{"sched", func() (Concern, error) {
 			return schedtrack.NewConcern(schedtrack.Config{ProcRoot: cfg.ProcRoot}, cfg.CtxStorm)
@@ -457,6 +466,10 @@ func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 	if p.cfg.Daemon {
 		p.forgetExited()
 	}
+	p.forked = nil
+	if fd, ok := p.fd(); ok {
+		p.forked = fd.Forked()
+	}
 	if p.cfg.Source != nil {
 		p.cfg.Source.Discover(p)
 	}
@@ -571,9 +584,40 @@ func (p *Pipeline) alive(pid int) (procinfo.Identity, bool) {
 	return id, err == nil && id.Start == p.starts[pid] && id.Running
 }
 
+// Forked returns the children that the kernel tracks from their fork from a
+// watched process and that are not watched yet: watched this poll, they
+// start from what their parent's table says, not from /proc; left, they are
+// let go at the next.
+func (p *Pipeline) Forked() []int { return p.forked }
+
+// fdView is the fd concern's side the pipeline asks of it alone.
+type fdView interface {
+	Forked() []int
+	Reads() model.FDReads
+}
+
+// fd returns the fd concern, once loaded.
+func (p *Pipeline) fd() (fdView, bool) {
+	for _, c := range p.concerns {
+		if v, ok := c.Concern.(fdView); ok {
+			return v, true
+		}
+	}
+	return nil, false
+}
+
 // adoptChildren starts watching descendants of the live watched processes
-// that are not watched yet.
+// that are not watched yet: those the kernel marked at their fork, then
+// those a walk of /proc finds (started before their parent was watched).
 func (p *Pipeline) adoptChildren() {
+	for _, pid := range p.forked {
+		if _, ok := p.procs[pid]; ok {
+			continue
+		}
+		if err := p.watch(pid); err != nil {
+			slog.Debug("child not watched", "pid", pid, "err", err)
+		}
+	}
 	var roots []int
 	for _, pid := range p.order {
 		if !p.procs[pid].Exited {
@@ -664,6 +708,9 @@ func (p *Pipeline) snapshot(now time.Time) *model.Snapshot {
 		}
 	}
 	s.BPFMemory = maps.Clone(p.memory)
+	if fd, ok := p.fd(); ok {
+		s.FDReads = fd.Reads()
+	}
 	for _, pid := range p.order {
 		pr := *p.procs[pid]
 		s.Processes = append(s.Processes, &pr)

@@ -390,13 +390,17 @@ func TestPollCache(t *testing.T) {
 	if n := fds(cached.FDs); n != n0 {
 		t.Errorf("same poll: %d fds, want the first listing's %d", n, n0)
 	}
-	if n := fds(cached.FDsNow); n != n0+1 {
-		t.Errorf("FDsNow: %d fds, want %d", n, n0+1)
+	// FDNumsNow and FDKind read now, whatever the poll's cache holds.
+	if nums, err := cached.FDNumsNow(100); err != nil || len(nums) != n0+1 {
+		t.Errorf("FDNumsNow: %v fds (%v), want %d", nums, err, n0+1)
+	}
+	if kind, err := cached.FDKind(100, 50); err != nil || kind != KindOf("/dev/null") {
+		t.Errorf("FDKind of fd 50: %d, %v; want %d", kind, err, KindOf("/dev/null"))
+	}
+	if _, err := cached.FDKind(100, 49); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("FDKind of a closed fd: %v, want os.ErrNotExist", err)
 	}
 	open(51)
-	if n := fds(cached.FDs); n != n0+1 {
-		t.Errorf("after FDsNow: %d fds, want its listing's %d", n, n0+1)
-	}
 	c.Next()
 	if n := fds(cached.FDs); n != n0+2 {
 		t.Errorf("next poll: %d fds, want %d", n, n0+2)

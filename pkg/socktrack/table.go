@@ -135,7 +135,7 @@ func (t *Tracker) Poll(pids []int, marks map[int]FDMark) (map[int]*Sample, error
 // holds sockets: most processes that come and go hold none.
 func (t *Tracker) sample(pid int, st *procState, kernel map[uint64]sockSockInfo, tables map[string]map[uint64]procinfo.Socket, mark *FDMark) (*Sample, error) {
 	if mark == nil || !st.marked || *mark != st.mark {
-		fds, err := t.proc.FDs(pid)
+		fds, err := t.proc.SocketFDs(pid)
 		if err != nil {
 			return nil, err
 		}
