@@ -20,6 +20,9 @@
  *                                 CHILDREN children a second, each exec'ing `sleep 0.3` with every fd
  *                                 inherited (none is close-on-exec), as a leaking shell or a forking
  *                                 server does (benchmark)
+ *   fdwork family N SECONDS       N files, a pipe, a socket pair and an eventfd; after 1 s a child that
+ *                                 closes the first file, dup2s the pipe's read end to fd 200 and opens
+ *                                 /dev/zero, then sleeps (a child's table from its parent's)
  *   fdwork loop N                 N open+close pairs as fast as possible (benchmark)
  *   fdwork server N               N loopback TCP connections served (benchmark)
  *
@@ -411,6 +414,28 @@ int main(int argc, char **argv)
 			if (d > 0)
 				sleep_s(d < 0.1 ? d : 0.1);
 		}
+	} else if (!strcmp(mode, "family") && argc == 4) {
+		int n = atoi(argv[2]), first = -1, p[2], sp[2];
+		for (int i = 0; i < n; i++) {
+			int fd = hold_open();
+			if (first < 0)
+				first = fd;
+		}
+		if (pipe(p) || socketpair(AF_UNIX, SOCK_STREAM, 0, sp) || eventfd(0, 0) < 0)
+			return 1;
+		signal(SIGCHLD, SIG_IGN);
+		ready();
+		sleep_s(1);
+		if (fork() == 0) {
+			close(first);
+			dup2(p[0], 200);
+			open("/dev/zero", O_RDONLY);
+			while (now() < end)
+				sleep_s(0.1);
+			_exit(0);
+		}
+		while (now() < end)
+			sleep_s(0.1);
 	} else if (!strcmp(mode, "passfd") && argc == 4) {
 		int sp[2], n = atoi(argv[2]);
 		if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp))

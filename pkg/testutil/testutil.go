@@ -89,3 +89,14 @@ func Start(t testing.TB, bin string, args ...string) *exec.Cmd {
 	}
 	return cmd
 }
+
+// Eventually checks cond every 50 ms until it holds, and fails the test
+// naming what it waited for if it does not within timeout.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(timeout); !cond(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+	}
+}

@@ -1,0 +1,215 @@
+package fdtrack
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
+)
+
+func newFollowing(t *testing.T, perPoll int) *Tracker {
+	t.Helper()
+	testutil.RequireRoot(t)
+	tr, err := New(Config{ProcRoot: "/proc", Follow: true, ReadsPerPoll: perPoll})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tr.Close() })
+	return tr
+}
+
+// fdsOf is the oracle: pid's fds and kinds as /proc links say.
+func fdsOf(t *testing.T, pid int) map[int32]uint8 {
+	t.Helper()
+	fs, err := procinfo.New("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nums, err := fs.FDNumsNow(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int32]uint8{}
+	for _, n := range nums {
+		if k, err := fs.FDKind(pid, n); err == nil {
+			out[int32(n)] = k
+		}
+	}
+	return out
+}
+
+// A child tracked from its fork starts from its parent's table: its fds
+// and kinds are what /proc says (what a listing gave before), the fds it
+// inherited are not described one by one, and what it did between its
+// fork and being taken (a close, a dup2 of an inherited pipe, an open) is
+// in its table, the dup with the pipe's kind.
+func TestChildInheritsParentTable(t *testing.T) {
+	tr := newFollowing(t, 0)
+	bin := testutil.Fixture(t, "fdwork")
+	const files = 300
+	cmd := testutil.Start(t, bin, "family", fmt.Sprint(files), "30")
+	parent := cmd.Process.Pid
+	if err := tr.Track(parent); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, tr, parent)
+	var child int
+	testutil.Eventually(t, 10*time.Second, "the kernel to mark the child at its fork", func() bool {
+		kids := tr.Forked()
+		if len(kids) == 0 {
+			return false
+		}
+		child = kids[0]
+		return true
+	})
+	// Its last step opens /dev/zero; taken before the next Forked.
+	testutil.Eventually(t, 5*time.Second, "the child's own fds", func() bool {
+		dir := fmt.Sprintf("/proc/%d/fd/", child)
+		if l, err := os.Readlink(dir + "200"); err != nil || !strings.HasPrefix(l, "pipe:") {
+			return false
+		}
+		entries, _ := os.ReadDir(dir)
+		return slices.ContainsFunc(entries, func(e os.DirEntry) bool {
+			l, _ := os.Readlink(dir + e.Name())
+			return l == "/dev/zero"
+		})
+	})
+	before := tr.Reads()
+	if err := tr.Track(child); err != nil {
+		t.Fatal(err)
+	}
+	after := tr.Reads()
+	if got := after.Inherited - before.Inherited; got < files {
+		t.Errorf("%d fds taken from the parent's table, want at least %d", got, files)
+	}
+	// At most the child's own fds and the numbers nobody knew: not its
+	// inherited ones.
+	if got := after.Described - before.Described; got > 4 {
+		t.Errorf("%d fds described from /proc for the child, want at most 4", got)
+	}
+	if got := after.Listings - before.Listings; got != 1 {
+		t.Errorf("%d listings of the child's fds, want 1", got)
+	}
+	s := poll(t, tr, child)
+	want := fdsOf(t, child)
+	got := map[int32]uint8{}
+	for _, fd := range s.FDs {
+		got[fd.Num] = fd.Kind
+		if fd.Known() {
+			t.Errorf("fd %d of the child has a stack (none before it was taken)", fd.Num)
+		}
+	}
+	for num, kind := range want {
+		if g, ok := got[num]; !ok || g != kind {
+			t.Errorf("fd %d: kind %d in the table (present %v), %d in /proc", num, g, ok, kind)
+		}
+	}
+	for num := range got {
+		if _, ok := want[num]; !ok {
+			t.Errorf("fd %d in the table, not in /proc", num)
+		}
+	}
+	if got[200] != uint8(kindIndex("pipe")) {
+		t.Errorf("the dup2 of an inherited pipe has kind %d, want pipe", got[200])
+	}
+	// The parent's table is its own still.
+	if p := poll(t, tr, parent); len(p.FDs) != procCount(t, parent) {
+		t.Errorf("parent: %d fds in the table, %d in /proc", len(p.FDs), procCount(t, parent))
+	}
+}
+
+// Children forked and gone between two polls are counted with what they
+// opened, never listed, and leave nothing in the kernel.
+func TestShortLivedChildrenCounted(t *testing.T) {
+	tr := newFollowing(t, 0)
+	bin := testutil.Fixture(t, "fdwork")
+	cmd := testutil.Start(t, bin, "forker", "50", "0", "5", "30")
+	parent := cmd.Process.Pid
+	if err := tr.Track(parent); err != nil {
+		t.Fatal(err)
+	}
+	listings := tr.Reads().Listings
+	// Each poll leaves the children offered at the last: those gone by
+	// now (each lives 0.3 s) are counted.
+	testutil.Eventually(t, 15*time.Second, "five short-lived children counted", func() bool {
+		tr.Forked()
+		if _, err := tr.Poll([]int{parent}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second) // a poll interval: the children offered live 0.3 s
+		return tr.Reads().ShortLived >= 5
+	})
+	r := tr.Reads()
+	if r.ShortLivedOpens == 0 {
+		t.Error("no fd opened by the short-lived children counted (exec opens the loader's files)")
+	}
+	if r.Listings != listings {
+		t.Errorf("%d listings of fds for children never taken", r.Listings-listings)
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	tr.Untrack(parent)
+	// Two more rounds: the children offered last are let go.
+	tr.Forked()
+	time.Sleep(500 * time.Millisecond) // the last children exit (0.3 s each)
+	tr.Forked()
+	var (
+		k  uint32
+		fi fdForkInfo
+		n  int
+	)
+	for it := tr.maps.Forks.Iterate(); it.Next(&k, &fi); {
+		n++
+	}
+	if n != 0 {
+		t.Errorf("%d children still marked in the kernel", n)
+	}
+	var how uint8
+	for it := tr.maps.TrackedPids.Iterate(); it.Next(&k, &how); {
+		t.Errorf("pid %d still tracked in the kernel (how %d)", k, how)
+	}
+}
+
+// The fds described from /proc are bounded per poll: a table larger than
+// the bound fills over several polls, the rest counted as deferred, and
+// ends equal to /proc.
+func TestDescriptionsBoundedPerPoll(t *testing.T) {
+	const bound, files = 100, 450
+	tr := newFollowing(t, bound)
+	bin := testutil.Fixture(t, "fdwork")
+	cmd := testutil.Start(t, bin, "startup", fmt.Sprint(files), "30")
+	pid := cmd.Process.Pid
+	if err := tr.Track(pid); err != nil {
+		t.Fatal(err)
+	}
+	r := tr.Reads()
+	if r.Described != bound || r.Deferred == 0 {
+		t.Fatalf("after Track: %d described, %d deferred; want %d and some", r.Described, r.Deferred, bound)
+	}
+	var lens []int
+	for range 10 {
+		prev := tr.Reads().Described
+		m, err := tr.Poll([]int{pid})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := tr.Reads().Described - prev; d > bound {
+			t.Fatalf("%d fds described in one poll, bound %d", d, bound)
+		}
+		lens = append(lens, len(m[pid].FDs))
+		if len(m[pid].FDs) == procCount(t, pid) {
+			break
+		}
+	}
+	if got, want := lens[len(lens)-1], procCount(t, pid); got != want {
+		t.Fatalf("table sizes by poll %v, /proc has %d", lens, want)
+	}
+	if !slices.IsSorted(lens) || len(lens) < files/bound {
+		t.Errorf("table sizes by poll %v: want it filled over at least %d polls", lens, files/bound)
+	}
+}
