@@ -145,6 +145,8 @@ func fd() Result {
 			r.Detail += "; no opening stacks without bpf_task_pt_regs"
 		}
 	}
+	// What bounds the /proc reads of fd tables (autoglm_fd_descriptions_*).
+	r.Detail += fmt.Sprintf("; children of watched processes tracked from fork (task_newtask), their inherited fds from the parent's table; at most %d fds described from /proc a poll (daemon --fd-reads-per-poll), larger tables filled over several", fdtrack.DefaultReadsPerPoll)
 	return r
 }
 

@@ -143,11 +143,11 @@ type Pipeline struct {
 	identified map[int]bool
 	// forked: children the fd view tracks from their fork, not watched
 	// yet, offered to the Source and to Children this poll.
-	forked     []int
-	order      []int // pids in the order they were added
-	findings   []model.Finding
-	link       *causes.Linker
-	bound      *inputbound.Detector // across processes: a GPU process and its workers
+	forked   []int
+	order    []int // pids in the order they were added
+	findings []model.Finding
+	link     *causes.Linker
+	bound    *inputbound.Detector // across processes: a GPU process and its workers
 
 	// Views that could not follow a process (a namespace they cannot
 	// enter, a file they cannot read) leave it to the others: by concern,
