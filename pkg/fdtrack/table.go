@@ -192,31 +192,29 @@ func (t *Tracker) inherit(tgid uint32, fork fdForkInfo) (int, error) {
 // fdsGone sums what the kernel counted of tgid's fds going: closes and
 // resyncs.
 func (t *Tracker) fdsGone(tgid uint32) (uint64, error) {
-	var per []fdFdCounts
-	if err := t.maps.FdCounters.Lookup(tgid, &per); err != nil {
-		return 0, err
-	}
-	var n uint64
-	for _, c := range per {
-		n += c.Resyncs
-		for _, k := range c.Closed {
-			n += k
-		}
-	}
-	return n, nil
+	resyncs, closed, err := t.goneCounts(tgid)
+	return resyncs + closed, err
 }
 
 // resyncsOf sums the reconciliations the kernel asked for tgid.
 func (t *Tracker) resyncsOf(tgid uint32) (uint64, error) {
+	resyncs, _, err := t.goneCounts(tgid)
+	return resyncs, err
+}
+
+// goneCounts sums tgid's resync requests and traced closes over the CPUs.
+func (t *Tracker) goneCounts(tgid uint32) (resyncs, closed uint64, err error) {
 	var per []fdFdCounts
 	if err := t.maps.FdCounters.Lookup(tgid, &per); err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	var n uint64
 	for _, c := range per {
-		n += c.Resyncs
+		resyncs += c.Resyncs
+		for _, k := range c.Closed {
+			closed += k
+		}
 	}
-	return n, nil
+	return resyncs, closed, nil
 }
 
 // Untrack stops tracking pid and drops its kernel state, the fds opened
