@@ -30,7 +30,10 @@
  * it and reads from /proc only what changed since (pkg/fdtrack). Until then
  * and after, an fd the child closes or duplicates that its own table lacks
  * is one it inherited: a close asks user space to reconcile, a dup takes
- * the kind of the parent's entry. */
+ * the kind of the parent's entry. Until user space takes it, the child's
+ * open-fd bitmap is copied at fork and again at exec (fork_fds), which
+ * closes its close-on-exec fds without a syscall each: user space learns
+ * which fds it holds without listing /proc/PID/fd. */
 #include "common.h"
 #include "pyframes.h"
 #include "sites.h"
@@ -148,7 +151,36 @@ struct {
 	__type(value, struct fork_info);
 } forks SEC(".maps");
 
+/* The open-fd bitmap of a child not taken yet, as of at_ns: taken at fork
+ * and at exec. nbits 0: not taken (a table over FORK_FDS_WORDS * 64 fds,
+ * or a read that failed): user space lists /proc instead. */
+#define FORK_FDS_WORDS 256 /* 16 384 fds, 2 KiB */
+
+struct fd_bitmap {
+	u64 at_ns;
+	u32 nbits;
+	u32 pad;
+	u64 words[FORK_FDS_WORDS];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024); /* children between fork and their first poll */
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, u32);
+	__type(value, struct fd_bitmap);
+} fork_fds SEC(".maps");
+
+/* The value an entry of fork_fds is made from (too large for the stack). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct fd_bitmap);
+} fork_fds_init SEC(".maps");
+
 /* Force the shared structs into BTF so bpf2go can generate them. */
+const struct fd_bitmap *unused_fd_bitmap __attribute__((unused));
 const struct fork_info *unused_fork_info __attribute__((unused));
 const enum track_how *unused_track_how __attribute__((unused));
 const struct fd_info *unused_fd_info __attribute__((unused));
@@ -551,13 +583,56 @@ int BPF_PROG(sys_exit_btf, struct pt_regs *regs, long ret)
 	return 0;
 }
 
+/* Copies the open-fd bitmap of task's fd table into fork_fds[tgid]. */
+static __always_inline void snapshot_fds(struct task_struct *task, u32 tgid)
+{
+	u32 zero = 0;
+	struct fd_bitmap *init = bpf_map_lookup_elem(&fork_fds_init, &zero);
+	if (!init)
+		return;
+	if (bpf_map_update_elem(&fork_fds, &tgid, init, BPF_ANY)) {
+		count_err(ERR_TABLE_FULL);
+		return;
+	}
+	struct fd_bitmap *v = bpf_map_lookup_elem(&fork_fds, &tgid);
+	if (!v)
+		return;
+	v->at_ns = bpf_ktime_get_ns();
+	v->nbits = 0;
+	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	if (!fdt)
+		return;
+	u32 max = BPF_CORE_READ(fdt, max_fds);
+	unsigned long *open = BPF_CORE_READ(fdt, open_fds);
+	u32 size = (max + 63) / 64 * 8;
+	asm volatile("" : "+r"(size));
+	if (size == 0 || size > sizeof(v->words))
+		return; /* too large: listed */
+	if (bpf_probe_read_kernel(v->words, size, open)) {
+		count_err(ERR_READ_KERNEL);
+		return;
+	}
+	v->nbits = max;
+}
+
+/* exec closes close-on-exec fds without a syscall per fd: user space
+ * reconciles, or, for a child not taken yet, reads its bitmap. */
+static __always_inline void execed(void)
+{
+	u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	u8 *how = bpf_map_lookup_elem(&tracked_pids, &tgid);
+	if (!how)
+		return;
+	if (*how == TRACK_FORKED)
+		snapshot_fds(current_task(), tgid);
+	else
+		request_resync(tgid);
+}
+
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(exec_btf)
 {
-	/* exec closes close-on-exec fds without a syscall per fd. */
-	u32 tgid = tracked_tgid();
-	if (tgid)
-		request_resync(tgid);
+	execed();
 	return 0;
 }
 
@@ -568,8 +643,10 @@ int BPF_PROG(exec_btf)
  * its counters made, its parent and the time noted. Threads are the
  * parent's own; a child sharing the parent's fd table (CLONE_FILES) is
  * left to user space, which lists it when it is watched. Runs in the
- * parent, at the end of copy_process. */
-static __always_inline void forked(u32 child, u64 clone_flags)
+ * parent, at the end of copy_process; task is the child's, or the
+ * parent's where the tracepoint does not give the child (its table was
+ * copied from the parent's a moment before). */
+static __always_inline void forked(struct task_struct *task, u32 child, u64 clone_flags)
 {
 	if (clone_flags & (CLONE_THREAD | CLONE_FILES))
 		return;
@@ -589,13 +666,15 @@ static __always_inline void forked(u32 child, u64 clone_flags)
 		count_err(ERR_TABLE_FULL);
 		bpf_map_delete_elem(&forks, &child);
 		bpf_map_delete_elem(&fd_counters, &child);
+		return;
 	}
+	snapshot_fds(task, child);
 }
 
 SEC("tp_btf/task_newtask")
 int BPF_PROG(fork_btf, struct task_struct *task, u64 clone_flags)
 {
-	forked(task->pid, clone_flags);
+	forked(task, task->pid, clone_flags);
 	return 0;
 }
 
@@ -622,15 +701,13 @@ int sys_exit_tp(struct trace_event_raw_sys_exit *ctx)
 SEC("tracepoint/sched/sched_process_exec")
 int exec_tp(void *ctx)
 {
-	u32 tgid = tracked_tgid();
-	if (tgid)
-		request_resync(tgid);
+	execed();
 	return 0;
 }
 
 SEC("tracepoint/task/task_newtask")
 int fork_tp(struct trace_event_raw_task_newtask *ctx)
 {
-	forked(ctx->pid, ctx->clone_flags);
+	forked(current_task(), ctx->pid, ctx->clone_flags);
 	return 0;
 }

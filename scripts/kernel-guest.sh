@@ -21,7 +21,7 @@ python=/usr/bin/python3.11
 # takes up to a minute on an emulated CPU, the workloads at most 30 s.
 limit=240
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(check fd cuda gpuleak sched sock python)
+[ ${#steps[@]} -gt 0 ] || steps=(check fd fork cuda gpuleak sched sock python)
 mkdir -p "$out"
 : >"$out/results"
 
@@ -113,6 +113,18 @@ step_check() {
 step_fd() {
 	tool_run fd --duration 18s -- "$fix/fdwork" leak 20 60
 	finding fd fd_leak "$(frame leak_tick) and (.summary | contains(\"leaking /dev/null (\"))" "at leak_tick leaking /dev/null"
+}
+
+# A child tracked from its fork (--children): after its exec it holds the
+# 100 fds of its parent's 200 that are not close-on-exec, and what it has
+# of stdin, stdout and stderr: its table must say so (the kernel's copy of
+# its bitmap at exec), not the 200 it had before.
+step_fork() {
+	tool_run fork --children --duration 6s -- "$fix/fdwork" spawn 200 30
+	[ -s "$out/fork.json" ] || return 0
+	if ! jq -e '[.processes[] | select(.comm == "sleep" and .open_fds >= 100 and .open_fds <= 103)] | length > 0' "$out/fork.json" >/dev/null; then
+		fail "the exec'd child's table: $(jq -c '[.processes[] | {comm, open_fds}]' "$out/fork.json")"
+	fi
 }
 
 # make demo's worker on the CUDA stand-in: an fd leak, a 3 GiB burst at

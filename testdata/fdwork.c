@@ -23,6 +23,8 @@
  *   fdwork family N SECONDS       N files, a pipe, a socket pair and an eventfd; after 1 s a child that
  *                                 closes the first file, dup2s the pipe's read end to fd 200 and opens
  *                                 /dev/zero, then sleeps (a child's table from its parent's)
+ *   fdwork spawn N SECONDS        N files, every other one close-on-exec; after 1 s a child that execs
+ *                                 `sleep SECONDS` (a child's table from its parent's, exec in between)
  *   fdwork loop N                 N open+close pairs as fast as possible (benchmark)
  *   fdwork server N               N loopback TCP connections served (benchmark)
  *
@@ -433,6 +435,20 @@ int main(int argc, char **argv)
 			while (now() < end)
 				sleep_s(0.1);
 			_exit(0);
+		}
+		while (now() < end)
+			sleep_s(0.1);
+	} else if (!strcmp(mode, "spawn") && argc == 4) {
+		int n = atoi(argv[2]);
+		for (int i = 0; i < n; i++)
+			if ((i % 2 ? open("/dev/null", O_RDONLY | O_CLOEXEC) : hold_open()) < 0)
+				return 1;
+		signal(SIGCHLD, SIG_IGN);
+		ready();
+		sleep_s(1);
+		if (fork() == 0) {
+			execlp("sleep", "sleep", argv[3], (char *)NULL);
+			_exit(127);
 		}
 		while (now() < end)
 			sleep_s(0.1);

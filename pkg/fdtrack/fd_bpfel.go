@@ -27,6 +27,14 @@ const (
 	fdErrKindERR_MAX         fdErrKind = 8
 )
 
+type fdFdBitmap struct {
+	_     structs.HostLayout
+	AtNs  uint64
+	Nbits uint32
+	Pad   uint32
+	Words [256]uint64
+}
+
 type fdFdCounts struct {
 	_       structs.HostLayout
 	Opened  [11]uint64
@@ -203,6 +211,8 @@ const (
 	fdMapFdCounters             = "fd_counters"
 	fdMapFdEntries              = "fd_entries"
 	fdMapFdTable                = "fd_table"
+	fdMapForkFds                = "fork_fds"
+	fdMapForkFdsInit            = "fork_fds_init"
 	fdMapForks                  = "forks"
 	fdMapPyErrors               = "py_errors"
 	fdMapPyProcs                = "py_procs"
@@ -231,6 +241,7 @@ const (
 	fdVarHaveTaskStorage        = "have_task_storage"
 	fdVarMaxSitesPerProc        = "max_sites_per_proc"
 	fdVarUnusedErrKind          = "unused_err_kind"
+	fdVarUnusedFdBitmap         = "unused_fd_bitmap"
 	fdVarUnusedFdCounts         = "unused_fd_counts"
 	fdVarUnusedFdFail           = "unused_fd_fail"
 	fdVarUnusedFdInfo           = "unused_fd_info"
@@ -309,6 +320,8 @@ type fdMapSpecs struct {
 	FdCounters     *ebpf.MapSpec `ebpf:"fd_counters"`
 	FdEntries      *ebpf.MapSpec `ebpf:"fd_entries"`
 	FdTable        *ebpf.MapSpec `ebpf:"fd_table"`
+	ForkFds        *ebpf.MapSpec `ebpf:"fork_fds"`
+	ForkFdsInit    *ebpf.MapSpec `ebpf:"fork_fds_init"`
 	Forks          *ebpf.MapSpec `ebpf:"forks"`
 	PyErrors       *ebpf.MapSpec `ebpf:"py_errors"`
 	PyProcs        *ebpf.MapSpec `ebpf:"py_procs"`
@@ -335,6 +348,7 @@ type fdVariableSpecs struct {
 	HaveTaskStorage        *ebpf.VariableSpec `ebpf:"have_task_storage"`
 	MaxSitesPerProc        *ebpf.VariableSpec `ebpf:"max_sites_per_proc"`
 	UnusedErrKind          *ebpf.VariableSpec `ebpf:"unused_err_kind"`
+	UnusedFdBitmap         *ebpf.VariableSpec `ebpf:"unused_fd_bitmap"`
 	UnusedFdCounts         *ebpf.VariableSpec `ebpf:"unused_fd_counts"`
 	UnusedFdFail           *ebpf.VariableSpec `ebpf:"unused_fd_fail"`
 	UnusedFdInfo           *ebpf.VariableSpec `ebpf:"unused_fd_info"`
@@ -377,6 +391,8 @@ type fdMaps struct {
 	FdCounters     *ebpf.Map `ebpf:"fd_counters"`
 	FdEntries      *ebpf.Map `ebpf:"fd_entries"`
 	FdTable        *ebpf.Map `ebpf:"fd_table"`
+	ForkFds        *ebpf.Map `ebpf:"fork_fds"`
+	ForkFdsInit    *ebpf.Map `ebpf:"fork_fds_init"`
 	Forks          *ebpf.Map `ebpf:"forks"`
 	PyErrors       *ebpf.Map `ebpf:"py_errors"`
 	PyProcs        *ebpf.Map `ebpf:"py_procs"`
@@ -402,6 +418,8 @@ func (m *fdMaps) Close() error {
 		m.FdCounters,
 		m.FdEntries,
 		m.FdTable,
+		m.ForkFds,
+		m.ForkFdsInit,
 		m.Forks,
 		m.PyErrors,
 		m.PyProcs,
@@ -429,6 +447,7 @@ type fdVariables struct {
 	HaveTaskStorage        *ebpf.Variable `ebpf:"have_task_storage"`
 	MaxSitesPerProc        *ebpf.Variable `ebpf:"max_sites_per_proc"`
 	UnusedErrKind          *ebpf.Variable `ebpf:"unused_err_kind"`
+	UnusedFdBitmap         *ebpf.Variable `ebpf:"unused_fd_bitmap"`
 	UnusedFdCounts         *ebpf.Variable `ebpf:"unused_fd_counts"`
 	UnusedFdFail           *ebpf.Variable `ebpf:"unused_fd_fail"`
 	UnusedFdInfo           *ebpf.Variable `ebpf:"unused_fd_info"`

@@ -8,16 +8,23 @@ import (
 	"testing"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
 
-func newFollowing(t *testing.T, perPoll int) *Tracker {
+// newFollowing loads the programs of mode (the fork program of tp_btf
+// sees the child's task; the classic tracepoint's copies the parent's
+// table) and follows children.
+func newFollowing(t *testing.T, perPoll int, mode string) *Tracker {
 	t.Helper()
 	testutil.RequireRoot(t)
-	tr, err := New(Config{ProcRoot: "/proc", Follow: true, ReadsPerPoll: perPoll})
+	tr, err := New(Config{ProcRoot: "/proc", Follow: true, ReadsPerPoll: perPoll, Tracepoint: mode == bpfobj.ModeTracepoint})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if tr.Mode() != mode {
+		t.Fatalf("attached as %s, want %s (tp_btf: %v)", tr.Mode(), mode, tr.BTFError())
 	}
 	t.Cleanup(func() { _ = tr.Close() })
 	return tr
@@ -49,7 +56,13 @@ func fdsOf(t *testing.T, pid int) map[int32]uint8 {
 // fork and being taken (a close, a dup2 of an inherited pipe, an open) is
 // in its table, the dup with the pipe's kind.
 func TestChildInheritsParentTable(t *testing.T) {
-	tr := newFollowing(t, 0)
+	for _, mode := range []string{bpfobj.ModeBTF, bpfobj.ModeTracepoint} {
+		t.Run(mode, func(t *testing.T) { testChildInherits(t, mode) })
+	}
+}
+
+func testChildInherits(t *testing.T, mode string) {
+	tr := newFollowing(t, 0, mode)
 	bin := testutil.Fixture(t, "fdwork")
 	const files = 300
 	cmd := testutil.Start(t, bin, "family", fmt.Sprint(files), "30")
@@ -123,10 +136,66 @@ func TestChildInheritsParentTable(t *testing.T) {
 	}
 }
 
+// A child that exec'd before it was taken: which fds it holds comes from
+// the kernel's copy of its open-fd bitmap at exec (the close-on-exec half
+// gone), with no listing of /proc, and equals /proc's links.
+func TestExecedChildFromKernelCopy(t *testing.T) {
+	for _, mode := range []string{bpfobj.ModeBTF, bpfobj.ModeTracepoint} {
+		t.Run(mode, func(t *testing.T) { testExecedChild(t, mode) })
+	}
+}
+
+func testExecedChild(t *testing.T, mode string) {
+	tr := newFollowing(t, 0, mode)
+	bin := testutil.Fixture(t, "fdwork")
+	const files = 200
+	cmd := testutil.Start(t, bin, "spawn", fmt.Sprint(files), "30")
+	parent := cmd.Process.Pid
+	if err := tr.Track(parent); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, tr, parent)
+	var child int
+	testutil.Eventually(t, 10*time.Second, "the kernel to mark the child at its fork", func() bool {
+		if kids := tr.Forked(); len(kids) > 0 {
+			child = kids[0]
+		}
+		return child != 0
+	})
+	testutil.Eventually(t, 5*time.Second, "the child's exec", func() bool {
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", child))
+		return strings.TrimSpace(string(comm)) == "sleep"
+	})
+	before := tr.Reads()
+	if err := tr.Track(child); err != nil {
+		t.Fatal(err)
+	}
+	after := tr.Reads()
+	if after.Copied-before.Copied != 1 || after.Listings != before.Listings {
+		t.Errorf("%d copies and %d listings for the child, want 1 and 0", after.Copied-before.Copied, after.Listings-before.Listings)
+	}
+	if got := after.Inherited - before.Inherited; got < files/2 {
+		t.Errorf("%d fds taken from the parent's table, want at least %d", got, files/2)
+	}
+	if got := after.Described - before.Described; got > 4 {
+		t.Errorf("%d fds described from /proc for the child, want at most 4", got)
+	}
+	s := poll(t, tr, child)
+	want := fdsOf(t, child)
+	if len(s.FDs) != len(want) {
+		t.Errorf("%d fds in the child's table, %d in /proc", len(s.FDs), len(want))
+	}
+	for _, fd := range s.FDs {
+		if k, ok := want[fd.Num]; !ok || k != fd.Kind {
+			t.Errorf("fd %d: kind %d in the table, %d in /proc (present %v)", fd.Num, fd.Kind, k, ok)
+		}
+	}
+}
+
 // Children forked and gone between two polls are counted with what they
 // opened, never listed, and leave nothing in the kernel.
 func TestShortLivedChildrenCounted(t *testing.T) {
-	tr := newFollowing(t, 0)
+	tr := newFollowing(t, 0, bpfobj.ModeBTF)
 	bin := testutil.Fixture(t, "fdwork")
 	cmd := testutil.Start(t, bin, "forker", "50", "0", "5", "30")
 	parent := cmd.Process.Pid
@@ -180,7 +249,7 @@ func TestShortLivedChildrenCounted(t *testing.T) {
 // ends equal to /proc.
 func TestDescriptionsBoundedPerPoll(t *testing.T) {
 	const bound, files = 100, 450
-	tr := newFollowing(t, bound)
+	tr := newFollowing(t, bound, bpfobj.ModeBTF)
 	bin := testutil.Fixture(t, "fdwork")
 	cmd := testutil.Start(t, bin, "startup", fmt.Sprint(files), "30")
 	pid := cmd.Process.Pid

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math/bits"
 	"os"
 	"slices"
 	"time"
@@ -80,6 +81,7 @@ func (t *Tracker) Track(pid int) error {
 			// A mark left for an earlier process of that pid: its
 			// counts are not this one's.
 			_ = t.maps.Forks.Delete(tgid)
+			_ = t.maps.ForkFds.Delete(tgid)
 			flags = ebpf.UpdateAny
 		}
 		zero := make([]fdFdCounts, ebpf.MustPossibleCPU())
@@ -181,12 +183,54 @@ func (t *Tracker) inherit(tgid uint32, fork fdForkInfo) (int, error) {
 		kind, ok := t.inherited[tgid][int32(num)]
 		return kind, ok
 	})
-	n, err := t.reconcile(tgid, false)
+	// The kernel's copy of its open-fd bitmap (at its fork, or its exec)
+	// says which fds it holds, unless it closed an inherited one since
+	// (a resync asked): then /proc is listed.
+	nums, at, copied := t.copiedFDs(tgid)
+	if t.resyncs[tgid] != 0 {
+		copied = false
+	}
+	var (
+		n   int
+		err error
+	)
+	if copied {
+		t.reads.Copied++
+		t.proc.ShareFDNums(int(tgid), nums)
+		n, err = t.reconcileWith(tgid, false, nums, at)
+	} else {
+		n, err = t.reconcile(tgid, false)
+	}
 	if err != nil {
 		return 0, err
 	}
 	t.reads.Inherited += uint64(len(t.inherited[tgid]))
 	return n, nil
+}
+
+// copiedFDs returns the fds tgid held when the kernel last copied its
+// open-fd bitmap (bpf/fd.bpf.c, fork_fds) and when (bpf_ktime_get_ns), and
+// deletes the copy; ok is false where there is none whole (a table over
+// 16 384 fds).
+func (t *Tracker) copiedFDs(tgid uint32) (nums []int, at uint64, ok bool) {
+	var v fdFdBitmap
+	if err := t.maps.ForkFds.Lookup(tgid, &v); err != nil {
+		return nil, 0, false
+	}
+	_ = t.maps.ForkFds.Delete(tgid)
+	if v.Nbits == 0 {
+		return nil, 0, false
+	}
+	for w, word := range v.Words {
+		for ; word != 0; word &= word - 1 {
+			n := w*64 + bits.TrailingZeros64(word)
+			if n >= int(v.Nbits) {
+				break
+			}
+			nums = append(nums, n)
+		}
+	}
+	return nums, v.AtNs, true
 }
 
 // fdsGone sums what the kernel counted of tgid's fds going: closes and
@@ -224,6 +268,7 @@ func (t *Tracker) Untrack(pid int) {
 	_ = t.maps.TrackedPids.Delete(tgid)
 	_ = t.maps.FdCounters.Delete(tgid)
 	_ = t.maps.Forks.Delete(tgid)
+	_ = t.maps.ForkFds.Delete(tgid)
 	// A failure site exists only once a call failed: the one read may
 	// know it, else the next read sweeps it.
 	t.failSites.Forget(tgid)
@@ -307,6 +352,7 @@ func (t *Tracker) release(child uint32) {
 	_ = t.maps.TrackedPids.Delete(child)
 	_ = t.maps.FdCounters.Delete(child)
 	_ = t.maps.Forks.Delete(child)
+	_ = t.maps.ForkFds.Delete(child)
 	delete(t.offered, child)
 }
 
@@ -326,19 +372,26 @@ func (t *Tracker) Reads() model.FDReads { return t.reads }
 // the kernel saw and given anew where it cannot see (SCM_RIGHTS) has none.
 // It returns how many fds /proc listed.
 func (t *Tracker) reconcile(tgid uint32, thorough bool) (int, error) {
-	delete(t.last, tgid) // the table changes from here
 	before := monoNow()
 	nums, err := t.proc.FDNumsNow(int(tgid))
 	if err != nil {
 		return 0, err
 	}
+	t.reads.Listings++
+	return t.reconcileWith(tgid, thorough, nums, before)
+}
+
+// reconcileWith is reconcile with the fds tgid held at before (on the
+// clock of bpf_ktime_get_ns): a listing, or the kernel's copy of its
+// bitmap.
+func (t *Tracker) reconcileWith(tgid uint32, thorough bool, nums []int, before uint64) (int, error) {
+	delete(t.last, tgid) // the table changes from here
 	// A process exiting, or exited but not reaped yet, lists no fds (they
 	// go early in its exit): its table stays as it was, the leak it shows
 	// included. Checked after the listing, which the exit may have emptied.
 	if t.proc.FDsGone(int(tgid)) {
 		return 0, fmt.Errorf("pid %d is exiting: /proc no longer lists its fds", tgid)
 	}
-	t.reads.Listings++
 	listed := make(map[int32]bool, len(nums))
 	for _, n := range nums {
 		listed[int32(n)] = true
@@ -357,7 +410,7 @@ func (t *Tracker) reconcile(tgid uint32, thorough bool) (int, error) {
 		}
 		info, ok := t.table.Lookup(key)
 		if ok && info.OpenNs >= before {
-			continue // opened since the listing
+			continue // opened since the listing (or copy)
 		}
 		if ok && t.maps.FdTable.Delete(key) == nil {
 			closed(info.Kind)
@@ -675,6 +728,7 @@ var errorNames = map[fdErrKind]string{
 	fdErrKindERR_READ_USER:   "fd_read_user",
 	fdErrKindERR_RINGBUF:     "fd_ringbuf", // unwind requests (bpf/unwind.h)
 	fdErrKindERR_SITES:       "fd_sites",
+	fdErrKindERR_READ_KERNEL: "fd_read_kernel", // a child's open-fd bitmap
 }
 
 // Memory is the kernel memory of the object's maps and programs now.

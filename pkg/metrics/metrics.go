@@ -45,6 +45,7 @@ type descs struct {
 	viewUpDesc         *prometheus.Desc
 	bpfMemoryDesc      *prometheus.Desc
 	fdListingsDesc     *prometheus.Desc
+	fdCopiesDesc       *prometheus.Desc
 	fdDescribedDesc    *prometheus.Desc
 	fdDeferredDesc     *prometheus.Desc
 	fdReadsBoundDesc   *prometheus.Desc
@@ -107,6 +108,8 @@ func newDescs(pods bool) *descs {
 		[]string{"view"}, nil)
 	d.fdListingsDesc = prometheus.NewDesc("autoglm_fd_proc_listings_total",
 		"Listings of a /proc/PID/fd directory by number, to find what changed in a table the fd view knows.", nil, nil)
+	d.fdCopiesDesc = prometheus.NewDesc("autoglm_fd_table_copies_total",
+		"Children of watched processes whose open fds came from the kernel's copy of their fd bitmap (taken at fork and at exec), not from a listing of /proc.", nil, nil)
 	d.fdDescribedDesc = prometheus.NewDesc("autoglm_fd_descriptions_total",
 		"Fds of watched processes described without a kernel event: by a readlink in /proc (source=proc) or from the parent's table, for a child tracked from its fork (source=parent).",
 		[]string{"source"}, nil)
@@ -163,7 +166,7 @@ func newDescs(pods bool) *descs {
 
 // all lists every description, for Describe.
 func (d *descs) all() []*prometheus.Desc {
-	return []*prometheus.Desc{d.openFDsDesc, d.fdLimitDesc, d.openedDesc, d.closedDesc, d.fdFailuresDesc, d.socketsDesc, d.socketFDsDesc, d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.trackFailuresDesc, d.viewUpDesc, d.bpfMemoryDesc, d.fdListingsDesc, d.fdDescribedDesc, d.fdDeferredDesc, d.fdReadsBoundDesc, d.shortLivedDesc, d.shortLivedFDsDesc, d.buildInfoDesc, d.cudaAllocBytesDesc, d.cudaFreeBytesDesc, d.cudaAllocCallsDesc, d.cudaLiveBytesDesc, d.cudaFailuresDesc, d.cudaUntrackedDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.gpuSMUtilDesc, d.gpuMemUtilDesc, d.gpuXIDDesc, d.gpuEventsDesc, d.ctxSwitchesDesc, d.runqLatencyDesc}
+	return []*prometheus.Desc{d.openFDsDesc, d.fdLimitDesc, d.openedDesc, d.closedDesc, d.fdFailuresDesc, d.socketsDesc, d.socketFDsDesc, d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.trackFailuresDesc, d.viewUpDesc, d.bpfMemoryDesc, d.fdListingsDesc, d.fdCopiesDesc, d.fdDescribedDesc, d.fdDeferredDesc, d.fdReadsBoundDesc, d.shortLivedDesc, d.shortLivedFDsDesc, d.buildInfoDesc, d.cudaAllocBytesDesc, d.cudaFreeBytesDesc, d.cudaAllocCallsDesc, d.cudaLiveBytesDesc, d.cudaFailuresDesc, d.cudaUntrackedDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.gpuSMUtilDesc, d.gpuMemUtilDesc, d.gpuXIDDesc, d.gpuEventsDesc, d.ctxSwitchesDesc, d.runqLatencyDesc}
 }
 
 // Metrics is a sink that serves the latest snapshot to Prometheus.
@@ -405,6 +408,7 @@ func (m *Metrics) render() []prometheus.Metric {
 		if r := s.FDReads; r.PerPoll > 0 { // the fd view is loaded
 			out = append(out,
 				constMetric(m.d.fdListingsDesc, prometheus.CounterValue, float64(r.Listings)),
+				constMetric(m.d.fdCopiesDesc, prometheus.CounterValue, float64(r.Copied)),
 				constMetric(m.d.fdDescribedDesc, prometheus.CounterValue, float64(r.Described), "proc"),
 				constMetric(m.d.fdDescribedDesc, prometheus.CounterValue, float64(r.Inherited), "parent"),
 				constMetric(m.d.fdDeferredDesc, prometheus.CounterValue, float64(r.Deferred)),

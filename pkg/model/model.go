@@ -192,6 +192,9 @@ type Snapshot struct {
 // with the fds they opened, and cost no /proc read.
 type FDReads struct {
 	Listings, Described, Inherited, Deferred uint64
+	// Copied counts children whose fds came from the kernel's copy of
+	// their open-fd bitmap (taken at fork and at exec), not a listing.
+	Copied uint64
 	// PerPoll is the bound on descriptions a poll, node-wide.
 	PerPoll                     int
 	ShortLived, ShortLivedOpens uint64

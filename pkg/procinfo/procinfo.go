@@ -140,6 +140,17 @@ func (fs FS) SetKindHint(pid int, h KindHint) {
 	}
 }
 
+// ShareFDNums leaves nums, pid's fd numbers as a reader learnt them
+// otherwise (fdtrack: the kernel's copy of a child's open-fd bitmap), for
+// SocketFDs in the same poll.
+func (fs FS) ShareFDNums(pid int, nums []int) {
+	if c := fs.cache; c != nil {
+		c.mu.Lock()
+		c.nums[pid] = nums
+		c.mu.Unlock()
+	}
+}
+
 // SocketFDs lists the socket fds of pid now, with their targets: an fd
 // whose kind a hint gives as another is not read. A child holding the
 // 10 000 files its parent leaked is not read fd by fd to find its sockets.
