@@ -63,7 +63,7 @@ func (f *watchFlags) register(cmd *cobra.Command) {
 	fl.BoolVar(&f.classic, "runqueue-classic-buckets", false, "give the run-queue histogram on /metrics a few classic buckets too, for scrapers without native histograms (--runqueue-classic-buckets=true)")
 	fl.StringSliceVar(&f.failOn, "fail-on", nil, "exit 3 if a finding of KIND[,KIND...] is made: "+strings.Join(model.Kinds, ", "))
 	fl.Uint32Var(&f.maxFDs, "max-fds", 1<<16, "capacity of the kernel's live fd table, all targets together")
-	fl.BoolVar(&f.children, "children", false, "also watch the targets' child processes (found every interval), like strace -f")
+	fl.BoolVar(&f.children, "children", false, "also watch the targets' child processes, like strace -f (those forked while watched are tracked from their fork)")
 	fl.DurationVar(&f.gpuEvery, "gpu-interval", nvml.DefaultInterval, "how often NVML is sampled (at least "+nvml.MinInterval.String()+")")
 	fl.Uint32Var(&f.maxAlloc, "max-allocs", 1<<18, "capacity of the kernel's live GPU allocation table, all targets together")
 	fl.Var(&f.budget, "gpu-memory-budget", "device memory each process may use (e.g. 80GiB): a GPU leak's time to exhaustion is also judged against it (needed without NVML)")

@@ -89,8 +89,10 @@ type Config struct {
 	// FDReadsPerPoll bounds the fds described from /proc per poll, all
 	// processes together (0: fdtrack.DefaultReadsPerPoll).
 	FDReadsPerPoll int
-	// Children also watches the descendants of the targets, found every
-	// interval (what they did before being found is seeded from /proc).
+	// Children also watches the descendants of the targets: those forked
+	// while their parent is watched are tracked from their fork (the fd
+	// view's kernel side), others are found every interval and seeded
+	// from /proc.
 	Children bool
 	// Daemon runs until cancelled, whatever is watched, and forgets a
 	// process (its state, its findings) once a snapshot has reported its
