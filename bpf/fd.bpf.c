@@ -605,8 +605,10 @@ static __always_inline void snapshot_fds(struct task_struct *task, u32 tgid)
 	u32 max = BPF_CORE_READ(fdt, max_fds);
 	unsigned long *open = BPF_CORE_READ(fdt, open_fds);
 	u32 size = (max + 63) / 64 * 8;
-	asm volatile("" : "+r"(size));
-	if (size == 0 || size > sizeof(v->words))
+	/* One comparison on the register passed: the verifier before 5.13
+	 * cannot bound it from a comparison clang folds into another register
+	 * (size - 2049 < ...). Zero is a size the helper takes. */
+	if (size > sizeof(v->words))
 		return; /* too large: listed */
 	if (bpf_probe_read_kernel(v->words, size, open)) {
 		count_err(ERR_READ_KERNEL);

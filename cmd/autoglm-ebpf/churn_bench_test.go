@@ -169,7 +169,6 @@ func BenchmarkDaemonSoak(b *testing.B) {
 	fdwork := testutil.Fixture(b, "fdwork", "-pthread")
 	cudawork := testutil.Fixture(b, "cudawork")
 	d := startDaemon(b, "--all")
-	pid := d.cmd.Process.Pid
 	secs := fmt.Sprint(int(soak.Seconds()) + 120)
 	testutil.Start(b, fdwork, "leak", "1", secs)
 	for _, argv := range [][]string{{fdwork, "churn", "2000", "500", secs}} {
@@ -192,33 +191,11 @@ func BenchmarkDaemonSoak(b *testing.B) {
 		}
 	}()
 	time.Sleep(30 * time.Second)
-
-	var cpu, rss []float64
-	for range int(soak / time.Minute) {
-		cpu = append(cpu, coreShare(b, pid, time.Minute))
-		rss = append(rss, float64(rssKiB(b, pid))/1024)
-		fmt.Fprintf(os.Stderr, "soak minute %d: daemon %.2f%% of a core, RSS %.1f MiB, %v processes watched\n",
-			len(cpu), 100*cpu[len(cpu)-1], rss[len(rss)-1], gauge(b, d, "autoglm_watched_processes"))
-	}
-	ten := min(10, len(cpu)/2)
-	mean := func(xs []float64) float64 {
-		var s float64
-		for _, x := range xs {
-			s += x
-		}
-		return s / float64(len(xs))
-	}
+	ten := min(10, int(soak/time.Minute)/2)
 	if ten == 0 {
 		b.Fatalf("AUTOGLM_SOAK=%v: at least two minutes", soak)
 	}
-	cpuFirst, cpuLast := mean(cpu[:ten]), mean(cpu[len(cpu)-ten:])
-	rssFirst, rssLast := mean(rss[:ten]), mean(rss[len(rss)-ten:])
-	b.ReportMetric(100*cpuFirst, "%core-first")
-	b.ReportMetric(100*cpuLast, "%core-last")
-	b.ReportMetric(rssFirst, "MiB-rss-first")
-	b.ReportMetric(rssLast, "MiB-rss-last")
-	fmt.Fprintf(os.Stderr, "soak %v, first and last %d minutes: CPU %.2f%% -> %.2f%% of a core (x%.2f), RSS %.1f -> %.1f MiB (x%.2f)\n",
-		soak, ten, 100*cpuFirst, 100*cpuLast, cpuLast/cpuFirst, rssFirst, rssLast, rssLast/rssFirst)
+	sampleSoak(b, d, soak, ten, "soak", "")
 }
 
 // BenchmarkDaemonFork measures the daemon (--all) beside a process holding
@@ -298,7 +275,6 @@ func BenchmarkDaemonForkSoak(b *testing.B) {
 	cudawork := testutil.Fixture(b, "cudawork")
 	d := startDaemon(b, "--all")
 	defer func() { _ = d.cmd.Process.Kill(); _ = d.cmd.Wait() }()
-	pid := d.cmd.Process.Pid
 	secs := fmt.Sprint(int(soak.Seconds()) + 120)
 	for _, args := range [][]string{
 		{"startup", "15000", secs},
@@ -330,15 +306,22 @@ func BenchmarkDaemonForkSoak(b *testing.B) {
 		}
 	}()
 	time.Sleep(30 * time.Second)
+	sampleSoak(b, d, soak, 5, "fork soak", "5")
+}
 
+// sampleSoak samples the daemon's CPU and RSS each minute for soak, prints
+// each minute under name, and reports the means of the first and last n
+// minutes (metrics named with suffix): a cost that grows with what the
+// daemon has seen shows as a rise.
+func sampleSoak(b *testing.B, d *daemonProc, soak time.Duration, n int, name, suffix string) {
+	pid := d.cmd.Process.Pid
 	var cpu, rss []float64
 	for range int(soak / time.Minute) {
 		cpu = append(cpu, coreShare(b, pid, time.Minute))
 		rss = append(rss, float64(rssKiB(b, pid))/1024)
-		fmt.Fprintf(os.Stderr, "fork soak minute %d: daemon %.2f%% of a core, RSS %.1f MiB, %v processes watched\n",
-			len(cpu), 100*cpu[len(cpu)-1], rss[len(rss)-1], gauge(b, d, "autoglm_watched_processes"))
+		fmt.Fprintf(os.Stderr, "%s minute %d: daemon %.2f%% of a core, RSS %.1f MiB, %v processes watched\n",
+			name, len(cpu), 100*cpu[len(cpu)-1], rss[len(rss)-1], gauge(b, d, "autoglm_watched_processes"))
 	}
-	const five = 5
 	mean := func(xs []float64) float64 {
 		var s float64
 		for _, x := range xs {
@@ -346,12 +329,12 @@ func BenchmarkDaemonForkSoak(b *testing.B) {
 		}
 		return s / float64(len(xs))
 	}
-	cpuFirst, cpuLast := mean(cpu[:five]), mean(cpu[len(cpu)-five:])
-	rssFirst, rssLast := mean(rss[:five]), mean(rss[len(rss)-five:])
-	b.ReportMetric(100*cpuFirst, "%core-first5")
-	b.ReportMetric(100*cpuLast, "%core-last5")
-	b.ReportMetric(rssFirst, "MiB-rss-first5")
-	b.ReportMetric(rssLast, "MiB-rss-last5")
-	fmt.Fprintf(os.Stderr, "fork soak %v, first and last %d minutes: CPU %.2f%% -> %.2f%% of a core (x%.2f), RSS %.1f -> %.1f MiB (x%.2f)\n",
-		soak, five, 100*cpuFirst, 100*cpuLast, cpuLast/cpuFirst, rssFirst, rssLast, rssLast/rssFirst)
+	cpuFirst, cpuLast := mean(cpu[:n]), mean(cpu[len(cpu)-n:])
+	rssFirst, rssLast := mean(rss[:n]), mean(rss[len(rss)-n:])
+	b.ReportMetric(100*cpuFirst, "%core-first"+suffix)
+	b.ReportMetric(100*cpuLast, "%core-last"+suffix)
+	b.ReportMetric(rssFirst, "MiB-rss-first"+suffix)
+	b.ReportMetric(rssLast, "MiB-rss-last"+suffix)
+	fmt.Fprintf(os.Stderr, "%s %v, first and last %d minutes: CPU %.2f%% -> %.2f%% of a core (x%.2f), RSS %.1f -> %.1f MiB (x%.2f)\n",
+		name, soak, n, 100*cpuFirst, 100*cpuLast, cpuLast/cpuFirst, rssFirst, rssLast, rssLast/rssFirst)
 }

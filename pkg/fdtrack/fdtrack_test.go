@@ -22,8 +22,16 @@ func newTracker(t *testing.T) *Tracker {
 // the tests run on.
 func newTrackerMode(t *testing.T, mode string) *Tracker {
 	t.Helper()
+	return newTrackerConfig(t, Config{}, mode)
+}
+
+// newTrackerConfig loads the programs of mode with cfg (ProcRoot and
+// Tracepoint set here).
+func newTrackerConfig(t *testing.T, cfg Config, mode string) *Tracker {
+	t.Helper()
 	testutil.RequireRoot(t)
-	tr, err := New(Config{ProcRoot: "/proc", Tracepoint: mode == bpfobj.ModeTracepoint})
+	cfg.ProcRoot, cfg.Tracepoint = "/proc", mode == bpfobj.ModeTracepoint
+	tr, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,16 +18,28 @@ import (
 // table) and follows children.
 func newFollowing(t *testing.T, perPoll int, mode string) *Tracker {
 	t.Helper()
-	testutil.RequireRoot(t)
-	tr, err := New(Config{ProcRoot: "/proc", Follow: true, ReadsPerPoll: perPoll, Tracepoint: mode == bpfobj.ModeTracepoint})
-	if err != nil {
+	return newTrackerConfig(t, Config{Follow: true, ReadsPerPoll: perPoll}, mode)
+}
+
+// forkedChild starts fdwork with args (a parent that forks one child a
+// second after it is ready), tracks the parent and returns both pids once
+// the kernel has marked the child. It must be taken before the next
+// Forked, which lets it go.
+func forkedChild(t *testing.T, tr *Tracker, args ...string) (parent, child int) {
+	t.Helper()
+	cmd := testutil.Start(t, testutil.Fixture(t, "fdwork"), args...)
+	parent = cmd.Process.Pid
+	if err := tr.Track(parent); err != nil {
 		t.Fatal(err)
 	}
-	if tr.Mode() != mode {
-		t.Fatalf("attached as %s, want %s (tp_btf: %v)", tr.Mode(), mode, tr.BTFError())
-	}
-	t.Cleanup(func() { _ = tr.Close() })
-	return tr
+	poll(t, tr, parent)
+	testutil.Eventually(t, 10*time.Second, "the kernel to mark the child at its fork", func() bool {
+		if kids := tr.Forked(); len(kids) > 0 {
+			child = kids[0]
+		}
+		return child != 0
+	})
+	return parent, child
 }
 
 // fdsOf is the oracle: pid's fds and kinds as /proc links say.
@@ -63,23 +75,8 @@ func TestChildInheritsParentTable(t *testing.T) {
 
 func testChildInherits(t *testing.T, mode string) {
 	tr := newFollowing(t, 0, mode)
-	bin := testutil.Fixture(t, "fdwork")
 	const files = 300
-	cmd := testutil.Start(t, bin, "family", fmt.Sprint(files), "30")
-	parent := cmd.Process.Pid
-	if err := tr.Track(parent); err != nil {
-		t.Fatal(err)
-	}
-	poll(t, tr, parent)
-	var child int
-	testutil.Eventually(t, 10*time.Second, "the kernel to mark the child at its fork", func() bool {
-		kids := tr.Forked()
-		if len(kids) == 0 {
-			return false
-		}
-		child = kids[0]
-		return true
-	})
+	parent, child := forkedChild(t, tr, "family", fmt.Sprint(files), "30")
 	// Its last step opens /dev/zero; taken before the next Forked.
 	testutil.Eventually(t, 5*time.Second, "the child's own fds", func() bool {
 		dir := fmt.Sprintf("/proc/%d/fd/", child)
@@ -147,21 +144,8 @@ func TestExecedChildFromKernelCopy(t *testing.T) {
 
 func testExecedChild(t *testing.T, mode string) {
 	tr := newFollowing(t, 0, mode)
-	bin := testutil.Fixture(t, "fdwork")
 	const files = 200
-	cmd := testutil.Start(t, bin, "spawn", fmt.Sprint(files), "30")
-	parent := cmd.Process.Pid
-	if err := tr.Track(parent); err != nil {
-		t.Fatal(err)
-	}
-	poll(t, tr, parent)
-	var child int
-	testutil.Eventually(t, 10*time.Second, "the kernel to mark the child at its fork", func() bool {
-		if kids := tr.Forked(); len(kids) > 0 {
-			child = kids[0]
-		}
-		return child != 0
-	})
+	_, child := forkedChild(t, tr, "spawn", fmt.Sprint(files), "30")
 	testutil.Eventually(t, 5*time.Second, "the child's exec", func() bool {
 		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", child))
 		return strings.TrimSpace(string(comm)) == "sleep"
