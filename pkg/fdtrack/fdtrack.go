@@ -78,9 +78,8 @@ type Tracker struct {
 	filling   map[uint32]bool   // fds left to describe at a later poll
 	offered   map[uint32]bool   // children marked at fork, offered by Forked, not tracked yet
 	follow    bool
-	perPoll   int
-	budget    int // descriptions left this poll
-	reads     model.FDReads
+	budget    int           // descriptions left this poll
+	reads     model.FDReads // reads.PerPoll: the budget of each poll
 
 	stacks    *stacks.Service
 	ownStacks bool // made by New: closed by Close
@@ -110,13 +109,12 @@ func New(cfg Config) (*Tracker, error) {
 		filling:     map[uint32]bool{},
 		offered:     map[uint32]bool{},
 		follow:      cfg.Follow,
-		perPoll:     cfg.ReadsPerPoll,
 	}
-	if t.perPoll <= 0 {
-		t.perPoll = DefaultReadsPerPoll
+	t.reads.PerPoll = cfg.ReadsPerPoll
+	if t.reads.PerPoll <= 0 {
+		t.reads.PerPoll = DefaultReadsPerPoll
 	}
-	t.budget = t.perPoll
-	t.reads.PerPoll = t.perPoll
+	t.budget = t.reads.PerPoll
 	if t.stacks, t.ownStacks, err = stacks.SharedOr(cfg.Stacks, t.proc, cfg.Symbolizer, cfg.ProcRoot); err != nil {
 		return nil, err
 	}

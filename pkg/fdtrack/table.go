@@ -480,7 +480,7 @@ func (t *Tracker) reconcileWith(tgid uint32, thorough bool, nums []int, before u
 // close_range) is reconciled with /proc first.
 func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 	nowWall, nowMono := time.Now(), monoNow()
-	defer func() { t.budget = t.perPoll }() // for the next poll's Tracks and Poll
+	defer func() { t.budget = t.reads.PerPoll }() // for the next poll's Tracks and Poll
 	live := t.liveOwners()
 	table, err := t.table.Read(live)
 	if err != nil {
