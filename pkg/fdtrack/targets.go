@@ -77,17 +77,11 @@ func (c *Concern) leakedTargets(p *model.Process, f *model.Finding) {
 	key := findingKey{p.PID, f.FirstSeen.UnixNano()}
 	cached, ok := c.targets[key]
 	if i >= 0 && (!ok || len(p.FD.Sites[i].FDs) >= 2*max(cached.fds, 1)) {
-		if fds, err := c.proc.FDs(p.PID); err == nil {
-			inSite := map[int]bool{}
-			for _, n := range p.FD.Sites[i].FDs {
-				inSite[int(n)] = true
-			}
-			var leaked []procinfo.FD
-			for _, fd := range fds {
-				if inSite[fd.Num] {
-					leaked = append(leaked, fd)
-				}
-			}
+		nums := make([]int, len(p.FD.Sites[i].FDs))
+		for j, n := range p.FD.Sites[i].FDs {
+			nums[j] = int(n)
+		}
+		if leaked, err := c.proc.FDs(p.PID, nums); err == nil {
 			cached = leakRead{groupTargets(describe(c.proc, p.PID, leaked)), len(leaked)}
 			c.targets[key] = cached
 		}

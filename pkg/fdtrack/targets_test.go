@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 )
 
@@ -216,7 +217,7 @@ func TestDescribeSelf(t *testing.T) {
 		keep(os.NewFile(uintptr(fd), s.want), s.want)
 	}
 
-	all, err := fs.FDs(os.Getpid())
+	all, err := fs.FDs(os.Getpid(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,5 +235,39 @@ func TestDescribeSelf(t *testing.T) {
 	}
 	if len(fds) != len(mine) {
 		t.Errorf("%d of the %d sockets listed", len(fds), len(mine))
+	}
+}
+
+// An fd leak's targets are read from the leaking site's fds alone: the rest
+// of the table, however large, is not read link by link. Here the one fd
+// outside the site cannot be read at all (a plain file where /proc has a
+// link), so a read of the whole table would fail and name nothing.
+func TestLeakedTargetsReadSiteOnly(t *testing.T) {
+	root := t.TempDir()
+	fdDir := filepath.Join(root, "100", "fd")
+	if err := os.MkdirAll(fdDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for num, target := range map[int]string{3: "/var/cache/tok/a.json", 4: "/var/cache/tok/b.json", 5: "/var/cache/tok/c.json"} {
+		if err := os.Symlink(target, filepath.Join(fdDir, fmt.Sprint(num))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(fdDir, "7"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fs, err := procinfo.New(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Concern{Tracker: &Tracker{proc: fs}, targets: map[findingKey]leakRead{}}
+	stack := []model.Frame{{Function: "leak_tick"}}
+	p := &model.Process{PID: 100}
+	p.FD.Sites = []model.FDSite{{Stack: stack, FDs: []int32{3, 4, 5}}}
+	f := &model.Finding{Kind: model.KindFDLeak, PID: 100, Stack: stack, Evidence: map[string]any{}}
+	c.leakedTargets(p, f)
+	want := []map[string]any{{"target": "/var/cache/tok/*.json", "fds": 3}}
+	if got, _ := f.Evidence["leaked_targets"].([]map[string]any); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("leaked_targets %v, want %v (summary %q)", got, want, f.Summary)
 	}
 }

@@ -117,7 +117,7 @@ func TestRealSockets(t *testing.T) {
 	}
 	defer unix.Close(unbound)
 
-	fds, err := fs.FDs(pid)
+	fds, err := fs.FDs(pid, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ const kthreaddPID = 2
 type FS struct {
 	root  string // kept because procfs.FS does not expose its mount point
 	proc  procfs.FS
-	cache *PollCache // nil: every Maps and FDs call reads /proc
+	cache *PollCache // nil: every Maps call reads /proc
 	// self is a procfs.Proc of this mount, copied with another PID for
 	// each process read: procfs.FS.Proc stats /proc/PID first, one more
 	// syscall for every read, when the read itself says whether pid is
@@ -57,7 +57,6 @@ type FS struct {
 type PollCache struct {
 	mu   sync.Mutex
 	maps map[int]read[[]*procfs.ProcMap]
-	fds  map[int]read[[]FD]
 	nums map[int][]int // fd numbers listed this poll (FDNumsNow)
 	// hints outlive a poll: a view sets and clears its own (SetKindHint).
 	hints map[int]KindHint
@@ -75,7 +74,7 @@ type read[T any] struct {
 
 // NewPollCache returns an empty cache; call Next at the start of each poll.
 func NewPollCache() *PollCache {
-	return &PollCache{maps: map[int]read[[]*procfs.ProcMap]{}, fds: map[int]read[[]FD]{}, nums: map[int][]int{}, hints: map[int]KindHint{}}
+	return &PollCache{maps: map[int]read[[]*procfs.ProcMap]{}, nums: map[int][]int{}, hints: map[int]KindHint{}}
 }
 
 // Next starts a new poll: what earlier polls read is stale.
@@ -83,7 +82,6 @@ func (c *PollCache) Next() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	clear(c.maps)
-	clear(c.fds)
 	clear(c.nums)
 }
 
@@ -114,13 +112,33 @@ func (fs FS) Maps(pid int) ([]*procfs.ProcMap, error) {
 	return once(fs.cache, fs.cache.maps, pid, fs.readMaps)
 }
 
-// FDs lists the open fds of pid with their kinds, sorted by number; once
-// per poll when fs has a cache.
-func (fs FS) FDs(pid int) ([]FD, error) {
-	if fs.cache == nil {
-		return fs.readFDs(pid)
+// FDs lists the open fds of pid among nums, or all of them when nums is
+// nil, with their kinds, sorted by number. A reader that knows which fds
+// it wants (the fds of one leaking site) names them: a table of 10 000 is
+// not read link by link for the 50 it asks about.
+func (fs FS) FDs(pid int, nums []int) ([]FD, error) {
+	if nums == nil {
+		var err error
+		if nums, err = fs.fdNums(pid); err != nil {
+			return nil, err
+		}
 	}
-	return once(fs.cache, fs.cache.fds, pid, fs.readFDs)
+	dir := fs.path(pid, "fd") + "/"
+	fds := make([]FD, 0, len(nums))
+	for _, num := range nums {
+		target, err := os.Readlink(dir + strconv.Itoa(num))
+		if errors.Is(err, os.ErrNotExist) {
+			continue // closed since the listing: no longer open
+		}
+		if err != nil {
+			return nil, procErr(pid, err)
+		}
+		fds = append(fds, FD{Num: num, Kind: KindOf(target), Target: target})
+	}
+	// The kernel lists fds in order, but other directories (fixtures) and
+	// callers need not.
+	slices.SortFunc(fds, func(a, b FD) int { return cmp.Compare(a.Num, b.Num) })
+	return fds, nil
 }
 
 // SetKindHint lets the readers of fs's cache know the kinds of pid's fds
@@ -225,7 +243,7 @@ func (fs FS) Drop(pid int) {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		delete(c.maps, pid)
-		delete(c.fds, pid)
+		delete(c.nums, pid)
 	}
 }
 
@@ -250,31 +268,6 @@ type FD struct {
 	Num    int
 	Kind   uint8  // index into model.FDKinds
 	Target string // link of /proc/PID/fd/NUM, e.g. "socket:[123]"
-}
-
-// readFDs lists the open fds of pid with their kinds, sorted by number.
-func (fs FS) readFDs(pid int) ([]FD, error) {
-	// procfs gives numbers and targets only as two separate directory reads,
-	// which disagree if the table changes in between, so pair them here.
-	nums, err := fs.fdNums(pid)
-	if err != nil {
-		return nil, err
-	}
-	dir := fs.path(pid, "fd") + "/"
-	fds := make([]FD, 0, len(nums))
-	for _, num := range nums {
-		target, err := os.Readlink(dir + strconv.Itoa(num))
-		if errors.Is(err, os.ErrNotExist) {
-			continue // closed since the listing: no longer open
-		}
-		if err != nil {
-			return nil, procErr(pid, err)
-		}
-		fds = append(fds, FD{Num: num, Kind: KindOf(target), Target: target})
-	}
-	// The kernel lists fds in order, but other directories (fixtures) need not.
-	slices.SortFunc(fds, func(a, b FD) int { return cmp.Compare(a.Num, b.Num) })
-	return fds, nil
 }
 
 // anonInodeKinds maps what follows "anon_inode:" in an fd link to its kind.

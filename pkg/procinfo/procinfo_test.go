@@ -149,7 +149,7 @@ func TestKindOf(t *testing.T) {
 
 func TestFDs(t *testing.T) {
 	fs := newFixture(t, worker)
-	got, err := fs.FDs(worker.pid)
+	got, err := fs.FDs(worker.pid, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +165,7 @@ func TestFDs(t *testing.T) {
 		t.Errorf("FDs = %v, want %v", got, want)
 	}
 
-	if _, err := fs.FDs(999); !errors.Is(err, ErrNoProcess) {
+	if _, err := fs.FDs(999, nil); !errors.Is(err, ErrNoProcess) {
 		t.Errorf("FDs(missing) error = %v, want ErrNoProcess", err)
 	}
 }
@@ -378,19 +378,13 @@ func TestPollCache(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	fds := func(list func(int) ([]FD, error)) int {
-		l, err := list(100)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return len(l)
+	all, err := cached.FDs(100, nil)
+	if err != nil {
+		t.Fatal(err)
 	}
-	n0 := fds(cached.FDs)
+	n0 := len(all)
 	open(50)
-	if n := fds(cached.FDs); n != n0 {
-		t.Errorf("same poll: %d fds, want the first listing's %d", n, n0)
-	}
-	// FDNumsNow and FDKind read now, whatever the poll's cache holds.
+	// FDs, FDNumsNow and FDKind read now, whatever the poll's cache holds.
 	if nums, err := cached.FDNumsNow(100); err != nil || len(nums) != n0+1 {
 		t.Errorf("FDNumsNow: %v fds (%v), want %d", nums, err, n0+1)
 	}
@@ -401,9 +395,13 @@ func TestPollCache(t *testing.T) {
 		t.Errorf("FDKind of a closed fd: %v, want os.ErrNotExist", err)
 	}
 	open(51)
-	c.Next()
-	if n := fds(cached.FDs); n != n0+2 {
-		t.Errorf("next poll: %d fds, want %d", n, n0+2)
+	if l, err := cached.FDs(100, nil); err != nil || len(l) != n0+2 {
+		t.Errorf("FDs: %d fds (%v), want %d", len(l), err, n0+2)
+	}
+	// Named fds: only those read, a closed one left out, in number order.
+	want := []FD{{50, KindOf("/dev/null"), "/dev/null"}, {51, KindOf("/dev/null"), "/dev/null"}}
+	if l, err := cached.FDs(100, []int{51, 49, 50}); err != nil || !slices.Equal(l, want) {
+		t.Errorf("FDs of 51, 49 (closed), 50 = %v, %v; want %v", l, err, want)
 	}
 }
 

@@ -150,7 +150,7 @@ func TestRealKinds(t *testing.T) {
 	fd, err = unix.MemfdCreate("procinfo-test", unix.MFD_CLOEXEC)
 	keep("memfd", fd, err)
 
-	fds, err := fs.FDs(os.Getpid())
+	fds, err := fs.FDs(os.Getpid(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
