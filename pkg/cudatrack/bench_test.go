@@ -43,7 +43,7 @@ func BenchmarkAllocFree(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			c, err := New(Config{ProcRoot: "/proc"}, nil, symbolize.New("/proc"))
+			c, err := New(Config{ProcRoot: "/proc"}, symbolize.New("/proc"))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -173,7 +173,7 @@ func BenchmarkSustained(b *testing.B) {
 	runtime := testutil.CUDAStubs(b)
 	bin := testutil.Fixture(b, "cudawork")
 	for range b.N {
-		c, err := New(Config{ProcRoot: "/proc"}, nil, symbolize.New("/proc"))
+		c, err := New(Config{ProcRoot: "/proc"}, symbolize.New("/proc"))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -189,7 +189,7 @@ func BenchmarkSustained(b *testing.B) {
 		for line == "" {
 			var ok bool
 			line, ok = p.TryWait(b, "pairs ", time.Second)
-			if _, err := c.Observe(time.Now(), []*model.Process{pr}); err != nil {
+			if _, err := c.Fill(time.Now(), []*model.Process{pr}); err != nil {
 				b.Fatal(err)
 			}
 			if !ok {

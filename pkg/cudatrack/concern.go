@@ -11,30 +11,22 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
 )
 
-// Detector judges the CUDA view of one process each interval (bursts, leaks,
-// failures); Forget drops the state of an exited process.
-type Detector interface {
-	Observe(now time.Time, p *model.Process) []model.Finding
-	Forget(pid int)
-}
-
 // maxFailures bounds the failures kept per process: the most recent ones.
 const maxFailures = 1000
 
-// Concern is the CUDA concern as the pipeline sees it: the tracker, the
-// symbolization of allocation stacks and the detector.
+// Concern is the CUDA concern as the pipeline sees it: the tracker and the
+// symbolization of allocation stacks.
 type Concern struct {
 	*Tracker
 	sym      *symbolize.Symbolizer
-	det      Detector
 	topSites int
 	failures map[int][]model.CUDAFailure
 	frames   map[int]map[stacks.Site][]model.Frame // by pid: a process forgotten drops its own
 	counts   map[int]map[stacks.Site]stacks.Counts // by pid: as of the previous poll
 }
 
-// New loads the CUDA BPF object. det may be nil (no findings).
-func New(cfg Config, det Detector, sym *symbolize.Symbolizer) (*Concern, error) {
+// New loads the CUDA BPF object.
+func New(cfg Config, sym *symbolize.Symbolizer) (*Concern, error) {
 	if cfg.Symbolizer == nil {
 		cfg.Symbolizer = sym
 	}
@@ -46,7 +38,7 @@ func New(cfg Config, det Detector, sym *symbolize.Symbolizer) (*Concern, error) 
 	if top <= 0 {
 		top = 64
 	}
-	return &Concern{Tracker: t, sym: sym, det: det, topSites: top, failures: map[int][]model.CUDAFailure{}, frames: map[int]map[stacks.Site][]model.Frame{}, counts: map[int]map[stacks.Site]stacks.Counts{}}, nil
+	return &Concern{Tracker: t, sym: sym, topSites: top, failures: map[int][]model.CUDAFailure{}, frames: map[int]map[stacks.Site][]model.Frame{}, counts: map[int]map[stacks.Site]stacks.Counts{}}, nil
 }
 
 // Name is the concern's name in logs and `check`.
@@ -62,20 +54,17 @@ func (c *Concern) Track(pid int) error {
 	return nil
 }
 
-// Untrack drops the kernel and detector state of an exited process.
+// Untrack drops the kernel state of an exited process and what was kept of it.
 func (c *Concern) Untrack(pid int) {
 	c.Tracker.Untrack(pid)
-	if c.det != nil {
-		c.det.Forget(pid)
-	}
 	delete(c.failures, pid)
 	delete(c.frames, pid)
 	delete(c.counts, pid)
 }
 
-// Observe hooks newly loaded CUDA libraries, fills the CUDA part of each
-// process and runs the detector.
-func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Finding, error) {
+// Fill hooks newly loaded CUDA libraries and fills the CUDA part of each
+// process; it returns them all.
+func (c *Concern) Fill(now time.Time, procs []*model.Process) ([]*model.Process, error) {
 	pids := make([]int, len(procs))
 	for i, p := range procs {
 		pids[i] = p.PID
@@ -121,14 +110,10 @@ func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Findin
 	if err != nil {
 		return nil, err
 	}
-	var out []model.Finding
 	for _, p := range procs {
 		c.fill(p, samples[p.PID])
-		if c.det != nil {
-			out = append(out, c.det.Observe(now, p)...)
-		}
 	}
-	return out, nil
+	return procs, nil
 }
 
 // fill turns a kernel sample into the model view. Everything is built anew:

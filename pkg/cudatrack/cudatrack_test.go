@@ -2,6 +2,7 @@ package cudatrack
 
 import (
 	"errors"
+	"fmt"
 	"maps"
 	"os"
 	"os/exec"
@@ -24,7 +25,7 @@ const MiB = 1 << 20
 func newConcern(t *testing.T) *Concern {
 	t.Helper()
 	testutil.RequireRoot(t)
-	c, err := New(Config{ProcRoot: "/proc"}, nil, symbolize.New("/proc"))
+	c, err := New(Config{ProcRoot: "/proc"}, symbolize.New("/proc"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +86,7 @@ func work(t *testing.T, c *Concern, tg target, scenario string, args ...string) 
 
 func observe(t *testing.T, c *Concern, pr *model.Process) {
 	t.Helper()
-	if _, err := c.Observe(time.Now(), []*model.Process{pr}); err != nil {
+	if _, err := c.Fill(time.Now(), []*model.Process{pr}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -293,17 +294,15 @@ func TestLeak(t *testing.T) {
 	// Poll until live bytes have grown at three polls: a loaded machine
 	// may starve the workload for a while.
 	var live []uint64
-	for grew, deadline := 0, time.Now().Add(time.Minute); grew < 3; {
-		if time.Now().After(deadline) {
-			t.Fatalf("live bytes did not grow: %v", live)
-		}
-		time.Sleep(300 * time.Millisecond)
+	grew := 0
+	testutil.Eventually(t, time.Minute, "live bytes to grow at three polls", func() bool {
 		observe(t, c, pr)
 		if n := len(live); n > 0 && pr.CUDA.LiveBytes > live[n-1] {
 			grew++
 		}
 		live = append(live, pr.CUDA.LiveBytes)
-	}
+		return grew >= 3
+	})
 	for i := 1; i < len(live); i++ {
 		if live[i] < live[i-1] {
 			t.Errorf("live bytes fell while leaking: %v", live)
@@ -437,11 +436,8 @@ func TestSteady(t *testing.T) {
 	const bound = 2 * 32 * 128 << 10
 	// Poll until allocations were seen at five polls.
 	var calls []uint64
-	for grew, deadline := 0, time.Now().Add(time.Minute); grew < 5; {
-		if time.Now().After(deadline) {
-			t.Fatalf("too few allocations seen: %v", calls)
-		}
-		time.Sleep(200 * time.Millisecond)
+	grew := 0
+	testutil.Eventually(t, time.Minute, "allocations seen at five polls", func() bool {
 		observe(t, c, pr)
 		if pr.CUDA.LiveBytes > bound {
 			t.Errorf("live bytes %d above the working set", pr.CUDA.LiveBytes)
@@ -451,7 +447,8 @@ func TestSteady(t *testing.T) {
 			grew++
 		}
 		calls = append(calls, n)
-	}
+		return grew >= 5
+	})
 	cs := pr.CUDA
 	// Either way: a free is counted at its entry, and may be read before
 	// the count of its allocation's return on another thread.
@@ -488,14 +485,10 @@ func TestSharedHooks(t *testing.T) {
 	start := b.CUDA.AllocCalls["cudaMalloc"]
 	waitCalls := func(pr *model.Process, from uint64) {
 		t.Helper()
-		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("pid %d: cudaMalloc calls stayed at %d", pr.PID, from)
-			}
-			if observe(t, c, pr); pr.CUDA.AllocCalls["cudaMalloc"] > from {
-				return
-			}
-		}
+		testutil.Eventually(t, 30*time.Second, fmt.Sprintf("pid %d: cudaMalloc calls past %d", pr.PID, from), func() bool {
+			observe(t, c, pr)
+			return pr.CUDA.AllocCalls["cudaMalloc"] > from
+		})
 	}
 	waitCalls(b, start)
 	// The untracked process allocated meanwhile; none of it is kept.
@@ -564,12 +557,26 @@ func TestUnload(t *testing.T) {
 // ours stays loaded.
 func TestUntrackAndClose(t *testing.T) {
 	testutil.RequireRoot(t)
-	c, err := New(Config{ProcRoot: "/proc"}, nil, symbolize.New("/proc"))
+	c, err := New(Config{ProcRoot: "/proc"}, symbolize.New("/proc"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, pr := work(t, c, dynamic(t), "steady")
-	time.Sleep(100 * time.Millisecond)
+	// Untrack must have calls made since the last poll to drop.
+	kernelCalls := func() (n uint64) {
+		var per []cudaCudaCounts
+		if err := c.maps.CudaCounters.Lookup(uint32(pr.PID), &per); err != nil {
+			t.Fatal(err)
+		}
+		for _, cpu := range per {
+			for _, k := range cpu.Calls {
+				n += k
+			}
+		}
+		return n
+	}
+	polled := kernelCalls()
+	testutil.Eventually(t, 10*time.Second, "calls counted in the kernel since the last poll", func() bool { return kernelCalls() > polled })
 	c.Untrack(pr.PID)
 	// Allocations made since the last poll go at the next.
 	if _, err := c.Poll(nil); err != nil {
@@ -609,19 +616,14 @@ func TestUntrackAndClose(t *testing.T) {
 	// The kernel frees a program once the last link's RCU grace period has
 	// passed, after Close returns.
 	for _, id := range ids {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		testutil.Eventually(t, 10*time.Second, fmt.Sprintf("program %d to be unloaded after Close", id), func() bool {
 			p, err := ebpf.NewProgramFromID(id)
 			if err != nil {
-				break
+				return true
 			}
 			p.Close()
-			if time.Now().After(deadline) {
-				t.Errorf("program %d still loaded after Close", id)
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return false
+		})
 	}
 }
 
@@ -649,11 +651,10 @@ func TestRealRuntime(t *testing.T) {
 	if err := c.Track(pr.PID); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) && len(pr.CUDA.Failures) == 0 && pr.CUDA.FreeBytes["cudaFree"] == 0 {
-		time.Sleep(200 * time.Millisecond)
+	testutil.Eventually(t, 30*time.Second, "a failed cudaMalloc or a cudaFree", func() bool {
 		observe(t, c, pr)
-	}
+		return len(pr.CUDA.Failures) > 0 || pr.CUDA.FreeBytes["cudaFree"] > 0
+	})
 	cs := pr.CUDA
 	// The soname is a link to the versioned file, which is what is mapped.
 	if !strings.Contains(strings.Join(cs.Libraries, ","), "libcudart.so.11") {

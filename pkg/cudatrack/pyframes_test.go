@@ -40,7 +40,7 @@ func TestPythonFramesAtAllocations(t *testing.T) {
 	burst := model.Frame{Kind: model.FramePython, Function: "prefill_batch", File: script, Line: burstLine}
 	for _, py := range testutil.Pythons(t) {
 		t.Run(testutil.PythonVersion(t, py)+"/"+filepath.Base(py), func(t *testing.T) {
-			c, err := New(Config{ProcRoot: "/proc"}, gpualloc.New(gpualloc.DefaultConfig()), symbolize.New("/proc"))
+			c, err := New(Config{ProcRoot: "/proc"}, symbolize.New("/proc"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -50,13 +50,19 @@ func TestPythonFramesAtAllocations(t *testing.T) {
 			if err := c.Track(pr.PID); err != nil {
 				t.Fatal(err)
 			}
-			observe(t, c, pr) // hooks the runtime ctypes loaded
+			// Filled and judged as a poll of the pipeline does.
+			det := gpualloc.New(gpualloc.DefaultConfig())
+			judge := func() []model.Finding {
+				now := time.Now()
+				if _, err := c.Fill(now, []*model.Process{pr}); err != nil {
+					t.Fatal(err)
+				}
+				return det.Observe(now, pr)
+			}
+			judge() // hooks the runtime ctypes loaded
 			p.Signal(t)
 			p.Wait(t, "done", 10*time.Second)
-			findings, err := c.Observe(time.Now(), []*model.Process{pr})
-			if err != nil {
-				t.Fatal(err)
-			}
+			findings := judge()
 			var bytes uint64
 			for _, s := range pr.CUDA.Sites {
 				if slices.Contains(s.Stack, leak) {

@@ -31,7 +31,7 @@ func TestOneStackService(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = svc.Close() })
-	c, err := New(Config{ProcRoot: "/proc", Stacks: svc}, nil, sym)
+	c, err := New(Config{ProcRoot: "/proc", Stacks: svc}, sym)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,16 +56,13 @@ func TestOneStackService(t *testing.T) {
 
 	p, pr := work(t, c, dynamic(t), "leak")
 	var site stacks.Site
-	for deadline := time.Now().Add(time.Minute); site == (stacks.Site{}); {
-		if time.Now().After(deadline) {
-			t.Fatal("the leak's site did not show")
-		}
-		time.Sleep(300 * time.Millisecond)
+	testutil.Eventually(t, time.Minute, "the leak's site", func() bool {
 		observe(t, c, pr)
 		if len(pr.CUDA.Sites) > 0 && stackHas(pr.CUDA.Sites[0].Stack, "leak_weights") {
 			site = stacks.SiteOf(pr.CUDA.Sites[0].StackID)
 		}
-	}
+		return site != (stacks.Site{})
+	})
 	// Both views poll; the fd view tracks nothing, so refers to no stack.
 	// Three rounds of sweeping pass.
 	for range 3 * 2 * bpfobj.StackGCEvery {
@@ -85,7 +82,7 @@ func TestOneStackService(t *testing.T) {
 	_ = p.Cmd.Wait()
 	c.Untrack(pr.PID)
 	for range 3 * 2 * bpfobj.StackGCEvery {
-		if _, err := c.Observe(time.Now(), nil); err != nil {
+		if _, err := c.Fill(time.Now(), nil); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := fd.Poll(nil); err != nil {

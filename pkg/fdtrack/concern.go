@@ -5,21 +5,16 @@ import (
 	"slices"
 	"time"
 
-	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdexhaust"
-	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/stacks"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
 )
 
 // Concern is the fd concern as the pipeline sees it: the tracker, the
-// symbolization of opening stacks, and the fd-leak and fd-exhaustion
-// detectors.
+// symbolization of opening stacks, and what an fd leak's fds point at.
 type Concern struct {
 	*Tracker
 	sym      *symbolize.Symbolizer
-	det      *fdleak.Detector
-	exhaust  *fdexhaust.Detector
 	topSites int
 	sites    map[int]map[stacks.Site]*site // by pid: a process forgotten drops its own
 	targets  map[findingKey]leakRead       // what each fd leak's fds point at
@@ -52,7 +47,7 @@ type site struct {
 // NewConcern loads the fd BPF object. topSites bounds how many opening stacks
 // per process are symbolized (largest first, each once), so that the site a
 // finding names has its frames.
-func NewConcern(cfg Config, det fdleak.Config, sym *symbolize.Symbolizer, topSites int) (*Concern, error) {
+func NewConcern(cfg Config, sym *symbolize.Symbolizer, topSites int) (*Concern, error) {
 	if cfg.Symbolizer == nil {
 		cfg.Symbolizer = sym
 	}
@@ -60,17 +55,15 @@ func NewConcern(cfg Config, det fdleak.Config, sym *symbolize.Symbolizer, topSit
 	if err != nil {
 		return nil, err
 	}
-	return &Concern{Tracker: t, sym: sym, det: fdleak.New(det), exhaust: fdexhaust.New(fdexhaust.Config{}), topSites: topSites, sites: map[int]map[stacks.Site]*site{}, targets: map[findingKey]leakRead{}, limits: map[int]limitRead{}, filled: map[int]grouped{}}, nil
+	return &Concern{Tracker: t, sym: sym, topSites: topSites, sites: map[int]map[stacks.Site]*site{}, targets: map[findingKey]leakRead{}, limits: map[int]limitRead{}, filled: map[int]grouped{}}, nil
 }
 
 // Name is the concern's name in logs and `check`.
 func (c *Concern) Name() string { return "fd" }
 
-// Untrack drops the kernel and detector state of an exited process.
+// Untrack drops the kernel state of an exited process and what was read of it.
 func (c *Concern) Untrack(pid int) {
 	c.Tracker.Untrack(pid)
-	c.det.Forget(pid)
-	c.exhaust.Forget(pid)
 	delete(c.sites, pid)
 	delete(c.limits, pid)
 	delete(c.filled, pid)
@@ -81,9 +74,8 @@ func (c *Concern) Untrack(pid int) {
 	}
 }
 
-// Observe fills the fd part of each process and runs the leak and
-// exhaustion detectors.
-func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Finding, error) {
+// Fill fills the fd part of each process; it returns them all.
+func (c *Concern) Fill(now time.Time, procs []*model.Process) ([]*model.Process, error) {
 	pids := make([]int, len(procs))
 	for i, p := range procs {
 		pids[i] = p.PID
@@ -93,17 +85,11 @@ func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Findin
 	if err != nil {
 		return nil, err
 	}
-	var out []model.Finding
 	for _, p := range procs {
 		c.fill(p, samples[p.PID])
 		p.FD.Limit = c.limit(p)
-		for _, f := range c.det.Observe(now, p) {
-			c.leakedTargets(p, &f)
-			out = append(out, f)
-		}
-		out = append(out, c.exhaust.Observe(now, p)...)
 	}
-	return out, nil
+	return procs, nil
 }
 
 // limit returns the soft RLIMIT_NOFILE of p: read again every limitEvery

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdexhaust"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/launch"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
@@ -16,22 +17,48 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func newConcern(t *testing.T) *Concern {
+// judged is the fd concern with the detectors the pipeline runs on its
+// view, their findings annotated by the concern as the pipeline has it.
+type judged struct {
+	*Concern
+	leak    *fdleak.Detector
+	exhaust *fdexhaust.Detector
+}
+
+// Observe fills procs and judges them, as a poll of the pipeline does.
+func (j *judged) Observe(now time.Time, procs []*model.Process) ([]model.Finding, error) {
+	filled, err := j.Fill(now, procs)
+	if err != nil {
+		return nil, err
+	}
+	var out []model.Finding
+	for _, p := range filled {
+		for _, f := range append(j.leak.Observe(now, p), j.exhaust.Observe(now, p)...) {
+			j.Annotate(p, &f)
+			out = append(out, f)
+		}
+	}
+	return out, nil
+}
+
+func newConcern(t *testing.T) *judged {
 	t.Helper()
 	testutil.RequireRoot(t)
-	c, err := NewConcern(Config{ProcRoot: "/proc"}, fdleak.Config{}, symbolize.New("/proc"), 64)
+	c, err := NewConcern(Config{ProcRoot: "/proc"}, symbolize.New("/proc"), 64)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	return c
+	return &judged{Concern: c, leak: fdleak.New(fdleak.Config{}), exhaust: fdexhaust.New(fdexhaust.Config{})}
 }
 
 // poll observes p once a second, up to n times, until a finding of kind
 // shows; it returns that finding (nil if none) and the polls made.
-func pollFor(t *testing.T, c *Concern, p *model.Process, kind string, n int) (*model.Finding, int) {
+func pollFor(t *testing.T, c *judged, p *model.Process, kind string, n int) (*model.Finding, int) {
 	t.Helper()
 	for i := 1; i <= n; i++ {
+		// Measurement window: a poll interval; the detector's rates are
+		// per second.
 		time.Sleep(time.Second)
 		fs, err := c.Observe(time.Now(), []*model.Process{p})
 		if err != nil {
@@ -48,7 +75,7 @@ func pollFor(t *testing.T, c *Concern, p *model.Process, kind string, n int) (*m
 
 // checkExhausted checks what an fd_exhausted finding about the exhaust
 // fixture (soft limit 256, 20 failed opens a second) must name.
-func checkExhausted(t *testing.T, c *Concern, p *model.Process, f *model.Finding, beforeAttach bool) {
+func checkExhausted(t *testing.T, c *judged, p *model.Process, f *model.Finding, beforeAttach bool) {
 	t.Helper()
 	if f.Severity != model.SeverityCritical || !f.Active {
 		t.Errorf("severity %q active %v", f.Severity, f.Active)
@@ -99,7 +126,7 @@ func checkExhausted(t *testing.T, c *Concern, p *model.Process, f *model.Finding
 
 // fdworkFromExec starts fdwork with args, tracked by c from before exec,
 // and returns its process for Observe.
-func fdworkFromExec(t *testing.T, c *Concern, args ...string) *model.Process {
+func fdworkFromExec(t *testing.T, c *judged, args ...string) *model.Process {
 	t.Helper()
 	bin := testutil.Fixture(t, "fdwork", "-pthread")
 	g, err := launch.Start(append([]string{bin}, args...), nil, nil, os.Stderr)

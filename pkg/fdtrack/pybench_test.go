@@ -11,7 +11,6 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
-	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
@@ -51,7 +50,7 @@ func BenchmarkPythonFrames(b *testing.B) {
 	}
 	defer stats.Close()
 	first := lastProgramID()
-	c, err := NewConcern(Config{ProcRoot: "/proc"}, fdleak.DefaultConfig(), symbolize.New("/proc"), 64)
+	c, err := NewConcern(Config{ProcRoot: "/proc"}, symbolize.New("/proc"), 64)
 	if err != nil {
 		b.Fatal(err)
 	}

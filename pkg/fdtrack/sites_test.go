@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/stacks"
@@ -29,6 +28,8 @@ func TestSiteCounts(t *testing.T) {
 		if poll == 10 {
 			t.Fatalf("after %d polls: sites %+v, past sites %+v", poll, p.FD.Sites, p.FD.PastSites)
 		}
+		// Measurement window: a poll interval, in which try_open opens
+		// and closes 20 fds.
 		time.Sleep(time.Second)
 		if _, err := c.Observe(time.Now(), []*model.Process{p}); err != nil {
 			t.Fatal(err)
@@ -90,7 +91,7 @@ func TestSitesCappedAndSwept(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = svc.Close() })
-	c, err := NewConcern(Config{ProcRoot: "/proc", Stacks: svc}, fdleak.Config{}, sym, 64)
+	c, err := NewConcern(Config{ProcRoot: "/proc", Stacks: svc}, sym, 64)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +104,7 @@ func TestSitesCappedAndSwept(t *testing.T) {
 	}
 	observe := func() map[string]model.FDSite {
 		t.Helper()
-		if _, err := c.Observe(time.Now(), []*model.Process{pr}); err != nil {
+		if _, err := c.Fill(time.Now(), []*model.Process{pr}); err != nil {
 			t.Fatal(err)
 		}
 		out := map[string]model.FDSite{}

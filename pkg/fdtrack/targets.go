@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/sockleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 )
@@ -65,11 +64,12 @@ func groupTargets(links []string) []Target {
 	return out[:min(len(out), targetsShown)]
 }
 
-// leakedTargets names what the fds of f's opening site point at, read from
-// /proc when the finding is made and again whenever the site has doubled
-// since (the counts then say how many at that time), not every interval: a
-// leak can hold thousands of links.
-func (c *Concern) leakedTargets(p *model.Process, f *model.Finding) {
+// Annotate names what the fds of an fd leak's opening site point at, read
+// from /proc when the finding is made and again whenever the site has
+// doubled since (the counts then say how many at that time), not every
+// interval: a leak can hold thousands of links. Other findings are left
+// as they are.
+func (c *Concern) Annotate(p *model.Process, f *model.Finding) {
 	if f.Kind != model.KindFDLeak || len(f.Stack) == 0 {
 		return
 	}
@@ -134,7 +134,7 @@ func describe(fs procinfo.FS, pid int, fds []procinfo.FD) []string {
 			addrs = append(addrs, s.Local, s.Remote)
 		}
 	}
-	mask := sockleak.PortMask(addrs)
+	mask := procinfo.PortMask(addrs)
 	for i, ino := range socks {
 		if s, ok := table[ino]; ok {
 			out[i] = socketName(s, mask)
@@ -146,7 +146,7 @@ func describe(fs procinfo.FS, pid int, fds []procinfo.FD) []string {
 }
 
 // socketName is what lsof shows for a listed socket, its ports masked as
-// the socket leak's top_pairs are (sockleak.PortMask), so that a leak's
+// the socket leak's top_pairs are (procinfo.PortMask), so that a leak's
 // connections make one group: "TCP 10.0.0.2:*->10.0.0.9:5432
 // (CLOSE_WAIT)" for a client's, "TCP 127.0.0.1:8080->127.0.0.1:*
 // (CLOSE_WAIT)" for a server's, "TCP 0.0.0.0:8080 (LISTEN)", "UDP

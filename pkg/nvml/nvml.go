@@ -498,39 +498,16 @@ func Join(p *model.Process, used Range, ok bool) {
 	p.CUDA.UntrackedBytes = int64(used.Last) - int64(p.CUDA.LiveBytes)
 }
 
-// Detector is what the CUDA concern runs on each process every interval.
-type Detector interface {
-	Observe(now time.Time, p *model.Process) []model.Finding
-	Forget(pid int)
-}
-
-// Joining returns the detectors ds as one, with NVML's figures joined
-// into each process before they see it: its memory (Join), so that
-// findings can show untracked bytes, its utilization, and the driver
-// faults of the devices it uses. It works whether or not Start succeeded.
-func (s *Sampler) Joining(ds ...Detector) Detector { return joining{s, ds} }
-
-type joining struct {
-	s  *Sampler
-	ds []Detector
-}
-
-func (j joining) Observe(now time.Time, p *model.Process) []model.Finding {
-	used, ok := j.s.ProcessMemory(p.PID)
+// Enrich joins NVML's figures of the last interval into p: its memory
+// (Join), so that findings can show untracked bytes, its utilization, and
+// the driver faults of the devices it uses. It runs whatever views are up
+// (p.CUDA.LiveBytes is zero without the CUDA view), and whether or not
+// Start succeeded (then there is nothing to join).
+func (s *Sampler) Enrich(p *model.Process) {
+	used, ok := s.ProcessMemory(p.PID)
 	Join(p, used, ok)
-	p.CUDA.GPUUtil = j.s.Utilization(p.PID)
-	p.CUDA.GPUEvents = j.s.eventsOf(p)
-	var out []model.Finding
-	for _, d := range j.ds {
-		out = append(out, d.Observe(now, p)...)
-	}
-	return out
-}
-
-func (j joining) Forget(pid int) {
-	for _, d := range j.ds {
-		d.Forget(pid)
-	}
+	p.CUDA.GPUUtil = s.Utilization(p.PID)
+	p.CUDA.GPUEvents = s.eventsOf(p)
 }
 
 // eventsOf returns the faults of the last window on the devices p uses:

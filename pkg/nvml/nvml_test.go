@@ -3,6 +3,7 @@ package nvml
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"math"
 	"slices"
@@ -15,6 +16,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
 
 const gib = 1 << 30
@@ -151,14 +153,10 @@ func TestSamplerTwoDevices(t *testing.T) {
 
 	// The loop keeps sampling; a Roll shows what it sampled.
 	fakes[1].setUsed(5 * gib)
-	deadline := time.Now().Add(10 * time.Second)
-	for s.GPUs()[1].MemoryUsed != 5*gib {
-		if time.Now().After(deadline) {
-			t.Fatal("a later sample never showed the new memory figure")
-		}
-		time.Sleep(MinInterval)
+	testutil.Eventually(t, 10*time.Second, "a later sample to show the new memory figure", func() bool {
 		s.Roll()
-	}
+		return s.GPUs()[1].MemoryUsed == 5*gib
+	})
 
 	cancel()
 	s.Wait()
@@ -356,41 +354,38 @@ func TestRealLibrary(t *testing.T) {
 	}
 }
 
-// seen records what a detector was handed.
-type seen struct{ procs []model.CUDAStats }
-
-func (s *seen) Observe(_ time.Time, p *model.Process) []model.Finding {
-	s.procs = append(s.procs, p.CUDA)
-	return nil
+// enriched returns the CUDA part of each of procs after s enriched it.
+func enriched(s *Sampler, procs ...*model.Process) []model.CUDAStats {
+	var out []model.CUDAStats
+	for _, p := range procs {
+		s.Enrich(p)
+		out = append(out, p.CUDA)
+	}
+	return out
 }
-func (s *seen) Forget(int) {}
 
-func TestJoining(t *testing.T) {
+func TestEnrich(t *testing.T) {
 	lib, _ := twoGPUs()
 	s := New(lib)
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := s.Start(ctx, time.Second); err != nil {
 		t.Fatal(err)
 	}
-	var det seen
-	d := s.Joining(&det)
-	d.Observe(t0(), &model.Process{PID: 100, CUDA: model.CUDAStats{LiveBytes: 5 * gib}})
+	got := enriched(s, &model.Process{PID: 100, CUDA: model.CUDAStats{LiveBytes: 5 * gib}})
 	cancel()
 	s.Wait()
-	if len(det.procs) != 1 || !det.procs[0].HasNVML || det.procs[0].UntrackedBytes != gib {
-		t.Errorf("detector saw %+v, want NVML joined: untracked 1 GiB", det.procs)
+	if len(got) != 1 || !got[0].HasNVML || got[0].UntrackedBytes != gib {
+		t.Errorf("enriched %+v, want NVML joined: untracked 1 GiB", got)
 	}
 
-	// Without NVML the detector sees no NVML figures, and Wait does not block.
+	// Without NVML there are no NVML figures, and Wait does not block.
 	failed := New(&mock.Interface{InitFunc: func() gonvml.Return { return gonvml.ERROR_LIBRARY_NOT_FOUND }})
 	if err := failed.Start(context.Background(), time.Second); err == nil {
 		t.Fatal("Start succeeded")
 	}
 	failed.Wait()
-	det = seen{}
-	failed.Joining(&det).Observe(t0(), &model.Process{PID: 100, CUDA: model.CUDAStats{LiveBytes: gib, HasNVML: true}})
-	if len(det.procs) != 1 || det.procs[0].HasNVML {
-		t.Errorf("detector saw %+v without NVML", det.procs)
+	if got := enriched(failed, &model.Process{PID: 100, CUDA: model.CUDAStats{LiveBytes: gib, HasNVML: true}}); got[0].HasNVML {
+		t.Errorf("enriched %+v without NVML", got)
 	}
 }
 
@@ -472,6 +467,7 @@ func TestEvents(t *testing.T) {
 			select {
 			case e := <-events:
 				return e, gonvml.SUCCESS
+			// The fake's wait for an event: NVML's timeout, shortened.
 			case <-time.After(time.Duration(timeout) * time.Millisecond / 50):
 				return gonvml.EventData{}, gonvml.ERROR_TIMEOUT
 			}
@@ -520,12 +516,7 @@ func TestEvents(t *testing.T) {
 		{Device: 0, UUID: "GPU-aaaa", Kind: model.GPUEventDoubleBitECC}: 1,
 		{Device: 1, UUID: "GPU-bbbb", Kind: model.GPUEventXID}:          2,
 	}
-	for deadline := time.Now().Add(10 * time.Second); !maps.Equal(s.EventCounts(), want); {
-		if time.Now().After(deadline) {
-			t.Fatalf("event counts %v, want %v", s.EventCounts(), want)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Eventually(t, 10*time.Second, fmt.Sprintf("event counts %v", want), func() bool { return maps.Equal(s.EventCounts(), want) })
 	if got := s.XIDCounts(); len(got) != 1 || got[model.XIDKey{Device: 1, UUID: "GPU-bbbb", XID: 79}] != 2 {
 		t.Errorf("XID counts %v, want XID 79 twice on GPU 1", got)
 	}
@@ -537,13 +528,9 @@ func TestEvents(t *testing.T) {
 	}
 	// pid 100 uses both devices (NVML lists it on the second); pid 200
 	// only the first, with its ECC error.
-	var det seen
-	d := s.Joining(&det)
-	d.Observe(t0(), &model.Process{PID: 100})
-	d.Observe(t0(), &model.Process{PID: 200})
-	if len(det.procs) != 2 || len(det.procs[0].GPUEvents) != 3 || len(det.procs[1].GPUEvents) != 1 ||
-		det.procs[1].GPUEvents[0].Kind != model.GPUEventDoubleBitECC {
-		t.Errorf("events handed to the detector: pid 100 %+v, pid 200 %+v", det.procs[0].GPUEvents, det.procs[1].GPUEvents)
+	got := enriched(s, &model.Process{PID: 100}, &model.Process{PID: 200})
+	if len(got[0].GPUEvents) != 3 || len(got[1].GPUEvents) != 1 || got[1].GPUEvents[0].Kind != model.GPUEventDoubleBitECC {
+		t.Errorf("events joined: pid 100 %+v, pid 200 %+v", got[0].GPUEvents, got[1].GPUEvents)
 	}
 	s.Roll()
 	if ev := s.Events(); len(ev) != 0 {
@@ -562,6 +549,8 @@ func TestEventsRegistrationFallback(t *testing.T) {
 	lib, fakes := twoGPUs()
 	set := &mock.EventSet{
 		WaitFunc: func(timeout uint32) (gonvml.EventData, gonvml.Return) {
+			// The fake's wait for an event that never comes (pacing, not
+			// the test waiting).
 			time.Sleep(time.Millisecond)
 			return gonvml.EventData{}, gonvml.ERROR_TIMEOUT
 		},
@@ -713,11 +702,7 @@ func TestMIG(t *testing.T) {
 	s.record(mig(0, 79, model.NoInstance), true)
 	s.record(mig(1, 48, model.NoInstance), true)
 	s.Roll()
-	var det seen
-	d := s.Joining(&det)
-	for _, pid := range []int{100, 200, 300} {
-		d.Observe(t0(), &model.Process{PID: pid})
-	}
+	got := enriched(s, &model.Process{PID: 100}, &model.Process{PID: 200}, &model.Process{PID: 300})
 	xids := func(es []model.GPUEvent) (out []uint64) {
 		for _, e := range es {
 			out = append(out, e.XID)
@@ -725,7 +710,7 @@ func TestMIG(t *testing.T) {
 		return out
 	}
 	for i, want := range [][]uint64{{31, 79}, {48}, {31, 13, 79}} {
-		if got := xids(det.procs[i].GPUEvents); !slices.Equal(got, want) {
+		if got := xids(got[i].GPUEvents); !slices.Equal(got, want) {
 			t.Errorf("pid %d: XIDs %v, want %v", []int{100, 200, 300}[i], got, want)
 		}
 	}

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"cmp"
 	"errors"
 	"os"
 	"slices"
@@ -18,42 +19,43 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
 )
 
-// view is a concern that refuses the pids in refuse, and fails a poll that
-// asks it about a process it does not track, as the real ones do.
-type view struct {
+// fakeView is a concern that refuses the pids in refuse, and fails a poll
+// that asks it about a process it does not track, as the real ones do.
+type fakeView struct {
 	name     string
 	refuse   map[int]error
+	all      error // refuses every process
 	tracked  map[int]bool
 	observed []int
 }
 
-func (v *view) Name() string { return v.name }
+func (v *fakeView) Name() string { return v.name }
 
-func (v *view) Track(pid int) error {
-	if err := v.refuse[pid]; err != nil {
+func (v *fakeView) Track(pid int) error {
+	if err := cmp.Or(v.all, v.refuse[pid]); err != nil {
 		return err
 	}
 	v.tracked[pid] = true
 	return nil
 }
 
-func (v *view) Untrack(pid int) { delete(v.tracked, pid) }
+func (v *fakeView) Untrack(pid int) { delete(v.tracked, pid) }
 
-func (v *view) Observe(_ time.Time, procs []*model.Process) ([]model.Finding, error) {
+func (v *fakeView) Fill(_ time.Time, procs []*model.Process) ([]*model.Process, error) {
 	for _, pr := range procs {
 		if !v.tracked[pr.PID] {
 			return nil, errors.New("asked about an untracked process")
 		}
 		v.observed = append(v.observed, pr.PID)
 	}
-	return nil, nil
+	return procs, nil
 }
 
-func (v *view) Lost() (map[string]uint64, error) { return nil, nil }
-func (v *view) Memory() uint64                   { return 0 }
-func (v *view) Close() error                     { return nil }
+func (v *fakeView) Lost() (map[string]uint64, error) { return nil, nil }
+func (v *fakeView) Memory() uint64                   { return 0 }
+func (v *fakeView) Close() error                     { return nil }
 
-func pipelineOf(t *testing.T, views ...*view) *Pipeline {
+func pipelineOf(t *testing.T, views ...*fakeView) *Pipeline {
 	t.Helper()
 	proc, err := procinfo.New("/proc")
 	if err != nil {
@@ -61,7 +63,7 @@ func pipelineOf(t *testing.T, views ...*view) *Pipeline {
 	}
 	p := &Pipeline{proc: proc, sym: symbolize.New("/proc"), cache: procinfo.NewPollCache(), gpu: nvml.New(gonvml.New()),
 		procs: map[int]*model.Process{}, starts: map[int]uint64{}, identified: map[int]bool{}, link: causes.New(causes.DefaultGrace),
-		untracked: map[string]map[int]bool{}, trackFailures: map[model.TrackFailure]uint64{}}
+		untracked: map[string]map[int]bool{}, trackFailures: map[model.TrackFailure]uint64{}, required: []string{"fd"}}
 	for i, v := range views {
 		p.concerns = append(p.concerns, ranked{v, i})
 	}
@@ -74,8 +76,8 @@ func pipelineOf(t *testing.T, views ...*view) *Pipeline {
 // cannot do without, still refuses the process.
 func TestViewRefusalLeavesOthersWatching(t *testing.T) {
 	me := os.Getpid()
-	fd := &view{name: "fd", tracked: map[int]bool{}}
-	sock := &view{name: "sock", tracked: map[int]bool{}, refuse: map[int]error{me: unix.EPERM}}
+	fd := &fakeView{name: "fd", tracked: map[int]bool{}}
+	sock := &fakeView{name: "sock", tracked: map[int]bool{}, refuse: map[int]error{me: unix.EPERM}}
 	p := pipelineOf(t, fd, sock)
 	if err := p.Watch(me); err != nil {
 		t.Fatalf("a socket view's refusal refused the process: %v", err)

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"golang.org/x/sys/unix"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/inputbound"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/launch"
@@ -59,29 +61,53 @@ func TestInputBoundVerdict(t *testing.T) {
 	testutil.RequireRoot(t)
 	spin := "taskset -c 0 sh -c 'while :; do :; done' & "
 	nap := "sh -c 'while :; do sleep 0.1; done' & "
+	// The verdict is NVML's and the scheduler's: the CUDA view, refusing
+	// the process or down, takes nothing from it.
+	refusing := func(vs []view) []view {
+		for i := range vs {
+			if vs[i].name == "cuda" {
+				vs[i].load = func() (Concern, error) { return &fakeView{name: "cuda", all: unix.EPERM, tracked: map[int]bool{}}, nil }
+			}
+		}
+		return vs
+	}
+	down := func(vs []view) []view {
+		for i := range vs {
+			if vs[i].name == "cuda" {
+				vs[i].load = func() (Concern, error) { return nil, errors.New("no uprobes here") }
+			}
+		}
+		return vs
+	}
 	for _, tc := range []struct {
 		name    string
 		sm      uint32
 		workers string
 		verdict string
+		views   func([]view) []view
 	}{
-		{"idle GPU, starved workers", 5, strings.Repeat(spin, 4), inputbound.InputBound},
-		{"busy GPU, calm workers", 95, strings.Repeat(nap, 4), inputbound.GPUBound},
+		{"idle GPU, starved workers", 5, strings.Repeat(spin, 4), inputbound.InputBound, nil},
+		{"busy GPU, calm workers", 95, strings.Repeat(nap, 4), inputbound.GPUBound, nil},
+		{"CUDA view refuses the process", 5, strings.Repeat(spin, 4), inputbound.InputBound, refusing},
+		{"CUDA view down", 5, strings.Repeat(spin, 4), inputbound.InputBound, down},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var pid atomic.Int64
 			cfg := DefaultConfig()
+			cfg.views = tc.views
 			cfg.Children = true
 			cfg.NVML = oneGPU(&pid, tc.sm)
 			cfg.InputBound = inputbound.Config{Window: 8 * time.Second}
 			var verdict string
 			var found []model.Finding
+			var last *model.Snapshot
 			proc, _ := procinfo.New("/proc")
 			ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 			defer cancel()
 			polls := 0
 			rec := &recorder{proc: proc, cancel: cancel, stop: func(s *model.Snapshot) bool {
 				polls++
+				last = s
 				for _, p := range s.Processes {
 					if int64(p.PID) == pid.Load() {
 						verdict = p.CUDA.Verdict
@@ -118,6 +144,11 @@ func TestInputBoundVerdict(t *testing.T) {
 			}
 			if _, err := p.Run(ctx); err != nil {
 				t.Fatal(err)
+			}
+			switch {
+			case tc.views == nil:
+			case last.Views["cuda"] == "" && last.TrackFailures[model.TrackFailure{View: "cuda", Reason: "EPERM"}] == 0:
+				t.Fatalf("the CUDA view is up and tracks the process: views %v, track failures %v", last.Views, last.TrackFailures)
 			}
 			if verdict != tc.verdict {
 				t.Fatalf("verdict %q after %d polls, want %q; input-bound findings %+v", verdict, polls, tc.verdict, found)

@@ -1,7 +1,10 @@
-// Package pipeline is the loop shared by attach, run and (later) daemon: every
-// interval each concern reads its BPF maps into per-process state and runs its
-// detectors; the pipeline merges the findings and hands a snapshot to every
-// sink.
+// Package pipeline is the loop shared by attach, run and daemon. Every
+// interval is a poll in phases: fill (each view reads its BPF maps into
+// the watched processes, in the order views.go gives), enrich (NVML's
+// figures joined into each process, whatever views are up), detect (the
+// detectors, each on the processes the views it needs filled), link (one
+// cause, one finding). The pipeline merges the findings and hands a
+// snapshot to every sink.
 package pipeline
 
 import (
@@ -18,20 +21,15 @@ import (
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"golang.org/x/sys/unix"
 
-	"github.com/open-autoglm/autoglm-ebpf/pkg/cudatrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/causes"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ctxstorm"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpualloc"
-	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpuxid"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/inputbound"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/sockleak"
-	"github.com/open-autoglm/autoglm-ebpf/pkg/fdtrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/nvml"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
-	"github.com/open-autoglm/autoglm-ebpf/pkg/schedtrack"
-	"github.com/open-autoglm/autoglm-ebpf/pkg/socktrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/stacks"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
 )
@@ -42,16 +40,16 @@ type Sink interface {
 	Close(final *model.Snapshot) error
 }
 
-// Concern is one thing we watch (fd, sched, sock, cuda): one BPF object, the
-// Go code that decodes its maps, and its detectors.
+// Concern is the kernel side of one view (fd, sched, sock, cuda): one BPF
+// object and the Go code that decodes its maps.
 type Concern interface {
 	Name() string
 	// Track starts watching pid in the kernel; Untrack drops all its state.
 	Track(pid int) error
 	Untrack(pid int)
-	// Observe fills the concern's part of each live process and returns its
-	// detectors' findings (new, updated or just ended).
-	Observe(now time.Time, procs []*model.Process) ([]model.Finding, error)
+	// Fill fills the concern's part of each live process and returns
+	// those it filled: the detectors that need the view judge them.
+	Fill(now time.Time, procs []*model.Process) ([]*model.Process, error)
 	// Lost returns monotonic loss counters by source.
 	Lost() (map[string]uint64, error)
 	// Memory is the kernel memory its BPF maps and programs take now.
@@ -106,6 +104,10 @@ type Config struct {
 	// missing: the API server may answer later, and the kubelet reports a
 	// container's id in the pod's status only after its process started.
 	Pod func(pid int, known model.Pod) model.Pod
+
+	// views, in tests, replaces the registered views (a view that
+	// refuses every process, one that does not load).
+	views func([]view) []view
 }
 
 // Source finds processes to watch (the daemon's discovery).
@@ -148,8 +150,10 @@ type Pipeline struct {
 	forked   []int
 	order    []int // pids in the order they were added
 	findings []model.Finding
+	judges   []judge // the per-process detectors
 	link     *causes.Linker
 	bound    *inputbound.Detector // across processes: a GPU process and its workers
+	required []string             // the views the tool cannot run without
 
 	// Views that could not follow a process (a namespace they cannot
 	// enter, a file they cannot read) leave it to the others: by concern,
@@ -158,9 +162,9 @@ type Pipeline struct {
 	untracked     map[string]map[int]bool
 	trackFailures map[model.TrackFailure]uint64
 
-	// views: why each view is down ("" when up), for the health series
+	// status: why each view is down ("" when up), for the health series
 	// and readiness.
-	views map[string]string
+	status map[string]string
 	// memory: the kernel memory of each view's BPF objects, read every
 	// memoryEvery snapshots (each map and program is a syscall and an
 	// fdinfo read).
@@ -201,10 +205,10 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 
 		untracked:     map[string]map[int]bool{},
 		trackFailures: map[model.TrackFailure]uint64{},
-		views:         map[string]string{},
+		status:        map[string]string{},
 	}
 	for _, v := range model.Views {
-		p.views[v] = "loading"
+		p.status[v] = "loading"
 	}
 	// Made before the views that share it; the fd view cannot do without.
 	if p.stacks, err = stacks.New(stacks.Config{Proc: proc.WithPollCache(cache), Symbolizer: p.sym}); err != nil {
@@ -219,52 +223,34 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 		lib = gonvml.New()
 	}
 	p.gpu, p.stopGPU = nvml.New(lib), cancel
-	p.views["nvml"] = ""
+	p.status["nvml"] = ""
 	if err := p.gpu.Start(ctx, cfg.GPUInterval); err != nil {
 		slog.Warn(err.Error())
-		p.views["nvml"] = err.Error()
+		p.status["nvml"] = err.Error()
 	}
 
-	// Concerns other than fd are optional: a kernel that cannot host one
-	// loses that view, not the whole tool. They are kept in this order
-	// whatever order they load in: sock comes after fd so that FD.Limit is
-	// filled when its detector runs.
-	loaders := []struct {
-		name string
-		new  func() (Concern, error)
-	}{
-		{"fd", func() (Concern, error) {
-			// Children are tracked from their fork where they are
-			// watched: their inherited fds come from the parent's table.
-			return fdtrack.NewConcern(fdtrack.Config{MaxFDs: cfg.MaxFDs, ProcRoot: cfg.ProcRoot, Cache: p.cache, Stacks: p.stacks,
-				Follow: cfg.Children || cfg.Daemon, ReadsPerPoll: cfg.FDReadsPerPoll}, cfg.FDLeak, p.sym, cfg.TopSites)
-		}},
-		{"sched", func() (Concern, error) {
-			return schedtrack.NewConcern(schedtrack.Config{ProcRoot: cfg.ProcRoot}, cfg.CtxStorm)
-		}},
-		{"sock", func() (Concern, error) {
-			return socktrack.NewConcern(socktrack.Config{ProcRoot: cfg.ProcRoot, Cache: p.cache, ProcTables: cfg.SockProcTables}, cfg.SockLeak)
-		}},
-		{"cuda", func() (Concern, error) {
-			// A leak's time to exhaustion is judged against the devices'
-			// free memory as NVML samples it.
-			gpuAlloc := cfg.GPUAlloc
-			gpuAlloc.Devices = p.gpu.GPUs
-			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites, Cache: p.cache, Symbolizer: p.sym, Stacks: p.stacks},
-				p.gpu.Joining(gpualloc.New(gpuAlloc), gpuxid.New(gpuxid.DefaultConfig())), p.sym)
-		}},
+	p.judges = p.registered()
+
+	// Views not required are optional: a kernel that cannot host one
+	// loses that view, not the whole tool.
+	loaders := p.views()
+	if cfg.views != nil {
+		loaders = cfg.views(loaders)
 	}
 	p.arrivals = make(chan arrival, len(loaders))
 	p.pending = len(loaders)
-	for rank, l := range loaders {
+	for rank, v := range loaders {
+		if v.required {
+			p.required = append(p.required, v.name)
+		}
 		go func() {
 			began := time.Now()
-			c, err := l.new()
-			slog.Debug("concern loaded", "concern", l.name, "took", time.Since(began), "err", err)
-			p.arrivals <- arrival{name: l.name, rank: rank, c: c, err: err}
+			c, err := v.load()
+			slog.Debug("concern loaded", "concern", v.name, "took", time.Since(began), "err", err)
+			p.arrivals <- arrival{view: v, rank: rank, c: c, err: err}
 		}()
 	}
-	for !p.has("fd") {
+	for slices.ContainsFunc(p.required, func(name string) bool { return !p.has(name) }) {
 		if err := p.adopt(<-p.arrivals); err != nil {
 			p.Close()
 			return nil, err
@@ -273,9 +259,9 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 	return p, nil
 }
 
-// arrival is the outcome of loading one concern.
+// arrival is the outcome of loading one view's concern.
 type arrival struct {
-	name string
+	view view
 	rank int // position in the poll order
 	c    Concern
 	err  error
@@ -286,7 +272,7 @@ func (p *Pipeline) has(name string) bool {
 }
 
 // adopt takes a loaded concern into the poll order and starts tracking the
-// live watched processes in it. Only a failed fd concern is an error.
+// live watched processes in it. Only a required view's failure is an error.
 func (p *Pipeline) adopt(a arrival) error {
 	if p.pending--; p.pending == 0 {
 		// Loading parsed the kernel's BTF and every object (~20 MB of heap
@@ -294,18 +280,20 @@ func (p *Pipeline) adopt(a arrival) error {
 		// back over minutes; the tool runs beside the workload, so now.
 		defer debug.FreeOSMemory()
 	}
-	p.views[a.name] = ""
-	if a.name == "fd" {
-		// The fd object carries the Python frame walker.
-		p.views["python"] = ""
+	name := a.view.name
+	p.status[name] = ""
+	for _, c := range a.view.carries {
+		p.status[c] = ""
 	}
 	if a.err != nil {
-		p.views[a.name] = a.err.Error()
-		if a.name == "fd" {
-			p.views["python"] = "the fd view is down"
+		p.status[name] = a.err.Error()
+		for _, c := range a.view.carries {
+			p.status[c] = fmt.Sprintf("the %s view is down", name)
+		}
+		if a.view.required {
 			return a.err
 		}
-		slog.Warn("concern unavailable on this machine; continuing without it (autoglm_view_up 0)", "concern", a.name, "err", a.err)
+		slog.Warn("concern unavailable on this machine; continuing without it (autoglm_view_up 0)", "concern", name, "err", a.err)
 		return nil
 	}
 	if p.closed {
@@ -379,7 +367,7 @@ func (p *Pipeline) watch(pid int) error {
 		if err == nil {
 			continue
 		}
-		if c.Name() != "fd" {
+		if !slices.Contains(p.required, c.Name()) {
 			p.trackFailed(c, pid, err)
 			continue
 		}
@@ -501,22 +489,9 @@ func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 		}
 		observe = append(observe, pr)
 	}
-	var fresh []model.Finding
-	for _, c := range p.concerns {
-		procs := observe
-		if skip := p.untracked[c.Name()]; len(skip) > 0 {
-			procs = slices.DeleteFunc(slices.Clone(observe), func(pr *model.Process) bool { return skip[pr.PID] })
-		}
-		fs, err := c.Observe(now, procs)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", c.Name(), err)
-		}
-		fresh = append(fresh, fs...)
-	}
-	if p.bound != nil {
-		// After the views: it reads the GPU and the scheduler figures
-		// of a process and of its children.
-		fresh = append(fresh, p.bound.Observe(now, observe)...)
+	fresh, err := p.judge(now, observe)
+	if err != nil {
+		return nil, err
 	}
 	// One cause, one finding: an fd leak made of CLOSE_WAIT sockets is
 	// the socket leak's.
@@ -527,6 +502,9 @@ func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 		pr.Exited = true
 		for _, c := range p.concerns {
 			c.Untrack(pr.PID)
+		}
+		for _, j := range p.judges {
+			j.det.Forget(pr.PID)
 		}
 		p.forgetUntracked(pr.PID)
 		p.sym.Forget(pr.PID)
@@ -666,6 +644,11 @@ func (p *Pipeline) record(f model.Finding, now time.Time, active bool) {
 func (p *Pipeline) trackFailed(c Concern, pid int, err error) {
 	c.Untrack(pid)
 	name := c.Name()
+	for _, j := range p.judges {
+		if slices.Contains(j.needs, name) {
+			j.det.Forget(pid)
+		}
+	}
 	key := model.TrackFailure{View: name, Reason: failureReason(err)}
 	if p.trackFailures[key] == 0 {
 		slog.Warn("a view cannot follow a process; the other views go on watching it (logged once per view and reason)",
@@ -698,7 +681,7 @@ func failureReason(err error) string {
 
 func (p *Pipeline) snapshot(now time.Time) *model.Snapshot {
 	s := &model.Snapshot{Time: now, Start: p.start, Targets: p.targets, Findings: slices.Clone(p.findings), Lost: map[string]uint64{},
-		TrackFailures: maps.Clone(p.trackFailures), Views: maps.Clone(p.views)}
+		TrackFailures: maps.Clone(p.trackFailures), Views: maps.Clone(p.status)}
 	if p.snapshots++; p.snapshots%memoryEvery == 1 || !p.memoryOfAll() {
 		p.memory = make(map[string]uint64, len(p.concerns)+1)
 		for _, c := range p.concerns {

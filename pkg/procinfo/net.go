@@ -130,3 +130,26 @@ func (fs FS) SockProto(pid, fd int) (string, error) {
 	}
 	return unix.ByteSliceToString(buf[:n]), nil
 }
+
+// PortMask returns how the addresses (ip:port) of a group of sockets are
+// shown to group them, as top_pairs and the fd leak's targets do: an
+// address that occurs once in addrs has its port shown as "*". Grouping by
+// the full 4-tuple would give every connection its own group, since one
+// end's port is ephemeral (the client's on a server, ours on a client);
+// what is left names the peer a client leaks connections to, or the port
+// a server leaks accepted ones on.
+func PortMask(addrs []string) func(addr string) string {
+	uses := map[string]int{}
+	for _, a := range addrs {
+		uses[a]++
+	}
+	return func(addr string) string {
+		if uses[addr] > 1 {
+			return addr
+		}
+		if host, _, err := net.SplitHostPort(addr); err == nil {
+			return net.JoinHostPort(host, "*")
+		}
+		return addr
+	}
+}

@@ -6,17 +6,15 @@ import (
 	"slices"
 	"time"
 
-	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ctxstorm"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 )
 
 // Concern is the scheduler concern as the pipeline sees it: the tracker,
-// thread names and CPU affinity from the system, and the storm detector.
+// and thread names and CPU affinity from the system.
 type Concern struct {
 	*Tracker
 	proc  procinfo.FS
-	det   *ctxstorm.Detector
 	names map[[2]int]threadName // by pid and tid
 	polls int
 }
@@ -34,7 +32,7 @@ type threadName struct {
 const nameEvery = 10
 
 // NewConcern loads and attaches the scheduler BPF object.
-func NewConcern(cfg Config, det ctxstorm.Config) (*Concern, error) {
+func NewConcern(cfg Config) (*Concern, error) {
 	proc, err := procinfo.New(cfg.ProcRoot)
 	if err != nil {
 		return nil, err
@@ -43,21 +41,14 @@ func NewConcern(cfg Config, det ctxstorm.Config) (*Concern, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Concern{Tracker: t, proc: proc, det: ctxstorm.New(det), names: map[[2]int]threadName{}}, nil
+	return &Concern{Tracker: t, proc: proc, names: map[[2]int]threadName{}}, nil
 }
 
 // Name is the concern's name in logs and `check`.
 func (c *Concern) Name() string { return "sched" }
 
-// Untrack drops the kernel and detector state of an exited process.
-func (c *Concern) Untrack(pid int) {
-	c.Tracker.Untrack(pid)
-	c.det.Forget(pid)
-}
-
-// Observe fills the scheduler part of each process and runs the storm
-// detector.
-func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Finding, error) {
+// Fill fills the scheduler part of each process; it returns them all.
+func (c *Concern) Fill(_ time.Time, procs []*model.Process) ([]*model.Process, error) {
 	pids := make([]int, len(procs))
 	for i, p := range procs {
 		pids[i] = p.PID
@@ -67,17 +58,15 @@ func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Findin
 		return nil, err
 	}
 	c.polls++
-	var out []model.Finding
 	for _, p := range procs {
 		c.fill(p, samples[p.PID])
-		out = append(out, c.det.Observe(now, p)...)
 	}
 	for key, n := range c.names {
 		if n.seen != c.polls {
 			delete(c.names, key)
 		}
 	}
-	return out, nil
+	return procs, nil
 }
 
 // fill turns a kernel sample into the model view.

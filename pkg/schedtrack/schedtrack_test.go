@@ -2,6 +2,7 @@ package schedtrack
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"runtime"
@@ -38,15 +39,35 @@ func newTracker(t *testing.T, cfg Config, mode string) *Tracker {
 	return tr
 }
 
-func newConcern(t *testing.T) *Concern {
+// judged is the scheduler concern with the detector the pipeline runs on
+// its view.
+type judged struct {
+	*Concern
+	det *ctxstorm.Detector
+}
+
+// Observe fills procs and judges them, as a poll of the pipeline does.
+func (j *judged) Observe(now time.Time, procs []*model.Process) ([]model.Finding, error) {
+	filled, err := j.Fill(now, procs)
+	if err != nil {
+		return nil, err
+	}
+	var out []model.Finding
+	for _, p := range filled {
+		out = append(out, j.det.Observe(now, p)...)
+	}
+	return out, nil
+}
+
+func newConcern(t *testing.T) *judged {
 	t.Helper()
 	testutil.RequireRoot(t)
-	c, err := NewConcern(Config{ProcRoot: "/proc"}, ctxstorm.DefaultConfig())
+	c, err := NewConcern(Config{ProcRoot: "/proc"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	return c
+	return &judged{Concern: c, det: ctxstorm.New(ctxstorm.DefaultConfig())}
 }
 
 func schedwork(t *testing.T, args ...string) int {
@@ -93,6 +114,7 @@ func TestCountsMatchKernel(t *testing.T) {
 			}
 			ov0, oi0 := ourSwitches(t, tr, pid)
 			kv0, ki0 := kernelSwitches(t, pid)
+			// Measurement window: both counts are compared over these 2 s.
 			time.Sleep(2 * time.Second)
 			ov1, oi1 := ourSwitches(t, tr, pid)
 			kv1, ki1 := kernelSwitches(t, pid)
@@ -157,6 +179,7 @@ func TestStormFlaggedOthersQuiet(t *testing.T) {
 	// Twice the intervals the detector needs above its ceiling, and more
 	// than its warm-up, so that the quiet ones are judged by their baseline too.
 	for range 12 {
+		// Measurement window: one observation interval of the detector.
 		time.Sleep(500 * time.Millisecond)
 		fs, err := c.Observe(time.Now(), procs)
 		if err != nil {
@@ -269,7 +292,15 @@ func TestExitAndUntrack(t *testing.T) {
 	if err := tr.Track(live); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
+	// Untrack must have thread entries to drop.
+	testutil.Eventually(t, 10*time.Second, "the live storm's threads in the table", func() bool {
+		for it := tr.maps.ThreadCounts.Iterate(); it.Next(&tid, &th); {
+			if th.Tgid == uint32(live) {
+				return true
+			}
+		}
+		return false
+	})
 	tr.Untrack(live)
 	tr.Untrack(pid)
 	if _, err := tr.Poll([]int{live}); !errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -277,6 +308,7 @@ func TestExitAndUntrack(t *testing.T) {
 	}
 	// The storm goes on, untracked: nothing of it may come back, and the
 	// next poll drops the threads it started since the last one.
+	// Measurement window: the untracked storm runs on for 200 ms.
 	time.Sleep(200 * time.Millisecond)
 	if _, err := tr.Poll(nil); err != nil {
 		t.Fatal(err)
@@ -317,35 +349,22 @@ func TestCloseUnloads(t *testing.T) {
 			}
 			// The kernel frees them after the last reference, possibly
 			// from a work queue: allow it a moment.
-			deadline := time.Now().Add(5 * time.Second)
 			for _, id := range progs {
-				for {
+				testutil.Eventually(t, 10*time.Second, fmt.Sprintf("program %d to be unloaded after Close", id), func() bool {
 					p, err := ebpf.NewProgramFromID(id)
-					if errors.Is(err, os.ErrNotExist) {
-						break
-					}
 					if err == nil {
 						p.Close()
 					}
-					if time.Now().After(deadline) {
-						t.Fatalf("program %d still loaded after Close", id)
-					}
-					time.Sleep(20 * time.Millisecond)
-				}
+					return errors.Is(err, os.ErrNotExist)
+				})
 			}
-			for {
+			testutil.Eventually(t, 10*time.Second, fmt.Sprintf("map %d to be freed after Close", mapID), func() bool {
 				mp, err := ebpf.NewMapFromID(mapID)
-				if errors.Is(err, os.ErrNotExist) {
-					break
-				}
 				if err == nil {
 					mp.Close()
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf("map %d still exists after Close", mapID)
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+				return errors.Is(err, os.ErrNotExist)
+			})
 		})
 	}
 }
@@ -382,10 +401,10 @@ func TestSharedPrefilterBit(t *testing.T) {
 	}
 	tr.Untrack(other)
 	v0, _ := ourSwitches(t, tr, pid)
-	time.Sleep(200 * time.Millisecond)
-	if v1, _ := ourSwitches(t, tr, pid); v1 == v0 {
-		t.Fatalf("no switches counted after untracking a pid sharing the bit (%d)", v1)
-	}
+	testutil.Eventually(t, 10*time.Second, fmt.Sprintf("switches counted after untracking a pid sharing the bit (still %d)", v0), func() bool {
+		v1, _ := ourSwitches(t, tr, pid)
+		return v1 != v0
+	})
 }
 
 // The fallbacks of kernels before 6.1, taken on this one: hash maps

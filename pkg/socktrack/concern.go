@@ -3,44 +3,36 @@ package socktrack
 import (
 	"time"
 
-	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/sockleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
-// Concern is the socket concern as the pipeline sees it: the tracker and the
-// socket-leak detector.
+// Concern is the socket concern as the pipeline sees it: the tracker, its
+// samples turned into the model's view.
 type Concern struct {
 	*Tracker
-	det *sockleak.Detector
 }
 
 // NewConcern loads the socket BPF object.
-func NewConcern(cfg Config, det sockleak.Config) (*Concern, error) {
+func NewConcern(cfg Config) (*Concern, error) {
 	t, err := New(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &Concern{Tracker: t, det: sockleak.New(det)}, nil
+	return &Concern{Tracker: t}, nil
 }
 
 // Name is the concern's name in logs and `check`.
 func (c *Concern) Name() string { return "sock" }
 
-// Untrack drops the kernel and detector state of an exited process.
-func (c *Concern) Untrack(pid int) {
-	c.Tracker.Untrack(pid)
-	c.det.Forget(pid)
-}
-
-// Observe fills the socket part of each process and runs the leak detector.
-// A process whose sockets could not be read this time (it is exiting) keeps
-// its previous view and is not judged.
-func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Finding, error) {
+// Fill fills the socket part of each process and returns those filled: a
+// process whose sockets could not be read this time (it is exiting) keeps
+// its previous view and is not judged on it.
+func (c *Concern) Fill(_ time.Time, procs []*model.Process) ([]*model.Process, error) {
 	pids := make([]int, len(procs))
 	marks := make(map[int]FDMark, len(procs))
 	for i, p := range procs {
 		pids[i] = p.PID
-		// The fd view ran first this poll (pipeline order).
+		// The fd view filled first this poll (the sock view's after).
 		if p.FD.Opened != nil {
 			marks[p.PID] = FDMark{Opened: p.FD.Opened["socket"], Closed: p.FD.Closed["socket"], Live: p.FD.OpenSockets}
 		}
@@ -49,20 +41,20 @@ func (c *Concern) Observe(now time.Time, procs []*model.Process) ([]model.Findin
 	if err != nil {
 		return nil, err
 	}
-	var out []model.Finding
+	var filled []*model.Process
 	for _, p := range procs {
 		s := samples[p.PID]
 		if s == nil {
 			continue
 		}
 		p.Sock = stats(s, func() map[int][]model.Frame { return openingStacks(p.FD.Sites) })
-		out = append(out, c.det.Observe(now, p)...)
+		filled = append(filled, p)
 	}
-	return out, nil
+	return filled, nil
 }
 
 // openingStacks maps fd numbers to the symbolized stack that opened them,
-// from the fd concern (which runs first in each interval).
+// from the fd concern (which fills first in each interval).
 func openingStacks(sites []model.FDSite) map[int][]model.Frame {
 	out := map[int][]model.Frame{}
 	for _, site := range sites {

@@ -20,15 +20,36 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
 
-func newConcern(t *testing.T) *Concern {
+// judged is the socket concern with the detector the pipeline runs on
+// its view.
+type judged struct {
+	*Concern
+	det *sockleak.Detector
+}
+
+// Observe fills procs and judges those filled, as a poll of the pipeline
+// does.
+func (j *judged) Observe(now time.Time, procs []*model.Process) ([]model.Finding, error) {
+	filled, err := j.Fill(now, procs)
+	if err != nil {
+		return nil, err
+	}
+	var out []model.Finding
+	for _, p := range filled {
+		out = append(out, j.det.Observe(now, p)...)
+	}
+	return out, nil
+}
+
+func newConcern(t *testing.T) *judged {
 	t.Helper()
 	testutil.RequireRoot(t)
-	c, err := NewConcern(Config{}, sockleak.Config{})
+	c, err := NewConcern(Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close() })
-	return c
+	return &judged{Concern: c, det: sockleak.New(sockleak.Config{})}
 }
 
 // tcpRows reads /proc/PID/net/tcp{,6} as fields, and the socket inodes
@@ -138,6 +159,8 @@ func TestLeakyServerFlagged(t *testing.T) {
 		before, after int // /proc's count just before and after the last poll
 	)
 	for range 30 {
+		// Measurement window: a poll interval; the detector judges the
+		// CLOSE_WAIT growth per second over its polls.
 		time.Sleep(time.Second)
 		before = procCloseWait(t, pid)
 		fs, err := c.Observe(time.Now(), []*model.Process{p})
@@ -232,6 +255,8 @@ func TestHealthyServerQuiet(t *testing.T) {
 	p := &model.Process{PID: pid, Comm: "sockwork"}
 	served := 0
 	for range 20 {
+		// Measurement window: 20 poll intervals of a second in which the
+		// healthy server must not be flagged.
 		time.Sleep(time.Second)
 		fs, err := c.Observe(time.Now(), []*model.Process{p})
 		if err != nil {
@@ -259,7 +284,7 @@ func TestHealthyServerQuiet(t *testing.T) {
 // and map.
 func TestUntrackAndClose(t *testing.T) {
 	testutil.RequireRoot(t)
-	c, err := NewConcern(Config{}, sockleak.Config{})
+	c, err := NewConcern(Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,13 +294,12 @@ func TestUntrackAndClose(t *testing.T) {
 	if err := c.Track(pid); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * time.Second)
-	if _, err := c.Poll([]int{pid}, nil); err != nil {
-		t.Fatal(err)
-	}
-	if n := entries(t, c.maps.SockTable) + entries(t, c.maps.SockInodes); n == 0 {
-		t.Fatal("nothing in the kernel maps of a server accepting 20 connections/s")
-	}
+	testutil.Eventually(t, 20*time.Second, "kernel map entries of a server accepting 20 connections/s", func() bool {
+		if _, err := c.Poll([]int{pid}, nil); err != nil {
+			t.Fatal(err)
+		}
+		return entries(t, c.maps.SockTable)+entries(t, c.maps.SockInodes) > 0
+	})
 	c.Untrack(pid)
 	if n := entries(t, c.maps.SockTable) + entries(t, c.maps.SockInodes) + entries(t, c.maps.TrackedPids); n != 0 {
 		t.Errorf("%d kernel entries left after Untrack", n)
@@ -330,7 +354,7 @@ func TestDiagMatchesProc(t *testing.T) {
 	// The client hangs up first, so its ends of the served connections
 	// wait out TIME_WAIT in the same namespace.
 	pid := testutil.Start(t, bin, "healthy-server", "50", "30").Process.Pid
-	time.Sleep(2 * time.Second)
+	testutil.Eventually(t, 20*time.Second, "served connections in TIME_WAIT", func() bool { return procServed(t, pid) > 0 })
 	ns, err := netns("/proc", pid)
 	if err != nil {
 		t.Fatal(err)

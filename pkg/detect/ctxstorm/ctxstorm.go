@@ -19,9 +19,9 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"sync"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/episode"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/series"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
@@ -55,8 +55,7 @@ const (
 // Detector keeps a baseline per process. It is safe for concurrent use.
 type Detector struct {
 	cfg   Config
-	mu    sync.Mutex
-	procs map[int]*procState
+	procs episode.Procs[procState]
 }
 
 type procState struct {
@@ -64,9 +63,7 @@ type procState struct {
 	n      int     // intervals learned into the baseline
 	mean   float64 // baseline rate, switches/s
 	vari   float64 // its variance
-	over   int     // consecutive intervals over the threshold
-	under  int     // consecutive intervals under it while a finding is open
-	active *model.Finding
+	storm  episode.Episode
 }
 
 type point struct {
@@ -102,7 +99,7 @@ func New(cfg Config) *Detector {
 	}
 	cfg.Ceiling = max(cfg.Ceiling, cfg.Floor)
 	cfg.Alpha = min(cfg.Alpha, 1)
-	return &Detector{cfg: cfg, procs: make(map[int]*procState)}
+	return &Detector{cfg: cfg}
 }
 
 // Observe takes one sample of a process (p.Sched filled; p.PID, p.Comm set)
@@ -110,14 +107,12 @@ func New(cfg Config) *Detector {
 // active (updated LastSeen and evidence). A finding that ends is returned
 // once with Active=false and then no more.
 func (d *Detector) Observe(now time.Time, p *model.Process) []model.Finding {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	return d.procs.With(p.PID, func() *procState { return &procState{} }, func(st *procState) []model.Finding {
+		return d.observe(now, p, st)
+	})
+}
 
-	st := d.procs[p.PID]
-	if st == nil {
-		st = &procState{}
-		d.procs[p.PID] = st
-	}
+func (d *Detector) observe(now time.Time, p *model.Process, st *procState) []model.Finding {
 	cur := point{t: now, vol: p.Sched.Voluntary, invol: p.Sched.Involuntary, runq: p.Sched.RunqLatency,
 		threads: make(map[int]uint64, len(p.Sched.Threads))}
 	for _, th := range p.Sched.Threads {
@@ -132,7 +127,7 @@ func (d *Detector) Observe(now time.Time, p *model.Process) []model.Finding {
 	// rate to judge: start the series again from here.
 	if !now.After(last.t) || cur.vol < last.vol || cur.invol < last.invol {
 		st.window = append(st.window[:0], cur)
-		st.over = 0
+		st.storm.Interrupt()
 		return nil
 	}
 	st.window = append(st.window, cur)
@@ -146,39 +141,18 @@ func (d *Detector) Observe(now time.Time, p *model.Process) []model.Finding {
 	iv.rate = iv.vol + iv.invol
 	iv.threshold = d.threshold(st)
 	iv.over = iv.rate >= iv.threshold
-
-	if iv.over {
-		st.over++
-		st.under = 0
-	} else {
-		st.over = 0
-		if st.active == nil {
-			d.learn(st, iv.rate)
-		} else {
-			st.under++
-		}
+	// Only calm intervals outside a storm teach the baseline: a storm
+	// must not teach it that storms are normal.
+	if !iv.over && !st.storm.Open() {
+		d.learn(st, iv.rate)
 	}
-
-	switch {
-	case st.active == nil && st.over >= d.cfg.Sustain:
-		st.active = &model.Finding{Kind: model.KindCtxSwitchStorm, PID: p.PID, FirstSeen: now}
-	case st.active == nil:
-		return nil
-	case st.under >= d.cfg.Quiet:
-		f := d.fill(*st.active, now, p, st, iv, false)
-		st.active, st.under = nil, 0
-		return []model.Finding{f}
-	}
-	*st.active = d.fill(*st.active, now, p, st, iv, true)
-	return []model.Finding{*st.active}
+	rule := episode.Rule{ConfirmPolls: d.cfg.Sustain, QuietPolls: d.cfg.Quiet}
+	return st.storm.Observe(now, model.KindCtxSwitchStorm, p.PID, rule, episode.Verdict{Raise: iv.over},
+		func(f model.Finding, active bool) model.Finding { return d.fill(f, now, p, st, iv, active) })
 }
 
 // Forget drops all state of pid (process exited).
-func (d *Detector) Forget(pid int) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	delete(d.procs, pid)
-}
+func (d *Detector) Forget(pid int) { d.procs.Forget(pid) }
 
 // threshold is the rate at or above which an interval counts as a storm:
 // the ceiling until the baseline is warm, then well above the baseline and

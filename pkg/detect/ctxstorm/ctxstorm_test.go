@@ -256,7 +256,7 @@ func TestResetAndForget(t *testing.T) {
 		t.Fatalf("flagged at second %d after a reset", got)
 	}
 	d.Forget(100)
-	if len(d.procs) != 0 {
+	if d.procs.Len() != 0 {
 		t.Fatal("Forget kept state")
 	}
 }

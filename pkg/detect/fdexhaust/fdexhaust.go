@@ -15,9 +15,9 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/episode"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/series"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/stack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
@@ -47,14 +47,12 @@ const topSitesShown = 3
 // for concurrent use.
 type Detector struct {
 	cfg   Config
-	mu    sync.Mutex
-	procs map[int]*procState
+	procs episode.Procs[procState]
 }
 
 type procState struct {
-	series   []sample       // failure totals within RateWindow, oldest first
-	active   *model.Finding // nil when none
-	lastHeld time.Time
+	series    []sample // failure totals within RateWindow, oldest first
+	exhausted episode.Episode
 }
 
 type sample struct {
@@ -74,7 +72,7 @@ func New(cfg Config) *Detector {
 	if cfg.Quiet <= 0 {
 		cfg.Quiet = def.Quiet
 	}
-	return &Detector{cfg: cfg, procs: map[int]*procState{}}
+	return &Detector{cfg: cfg}
 }
 
 // Observe takes one sample of a process (p.FD filled; p.Started is when
@@ -82,51 +80,34 @@ func New(cfg Config) *Detector {
 // returns the process's finding while it is active and once more, with
 // Active=false, when it ends.
 func (d *Detector) Observe(now time.Time, p *model.Process) []model.Finding {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	st := d.procs[p.PID]
-	if st == nil {
-		st = &procState{}
-		d.procs[p.PID] = st
+	return d.procs.With(p.PID, func() *procState {
+		st := &procState{}
 		// The counters start at zero when watching begins: that is the
 		// first point of the rate.
 		if !p.Started.IsZero() && p.Started.Before(now) {
 			st.series = []sample{{t: p.Started}}
 		}
-	}
-	failed := p.FD.Failed["EMFILE"] + p.FD.Failed["ENFILE"]
-	var prev uint64
-	if n := len(st.series); n > 0 {
-		prev = st.series[n-1].failed
-	}
-	st.series = series.Push(st.series, sample{t: now, failed: failed}, now, d.cfg.RateWindow,
-		func(s sample) time.Time { return s.t })
-	atLimit := d.atLimit(p.FD.Open, p.FD.Limit)
-	failing := failed > prev
-
-	switch {
-	case failing || atLimit:
-		if st.active == nil {
-			st.active = &model.Finding{Kind: model.KindFDExhausted, PID: p.PID, FirstSeen: now}
+		return st
+	}, func(st *procState) []model.Finding {
+		failed := p.FD.Failed["EMFILE"] + p.FD.Failed["ENFILE"]
+		var prev uint64
+		if n := len(st.series); n > 0 {
+			prev = st.series[n-1].failed
 		}
-		st.lastHeld = now
-	case st.active == nil:
-		return nil
-	case now.Sub(st.lastHeld) >= d.cfg.Quiet:
-		f := d.fill(*st.active, now, p, st, false)
-		st.active = nil
-		return []model.Finding{f}
-	}
-	*st.active = d.fill(*st.active, now, p, st, true)
-	return []model.Finding{*st.active}
+		st.series = series.Push(st.series, sample{t: now, failed: failed}, now, d.cfg.RateWindow,
+			func(s sample) time.Time { return s.t })
+		// Already failing: critical from the first poll that sees it, no
+		// trend needed.
+		exhausted := failed > prev || d.atLimit(p.FD.Open, p.FD.Limit)
+		return st.exhausted.Observe(now, model.KindFDExhausted, p.PID, episode.Rule{QuietFor: d.cfg.Quiet},
+			episode.Verdict{Raise: exhausted}, func(f model.Finding, active bool) model.Finding {
+				return d.fill(f, now, p, st, active)
+			})
+	})
 }
 
 // Forget drops all state of pid (process exited).
-func (d *Detector) Forget(pid int) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	delete(d.procs, pid)
-}
+func (d *Detector) Forget(pid int) { d.procs.Forget(pid) }
 
 // atLimit reports whether open fds leave no room under limit (0: unknown).
 func (d *Detector) atLimit(open int, limit uint64) bool {

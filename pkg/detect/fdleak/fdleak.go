@@ -27,9 +27,9 @@ import (
 	"math"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/episode"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/series"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/stack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
@@ -102,18 +102,15 @@ const topSitesShown = 3 // sites listed in the evidence
 // Detector keeps a short history per process. It is safe for concurrent use.
 type Detector struct {
 	cfg   Config
-	mu    sync.Mutex
-	procs map[int]*procState
+	procs episode.Procs[procState]
 }
 
 type procState struct {
-	series   []sample       // samples within the last Window, oldest first
-	trend    *series.Multi  // the held count (heldFDs) at the slow scales
-	since    time.Time      // first sample
-	active   *model.Finding // the open finding, nil when none
-	lastHeld time.Time      // last sample at which the active finding's condition held
-	hold     time.Duration  // how long the finding stays open after that
-	shown    int            // the verdict (index) the finding reports
+	series []sample      // samples within the last Window, oldest first
+	trend  *series.Multi // the held count (heldFDs) at the slow scales
+	since  time.Time     // first sample
+	leak   episode.Episode
+	shown  int // the verdict (index) the finding reports
 }
 
 type sample struct {
@@ -160,7 +157,7 @@ func New(cfg Config) *Detector {
 	if cfg.MinRise <= 0 {
 		cfg.MinRise = def.MinRise
 	}
-	return &Detector{cfg: cfg, procs: make(map[int]*procState)}
+	return &Detector{cfg: cfg}
 }
 
 // Observe takes one sample of a process (p.FD filled; p.PID, p.Comm set) taken
@@ -168,53 +165,32 @@ func New(cfg Config) *Detector {
 // state, or still active (updated LastSeen and evidence). A finding that ends
 // is returned once with Active=false and then no more.
 func (d *Detector) Observe(now time.Time, p *model.Process) []model.Finding {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	return d.procs.With(p.PID, func() *procState {
+		return &procState{trend: series.NewMulti(d.cfg.Scales...), since: now}
+	}, func(st *procState) []model.Finding {
+		sites, old := d.sites(now, p.FD.Sites)
+		st.series = series.Push(st.series, sample{t: now, open: p.FD.Open, old: old}, now, d.cfg.Window,
+			func(s sample) time.Time { return s.t })
+		// Until MinAge has passed, fds open since the first sample are not
+		// yet held however long they stay: the count would jump by all of
+		// them then.
+		if now.Sub(st.since) > d.cfg.MinAge {
+			st.trend.Add(now, float64(heldFDs(p, old)))
+		}
 
-	st := d.procs[p.PID]
-	if st == nil {
-		st = &procState{trend: series.NewMulti(d.cfg.Scales...), since: now}
-		d.procs[p.PID] = st
-	}
-	sites, old := d.sites(now, p.FD.Sites)
-	st.series = series.Push(st.series, sample{t: now, open: p.FD.Open, old: old}, now, d.cfg.Window,
-		func(s sample) time.Time { return s.t })
-	// Until MinAge has passed, fds open since the first sample are not
-	// yet held however long they stay: the count would jump by all of
-	// them then.
-	if now.Sub(st.since) > d.cfg.MinAge {
-		st.trend.Add(now, float64(heldFDs(p, old)))
-	}
-
-	vs := d.verdicts(now, p, st, sites)
-	raised, held := -1, -1
-	for i, v := range vs {
-		if v.leak && raised < 0 {
-			raised = i
+		vs := d.verdicts(now, p, st, sites)
+		raised, held := episode.Choose(vs, func(v verdict) bool { return v.leak }, func(v verdict) bool { return v.held })
+		v := episode.Verdict{Raise: raised >= 0, Hold: held >= 0}
+		if held >= 0 {
+			// The scale that holds is the one reported, and keeps the
+			// finding open for its hold.
+			st.shown, v.QuietFor = held, vs[held].hold
 		}
-		if (v.leak || v.held) && held < 0 {
-			held = i
-		}
-	}
-	if raised >= 0 {
-		held = raised // a leak outranks what merely holds
-	}
-	switch {
-	case st.active == nil:
-		if raised < 0 {
-			return nil
-		}
-		st.active = &model.Finding{Kind: model.KindFDLeak, PID: p.PID, FirstSeen: now}
-		fallthrough
-	case held >= 0:
-		st.lastHeld, st.hold, st.shown = now, vs[held].hold, held
-	case now.Sub(st.lastHeld) >= st.hold:
-		f := d.fill(*st.active, now, p, vs[st.shown].assessment, false)
-		st.active = nil
-		return []model.Finding{f}
-	}
-	*st.active = d.fill(*st.active, now, p, vs[st.shown].assessment, true)
-	return []model.Finding{*st.active}
+		return st.leak.Observe(now, model.KindFDLeak, p.PID, episode.Rule{}, v,
+			func(f model.Finding, active bool) model.Finding {
+				return d.fill(f, now, p, vs[st.shown].assessment, active)
+			})
+	})
 }
 
 // verdict is what one time scale says about a process.
@@ -296,11 +272,7 @@ func (d *Detector) assessSlow(now time.Time, p *model.Process, tr series.Trend) 
 }
 
 // Forget drops all state of pid (process exited).
-func (d *Detector) Forget(pid int) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	delete(d.procs, pid)
-}
+func (d *Detector) Forget(pid int) { d.procs.Forget(pid) }
 
 // sites returns the known-stack sites holding fds older than MinAge and their
 // old counts by stack id for the history.
@@ -493,7 +465,7 @@ func (d *Detector) summary(p *model.Process, a assessment, active, hasTTE bool, 
 			fmt.Fprintf(&b, " (%.0f%% used)", 100*float64(p.FD.Open)/float64(p.FD.Limit))
 		}
 		if hasTTE {
-			fmt.Fprintf(&b, " reached in ~%s", roughSeconds(tteSec))
+			fmt.Fprintf(&b, " reached in ~%s", series.RoughSeconds(tteSec))
 		}
 	}
 	return b.String()
@@ -528,19 +500,5 @@ func roughRate(perSecond float64) string {
 		return fmt.Sprintf("%.1f/min", perSecond*60)
 	default:
 		return fmt.Sprintf("%.1f/h", perSecond*3600)
-	}
-}
-
-// roughSeconds renders a duration in seconds as one rounded unit, e.g. "3m".
-func roughSeconds(s float64) string {
-	switch {
-	case s < 90:
-		return fmt.Sprintf("%.0fs", s)
-	case s < 90*60:
-		return fmt.Sprintf("%.0fm", s/60)
-	case s < 48*3600:
-		return fmt.Sprintf("%.0fh", s/3600)
-	default:
-		return fmt.Sprintf("%.0fd", s/86400)
 	}
 }

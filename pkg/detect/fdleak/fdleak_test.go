@@ -573,11 +573,3 @@ func TestDefaults(t *testing.T) {
 		t.Errorf("New(Config{MinSiteFDs: 3}) config %+v", got)
 	}
 }
-
-func TestRoughSeconds(t *testing.T) {
-	for s, want := range map[float64]string{18.4: "18s", 180.8: "3m", 7200: "2h", 3 * 86400: "3d"} {
-		if got := roughSeconds(s); got != want {
-			t.Errorf("roughSeconds(%v) = %q, want %q", s, got, want)
-		}
-	}
-}

@@ -23,6 +23,7 @@ import (
 type watched struct {
 	proc     *testutil.Proc
 	c        *cudatrack.Concern
+	det      *gpualloc.Detector
 	p        *model.Process
 	findings []model.Finding // every report, in order
 }
@@ -38,7 +39,7 @@ func watch(t *testing.T, scenario string, args ...string) *watched {
 // watchBin is watch with cudawork built as bin.
 func watchBin(t *testing.T, bin, scenario string, args ...string) *watched {
 	t.Helper()
-	c, err := cudatrack.New(cudatrack.Config{ProcRoot: "/proc"}, gpualloc.New(gpualloc.DefaultConfig()), symbolize.New("/proc"))
+	c, err := cudatrack.New(cudatrack.Config{ProcRoot: "/proc"}, symbolize.New("/proc"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +50,7 @@ func watchBin(t *testing.T, bin, scenario string, args ...string) *watched {
 	})
 	rt := testutil.CUDAStubs(t)
 	proc := testutil.StartProc(t, []string{"CUDAWORK_STEP=1"}, bin, append([]string{rt, scenario, "60"}, args...)...)
-	w := &watched{proc: proc, c: c, p: &model.Process{PID: proc.Cmd.Process.Pid, Comm: "cudawork"}}
+	w := &watched{proc: proc, c: c, det: gpualloc.New(gpualloc.DefaultConfig()), p: &model.Process{PID: proc.Cmd.Process.Pid, Comm: "cudawork"}}
 	if err := c.Track(w.p.PID); err != nil {
 		t.Fatal(err)
 	}
@@ -63,13 +64,15 @@ func watchBin(t *testing.T, bin, scenario string, args ...string) *watched {
 	return w
 }
 
-// poll observes the process now and returns the findings reported.
+// poll fills the process's CUDA view now, as the pipeline's poll does, and
+// returns the findings the detector reports on it.
 func (w *watched) poll(t *testing.T) []model.Finding {
 	t.Helper()
-	fs, err := w.c.Observe(time.Now(), []*model.Process{w.p})
-	if err != nil {
+	now := time.Now()
+	if _, err := w.c.Fill(now, []*model.Process{w.p}); err != nil {
 		t.Fatal(err)
 	}
+	fs := w.det.Observe(now, w.p)
 	w.findings = append(w.findings, fs...)
 	return fs
 }

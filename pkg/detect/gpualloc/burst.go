@@ -275,7 +275,7 @@ func (d *Detector) fillBurst(g *burstGroup, now time.Time, p *model.Process) mod
 	var period any // seconds between bursts; null until one recurs
 	if pd, ok := g.period(); ok {
 		period = series.Round(pd.Seconds(), 1)
-		fmt.Fprintf(&b, "; %d times, every ~%s, largest %s", g.count, roughDuration(pd.Seconds()), human(float64(g.largest)))
+		fmt.Fprintf(&b, "; %d times, every ~%s, largest %s", g.count, series.RoughSeconds(pd.Seconds()), human(float64(g.largest)))
 	}
 	switch {
 	case g.near != "":

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/episode"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
@@ -20,9 +21,7 @@ import (
 
 // churnState is the churn view of one process.
 type churnState struct {
-	run  int            // churning intervals in a row
-	calm int            // intervals since the last churning one, while a finding is open
-	f    *model.Finding // the open finding
+	ep episode.Episode
 	// The latest churning interval: pairs/s, bytes allocated/s, the most
 	// held at once above its start; and the most pairs/s of the finding.
 	rate, byteRate float64
@@ -62,34 +61,15 @@ func (d *Detector) observeChurn(now time.Time, p *model.Process, st *procState, 
 			}
 		}
 	}
-	if churning {
-		c.run++
-		c.calm = 0
-	} else {
-		c.run = 0
-		if c.f == nil {
-			*c = churnState{}
-		} else {
-			c.calm++
-		}
-	}
-	switch {
-	case c.f == nil:
-		if c.run < d.cfg.ChurnConfirm {
-			return nil
-		}
-		c.f = &model.Finding{Kind: model.KindGPUAllocChurn, PID: p.PID, FirstSeen: now}
-	case c.calm >= d.cfg.QuietIntervals:
-		f := d.fillChurn(c, now, p, false)
+	if !churning && !c.ep.Open() {
 		*c = churnState{}
-		return []model.Finding{f}
 	}
-	*c.f = d.fillChurn(c, now, p, true)
-	return []model.Finding{*c.f}
+	rule := episode.Rule{ConfirmPolls: d.cfg.ChurnConfirm, QuietPolls: d.cfg.QuietIntervals}
+	return c.ep.Observe(now, model.KindGPUAllocChurn, p.PID, rule, episode.Verdict{Raise: churning},
+		func(f model.Finding, active bool) model.Finding { return d.fillChurn(f, c, now, p, active) })
 }
 
-func (d *Detector) fillChurn(c *churnState, now time.Time, p *model.Process, active bool) model.Finding {
-	f := *c.f
+func (d *Detector) fillChurn(f model.Finding, c *churnState, now time.Time, p *model.Process, active bool) model.Finding {
 	f.Comm, f.LastSeen, f.Active = p.Comm, now, active
 	f.Severity = model.SeverityWarning
 	keys := slices.SortedFunc(maps.Keys(c.sites), func(a, b string) int {

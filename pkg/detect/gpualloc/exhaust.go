@@ -107,20 +107,6 @@ func (e exhaustion) evidence(ev map[string]any) {
 	}
 }
 
-// roughDuration renders seconds as one rounded unit, e.g. "4m".
-func roughDuration(s float64) string {
-	switch {
-	case s < 90:
-		return fmt.Sprintf("%.0fs", s)
-	case s < 90*60:
-		return fmt.Sprintf("%.0fm", s/60)
-	case s < 48*3600:
-		return fmt.Sprintf("%.0fh", s/3600)
-	default:
-		return fmt.Sprintf("%.0fd", s/86400)
-	}
-}
-
 // Bytes is a byte count on the command line (--gpu-memory-budget): a whole
 // number of bytes, or a number with a binary unit, KiB, MiB, GiB or TiB
 // (case does not matter; 1.5GiB is rounded down to a whole byte). It is a

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/series"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
@@ -59,7 +60,7 @@ func TestExhaustionDevice(t *testing.T) {
 	if got := ev["time_to_exhaustion_seconds"].(float64); math.Abs(got-want) > 0.05*want {
 		t.Errorf("time_to_exhaustion_seconds %v, want %.0f", got, want)
 	}
-	if r.f.Severity != model.SeverityCritical || !strings.HasSuffix(r.f.Summary, "; device full in ~"+roughDuration(want)+" at this rate") {
+	if r.f.Severity != model.SeverityCritical || !strings.HasSuffix(r.f.Summary, "; device full in ~"+series.RoughSeconds(want)+" at this rate") {
 		t.Errorf("severity %s, summary %q", r.f.Severity, r.f.Summary)
 	}
 }

@@ -24,9 +24,9 @@ import (
 	"math"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/episode"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/series"
 	stackpkg "github.com/open-autoglm/autoglm-ebpf/pkg/detect/stack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
@@ -165,8 +165,7 @@ const topSitesShown = 3 // sites listed in the evidence
 // Detector keeps a short history per process. It is safe for concurrent use.
 type Detector struct {
 	cfg   Config
-	mu    sync.Mutex
-	procs map[int]*procState
+	procs episode.Procs[procState]
 }
 
 type procState struct {
@@ -183,13 +182,10 @@ type procState struct {
 	churn               churnState
 
 	// Leaks.
-	series   []sample      // samples of the last LeakWindow (twice LeakFastWindow, if longer)
-	trend    *series.Multi // live bytes at LeakScales
-	leak     *model.Finding
-	leakHeld time.Time     // last sample at which a leak condition held
-	leakHold time.Duration // how long the finding stays open after that
-	shown    int           // the verdict (index) the finding reports
-	leakFrom time.Time     // first of the samples in a row at which a leak condition held, before a finding; zero when none
+	series []sample      // samples of the last LeakWindow (twice LeakFastWindow, if longer)
+	trend  *series.Multi // live bytes at LeakScales
+	leak   episode.Episode
+	shown  int // the verdict (index) the finding reports
 
 	// Failures.
 	counted  *model.CUDAFailure // the last entry of p.CUDA.Failures already counted
@@ -246,7 +242,7 @@ func New(cfg Config) *Detector {
 	if cfg.LeakScales == nil {
 		cfg.LeakScales = def.LeakScales
 	}
-	return &Detector{cfg: cfg, procs: make(map[int]*procState)}
+	return &Detector{cfg: cfg}
 }
 
 // Observe takes one sample of a process (p.CUDA filled; p.PID, p.Comm set)
@@ -256,34 +252,26 @@ func New(cfg Config) *Detector {
 // after that, active again with the same FirstSeen, when its site bursts
 // again within RecurWithin.
 func (d *Detector) Observe(now time.Time, p *model.Process) []model.Finding {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-
-	st := d.procs[p.PID]
-	if st == nil && !p.CUDA.Active() {
-		// Nothing to judge, and in --all most processes never touch
-		// CUDA: their state (the leak trend's rings) is made when they do.
-		return nil
-	}
-	if st == nil {
-		st = &procState{failures: map[failKey]*failGroup{}, trend: series.NewMulti(d.cfg.LeakScales...)}
-		d.procs[p.PID] = st
-	}
-	iv, ok := st.advance(now, &p.CUDA)
-	var out []model.Finding
-	out = append(out, d.observeBursts(now, p, st, iv, ok)...)
-	out = append(out, d.observeChurn(now, p, st, iv, ok)...)
-	out = append(out, d.observeLeak(now, p, st)...)
-	out = append(out, d.observeFailures(now, p, st)...)
-	return out
+	return d.procs.With(p.PID, func() *procState {
+		if !p.CUDA.Active() {
+			// Nothing to judge, and in --all most processes never touch
+			// CUDA: their state (the leak trend's rings) is made when they do.
+			return nil
+		}
+		return &procState{failures: map[failKey]*failGroup{}, trend: series.NewMulti(d.cfg.LeakScales...)}
+	}, func(st *procState) []model.Finding {
+		iv, ok := st.advance(now, &p.CUDA)
+		var out []model.Finding
+		out = append(out, d.observeBursts(now, p, st, iv, ok)...)
+		out = append(out, d.observeChurn(now, p, st, iv, ok)...)
+		out = append(out, d.observeLeak(now, p, st)...)
+		out = append(out, d.observeFailures(now, p, st)...)
+		return out
+	})
 }
 
 // Forget drops all state of pid (process exited).
-func (d *Detector) Forget(pid int) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	delete(d.procs, pid)
-}
+func (d *Detector) Forget(pid int) { d.procs.Forget(pid) }
 
 // interval is what a process did between two observations.
 type interval struct {

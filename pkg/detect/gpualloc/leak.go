@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/episode"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/series"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
@@ -91,42 +92,15 @@ func (d *Detector) observeLeak(now time.Time, p *model.Process, st *procState) [
 	st.trend.Add(now, float64(p.CUDA.LiveBytes))
 
 	vs := d.verdicts(now, st, views)
-	raised, held := -1, -1
-	for i, v := range vs {
-		if v.leak && raised < 0 {
-			raised = i
-		}
-		if (v.leak || v.held) && held < 0 {
-			held = i
-		}
+	raised, held := episode.Choose(vs, func(v verdict) bool { return v.leak }, func(v verdict) bool { return v.held })
+	v := episode.Verdict{Raise: raised >= 0, Hold: held >= 0}
+	if held >= 0 {
+		// The scale that holds is the one reported, and keeps the
+		// finding open for its window.
+		st.shown, v.QuietFor = held, vs[held].window
 	}
-	if raised >= 0 {
-		held = raised // a leak outranks what merely holds
-	}
-	switch {
-	case st.leak == nil:
-		if raised < 0 {
-			st.leakFrom = time.Time{}
-			return nil
-		}
-		if st.leakFrom.IsZero() {
-			st.leakFrom = now
-		}
-		if now.Sub(st.leakFrom) < d.cfg.LeakConfirm {
-			return nil
-		}
-		st.leakFrom = time.Time{}
-		st.leak = &model.Finding{Kind: model.KindGPUMemoryLeak, PID: p.PID, FirstSeen: now}
-		fallthrough
-	case held >= 0:
-		st.leakHeld, st.leakHold, st.shown = now, vs[held].window, held
-	case now.Sub(st.leakHeld) >= st.leakHold:
-		f := d.fillLeak(*st.leak, now, p, vs[st.shown], false)
-		st.leak = nil
-		return []model.Finding{f}
-	}
-	*st.leak = d.fillLeak(*st.leak, now, p, vs[st.shown], true)
-	return []model.Finding{*st.leak}
+	return st.leak.Observe(now, model.KindGPUMemoryLeak, p.PID, episode.Rule{ConfirmFor: d.cfg.LeakConfirm}, v,
+		func(f model.Finding, active bool) model.Finding { return d.fillLeak(f, now, p, vs[st.shown], active) })
 }
 
 // verdicts judges the process on the fast window, the classic one, then
@@ -378,14 +352,14 @@ func (d *Detector) fillLeak(f model.Finding, now time.Time, p *model.Process, v 
 			fmt.Fprintf(&b, "; %s older than %s allocated at %s", human(float64(v.sites[0].oldBytes)), d.cfg.LeakMinAge, where)
 		}
 	} else {
-		fmt.Fprintf(&b, "%s: %s live growing %s over %s", head, live, growthRate(v.slope), roughDuration(v.window.Seconds()))
+		fmt.Fprintf(&b, "%s: %s live growing %s over %s", head, live, growthRate(v.slope), series.RoughSeconds(v.window.Seconds()))
 		if len(v.sites) > 0 {
 			top := v.sites[0]
 			fmt.Fprintf(&b, "; %d allocations (%s) made at %s in that time still held", top.kept, human(float64(top.keptBytes)), where)
 		}
 	}
 	if ex.known {
-		fmt.Fprintf(&b, "; %s in ~%s at this rate", ex.what, roughDuration(ex.seconds))
+		fmt.Fprintf(&b, "; %s in ~%s at this rate", ex.what, series.RoughSeconds(ex.seconds))
 	}
 	f.Summary = b.String()
 

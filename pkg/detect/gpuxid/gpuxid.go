@@ -14,6 +14,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/episode"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
@@ -64,11 +65,14 @@ func Meaning(xid uint64) string {
 }
 
 // Detector groups each process's faults by device and kind, XID errors
-// also by XID. Not safe for concurrent use.
+// also by XID. It is safe for concurrent use.
 type Detector struct {
 	cfg   Config
-	procs map[int]map[key]*group
+	procs episode.Procs[groups]
 }
+
+// groups are one process's faults.
+type groups map[key]*group
 
 type key struct {
 	device int
@@ -88,58 +92,64 @@ func New(cfg Config) *Detector {
 	if cfg.Quiet <= 0 {
 		cfg.Quiet = DefaultConfig().Quiet
 	}
-	return &Detector{cfg: cfg, procs: map[int]map[key]*group{}}
+	return &Detector{cfg: cfg}
 }
 
 // Observe takes in p.CUDA.GPUEvents and returns a finding per device and
 // XID seen, and per device with double-bit ECC errors: active while they
 // keep coming, ended after Quiet without.
 func (d *Detector) Observe(now time.Time, p *model.Process) []model.Finding {
-	gs := d.procs[p.PID]
-	for _, e := range p.CUDA.GPUEvents {
-		var k key
-		switch e.Kind {
-		case model.GPUEventXID:
-			k = key{e.Device, model.KindGPUXID, e.XID}
-		case model.GPUEventDoubleBitECC:
-			k = key{e.Device, model.KindGPUECCError, 0}
-		default:
-			continue
+	done := false // every group ended: nothing kept of p
+	out := d.procs.With(p.PID, func() *groups {
+		if len(p.CUDA.GPUEvents) == 0 {
+			return nil
 		}
-		if gs == nil {
-			gs = map[key]*group{}
-			d.procs[p.PID] = gs
-		}
-		g := gs[k]
-		if g == nil {
-			// A finding is known by kind, pid and first sighting: two
-			// faults in the same instant get apart.
-			first := e.Time
-			for slices.ContainsFunc(slices.Collect(maps.Values(gs)), func(o *group) bool { return o.first.Equal(first) }) {
-				first = first.Add(time.Nanosecond)
+		return &groups{}
+	}, func(st *groups) []model.Finding {
+		gs := *st
+		for _, e := range p.CUDA.GPUEvents {
+			var k key
+			switch e.Kind {
+			case model.GPUEventXID:
+				k = key{e.Device, model.KindGPUXID, e.XID}
+			case model.GPUEventDoubleBitECC:
+				k = key{e.Device, model.KindGPUECCError, 0}
+			default:
+				continue
 			}
-			g = &group{first: first, uuid: e.UUID, instances: map[[2]uint32]bool{}}
-			gs[k] = g
+			g := gs[k]
+			if g == nil {
+				// A finding is known by kind, pid and first sighting: two
+				// faults in the same instant get apart.
+				first := e.Time
+				for slices.ContainsFunc(slices.Collect(maps.Values(gs)), func(o *group) bool { return o.first.Equal(first) }) {
+					first = first.Add(time.Nanosecond)
+				}
+				g = &group{first: first, uuid: e.UUID, instances: map[[2]uint32]bool{}}
+				gs[k] = g
+			}
+			g.count++
+			g.last = e.Time
+			if e.GPUInstance != model.NoInstance {
+				g.instances[[2]uint32{e.GPUInstance, e.ComputeInstance}] = true
+			}
 		}
-		g.count++
-		g.last = e.Time
-		if e.GPUInstance != model.NoInstance {
-			g.instances[[2]uint32{e.GPUInstance, e.ComputeInstance}] = true
+		var out []model.Finding
+		for _, k := range slices.SortedFunc(maps.Keys(gs), func(a, b key) int {
+			return cmp.Or(cmp.Compare(a.device, b.device), cmp.Compare(a.kind, b.kind), cmp.Compare(a.xid, b.xid))
+		}) {
+			g := gs[k]
+			active := now.Sub(g.last) < d.cfg.Quiet
+			out = append(out, finding(p, k, g, active))
+			if !active {
+				delete(gs, k)
+			}
 		}
-	}
-	var out []model.Finding
-	for _, k := range slices.SortedFunc(maps.Keys(gs), func(a, b key) int {
-		return cmp.Or(cmp.Compare(a.device, b.device), cmp.Compare(a.kind, b.kind), cmp.Compare(a.xid, b.xid))
-	}) {
-		g := gs[k]
-		active := now.Sub(g.last) < d.cfg.Quiet
-		out = append(out, finding(p, k, g, active))
-		if !active {
-			delete(gs, k)
-		}
-	}
-	if len(gs) == 0 {
-		delete(d.procs, p.PID)
+		done = len(gs) == 0
+		return out
+	})
+	if done {
+		d.procs.Forget(p.PID)
 	}
 	return out
 }
@@ -179,4 +189,4 @@ const eccMeaning = "uncorrectable device memory error: what its kernels read may
 	"reset the GPU (a pending page retirement or row remapping takes effect then) and see nvidia-smi -q -d ECC,ROW_REMAPPER"
 
 // Forget drops what is kept of pid.
-func (d *Detector) Forget(pid int) { delete(d.procs, pid) }
+func (d *Detector) Forget(pid int) { d.procs.Forget(pid) }

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/episode"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
@@ -61,7 +62,7 @@ type Detector struct {
 type state struct {
 	samples []sample
 	since   time.Time // input-bound since; zero when not
-	found   *model.Finding
+	bound   episode.Episode
 }
 
 // sample is one interval of a GPU process.
@@ -137,8 +138,8 @@ func (d *Detector) Observe(now time.Time, procs []*model.Process) []model.Findin
 	var out []model.Finding
 	for _, p := range procs {
 		if len(p.CUDA.GPUUtil) == 0 {
-			if st := d.gpu[p.PID]; st != nil && st.found != nil {
-				out = append(out, d.end(st, now))
+			if st := d.gpu[p.PID]; st != nil {
+				out = append(out, d.observe(now, p, st, false)...)
 			}
 			delete(d.gpu, p.PID)
 			continue
@@ -164,17 +165,7 @@ func (d *Detector) Observe(now time.Time, procs []*model.Process) []model.Findin
 			st.samples = st.samples[1:]
 		}
 		p.CUDA.Verdict = d.verdict(st, now)
-		switch {
-		case p.CUDA.Verdict == InputBound:
-			if st.since.IsZero() {
-				st.since = st.samples[0].t
-			}
-			f := d.finding(p, st, now)
-			st.found = &f
-			out = append(out, f)
-		case st.found != nil:
-			out = append(out, d.end(st, now))
-		}
+		out = append(out, d.observe(now, p, st, p.CUDA.Verdict == InputBound)...)
 	}
 	// The pipeline ends the findings of a process that exits.
 	for _, p := range procs {
@@ -298,12 +289,22 @@ func (d *Detector) finding(p *model.Process, st *state, now time.Time) model.Fin
 	return f
 }
 
-// end returns the finding of st, ended now.
-func (d *Detector) end(st *state, now time.Time) model.Finding {
-	f := *st.found
-	f.Active, f.LastSeen = false, now
-	st.found, st.since = nil, time.Time{}
-	return f
+// observe moves st's finding on: open while the process is input-bound
+// (from the start of the window that showed it), ended at the first poll
+// it is not.
+func (d *Detector) observe(now time.Time, p *model.Process, st *state, bound bool) []model.Finding {
+	if bound && st.since.IsZero() {
+		st.since = st.samples[0].t
+	}
+	return st.bound.Observe(now, model.KindGPUInputBound, p.PID, episode.Rule{}, episode.Verdict{Raise: bound},
+		func(f model.Finding, active bool) model.Finding {
+			if !active {
+				st.since = time.Time{}
+				f.Active, f.LastSeen = false, now
+				return f
+			}
+			return d.finding(p, st, now)
+		})
 }
 
 // Forget drops what is kept of pid.

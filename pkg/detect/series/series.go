@@ -2,11 +2,12 @@
 // short window of samples (trimming the window, its least-squares slope, and
 // whether a rise is spread over many steps) and to follow slow trends over
 // minutes and hours in bounded memory (Multi). The thresholds stay with each
-// detector; only the arithmetic lives here, so that the detectors cannot
-// drift apart on it.
+// detector; only the arithmetic (and the rounding of what a summary shows)
+// lives here, so that the detectors cannot drift apart on it.
 package series
 
 import (
+	"fmt"
 	"math"
 	"time"
 )
@@ -113,4 +114,19 @@ func Steady[V Integer](vals []V, th Steadiness) bool {
 func Round(x float64, digits int) float64 {
 	p := math.Pow10(digits)
 	return math.Round(x*p) / p
+}
+
+// RoughSeconds renders a duration in seconds as one rounded unit, as a
+// summary gives a time to exhaustion or a period: "18s", "3m", "2h", "3d".
+func RoughSeconds(s float64) string {
+	switch {
+	case s < 90:
+		return fmt.Sprintf("%.0fs", s)
+	case s < 90*60:
+		return fmt.Sprintf("%.0fm", s/60)
+	case s < 48*3600:
+		return fmt.Sprintf("%.0fh", s/3600)
+	default:
+		return fmt.Sprintf("%.0fd", s/86400)
+	}
 }

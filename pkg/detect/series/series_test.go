@@ -261,3 +261,11 @@ func TestMultiClockStepAndGaps(t *testing.T) {
 		t.Errorf("covered with %d of %d steps sampled", tr.Buckets, sc.Points)
 	}
 }
+
+func TestRoughSeconds(t *testing.T) {
+	for s, want := range map[float64]string{18.4: "18s", 180.8: "3m", 7200: "2h", 3 * 86400: "3d"} {
+		if got := RoughSeconds(s); got != want {
+			t.Errorf("RoughSeconds(%v) = %q, want %q", s, got, want)
+		}
+	}
+}

@@ -19,15 +19,15 @@ import (
 	"fmt"
 	"maps"
 	"math"
-	"net"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/episode"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/series"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/stack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 )
 
 // Config holds the detector thresholds. Zero fields take the DefaultConfig value.
@@ -59,14 +59,13 @@ const (
 // Detector keeps a short history per process. It is safe for concurrent use.
 type Detector struct {
 	cfg   Config
-	mu    sync.Mutex
-	procs map[int]*procState
+	procs episode.Procs[procState]
 }
 
 type procState struct {
-	series []sample       // samples within the last Window, oldest first
-	active *model.Finding // the open finding, nil when none
-	peak   int            // most CLOSE_WAIT sockets seen while active
+	series []sample // samples within the last Window, oldest first
+	leak   episode.Episode
+	peak   int // most CLOSE_WAIT sockets seen while open
 }
 
 type sample struct {
@@ -91,7 +90,7 @@ func New(cfg Config) *Detector {
 	if cfg.ExhaustWithin <= 0 {
 		cfg.ExhaustWithin = def.ExhaustWithin
 	}
-	return &Detector{cfg: cfg, procs: map[int]*procState{}}
+	return &Detector{cfg: cfg}
 }
 
 // Observe takes one sample of a process (p.Sock filled; p.PID, p.Comm set,
@@ -99,48 +98,34 @@ func New(cfg Config) *Detector {
 // returns the process's finding while it is active, and once more with
 // Active=false when it ends.
 func (d *Detector) Observe(now time.Time, p *model.Process) []model.Finding {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-
-	st := d.procs[p.PID]
-	if st == nil {
-		st = &procState{}
-		d.procs[p.PID] = st
-	}
-	smp := sample{t: now, total: len(p.Sock.CloseWait)}
-	for _, c := range p.Sock.CloseWait {
-		age := now.Sub(c.Since)
-		if age > d.cfg.MinAge {
-			smp.old++
+	return d.procs.With(p.PID, func() *procState { return &procState{} }, func(st *procState) []model.Finding {
+		smp := sample{t: now, total: len(p.Sock.CloseWait)}
+		for _, c := range p.Sock.CloseWait {
+			age := now.Sub(c.Since)
+			if age > d.cfg.MinAge {
+				smp.old++
+			}
+			smp.oldest = max(smp.oldest, age)
 		}
-		smp.oldest = max(smp.oldest, age)
-	}
-	st.series = series.Push(st.series, smp, now, d.cfg.Window, func(s sample) time.Time { return s.t })
+		st.series = series.Push(st.series, smp, now, d.cfg.Window, func(s sample) time.Time { return s.t })
 
-	a := d.assess(st.series, p.Sock.CloseWait)
-	switch {
-	case st.active == nil:
-		if !a.leak(d.cfg) {
-			return nil
+		a := d.assess(st.series, p.Sock.CloseWait)
+		open := st.leak.Open()
+		if !open {
+			st.peak = 0
 		}
-		st.active = &model.Finding{Kind: model.KindSocketLeak, PID: p.PID, FirstSeen: now}
-		st.peak = smp.total
-	case a.ended(st.peak):
-		f := d.fill(*st.active, now, p, a, false)
-		st.active = nil
-		return []model.Finding{f}
-	}
-	st.peak = max(st.peak, smp.total)
-	*st.active = d.fill(*st.active, now, p, a, true)
-	return []model.Finding{*st.active}
+		// Ended as soon as the count falls from its peak (Rule{}: no
+		// quiet spell): sockets kept but no longer added keep it open.
+		v := episode.Verdict{Raise: !open && a.leak(d.cfg), Hold: open && !a.ended(st.peak)}
+		st.peak = max(st.peak, smp.total)
+		return st.leak.Observe(now, model.KindSocketLeak, p.PID, episode.Rule{}, v, func(f model.Finding, active bool) model.Finding {
+			return d.fill(f, now, p, a, active)
+		})
+	})
 }
 
 // Forget drops all state of pid (process exited).
-func (d *Detector) Forget(pid int) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	delete(d.procs, pid)
-}
+func (d *Detector) Forget(pid int) { d.procs.Forget(pid) }
 
 // assessment is what the window says about one process.
 type assessment struct {
@@ -283,7 +268,7 @@ func topPairs(conns []model.SockConn) []pair {
 	for _, c := range conns {
 		addrs = append(addrs, c.Local, c.Remote)
 	}
-	mask := PortMask(addrs)
+	mask := procinfo.PortMask(addrs)
 	byPair := map[[2]string]int{}
 	for _, c := range conns {
 		byPair[[2]string{mask(c.Local), mask(c.Remote)}]++
@@ -296,29 +281,6 @@ func topPairs(conns []model.SockConn) []pair {
 		return cmp.Or(cmp.Compare(y.count, x.count), cmp.Compare(x.local, y.local), cmp.Compare(x.remote, y.remote))
 	})
 	return out[:min(len(out), topPairsShown)]
-}
-
-// PortMask returns how the addresses (ip:port) of a group of sockets are
-// shown to group them, as top_pairs and the fd leak's targets do: an
-// address that occurs once in addrs has its port shown as "*". Grouping by
-// the full 4-tuple would give every connection its own group, since one
-// end's port is ephemeral (the client's on a server, ours on a client);
-// what is left names the peer a client leaks connections to, or the port
-// a server leaks accepted ones on.
-func PortMask(addrs []string) func(addr string) string {
-	uses := map[string]int{}
-	for _, a := range addrs {
-		uses[a]++
-	}
-	return func(addr string) string {
-		if uses[addr] > 1 {
-			return addr
-		}
-		if host, _, err := net.SplitHostPort(addr); err == nil {
-			return net.JoinHostPort(host, "*")
-		}
-		return addr
-	}
 }
 
 // grows reports whether vals rose from first to last in steps none of which

@@ -1,0 +1,186 @@
+package pipeline
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/cudatrack"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ctxstorm"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdexhaust"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdleak"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpualloc"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpuxid"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/sockleak"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/fdtrack"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/schedtrack"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/socktrack"
+)
+
+// view is one kernel-side view as the pipeline loads and polls it.
+type view struct {
+	name string
+	// required: the tool cannot run without it. New fails when it does
+	// not load, and a process it cannot track is not watched.
+	required bool
+	// after names the views whose figures its fill reads: it is filled
+	// after them in each poll.
+	after []string
+	// carries names the views its BPF object carries: up and down with it.
+	carries []string
+	load    func() (Concern, error)
+}
+
+// views are the kernel-side views, in the order they fill each poll.
+func (p *Pipeline) views() []view {
+	cfg := p.cfg
+	return ordered([]view{
+		{name: "fd", required: true, carries: []string{"python"}, load: func() (Concern, error) {
+			// Children are tracked from their fork where they are
+			// watched: their inherited fds come from the parent's table.
+			return fdtrack.NewConcern(fdtrack.Config{MaxFDs: cfg.MaxFDs, ProcRoot: cfg.ProcRoot, Cache: p.cache, Stacks: p.stacks,
+				Follow: cfg.Children || cfg.Daemon, ReadsPerPoll: cfg.FDReadsPerPoll}, p.sym, cfg.TopSites)
+		}},
+		{name: "sched", load: func() (Concern, error) {
+			return schedtrack.NewConcern(schedtrack.Config{ProcRoot: cfg.ProcRoot})
+		}},
+		// The fd view's socket counts and opening stacks name what a
+		// socket leak holds.
+		{name: "sock", after: []string{"fd"}, load: func() (Concern, error) {
+			return socktrack.NewConcern(socktrack.Config{ProcRoot: cfg.ProcRoot, Cache: p.cache, ProcTables: cfg.SockProcTables})
+		}},
+		{name: "cuda", load: func() (Concern, error) {
+			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites, Cache: p.cache, Symbolizer: p.sym, Stacks: p.stacks}, p.sym)
+		}},
+	})
+}
+
+// ordered returns vs with each view after those it names in after, in
+// registration order otherwise. A view naming one not registered, or a
+// cycle, is a programming error.
+func ordered(vs []view) []view {
+	var out []view
+	placed := map[string]bool{}
+	for len(out) < len(vs) {
+		progress := false
+		for _, v := range vs {
+			if placed[v.name] || slices.ContainsFunc(v.after, func(n string) bool { return !placed[n] }) {
+				continue
+			}
+			out = append(out, v)
+			placed[v.name] = true
+			progress = true
+			break // the earliest registered of those ready first
+		}
+		if !progress {
+			panic(fmt.Sprintf("views: the order of %v cannot satisfy their after lists", vs))
+		}
+	}
+	return out
+}
+
+// Detector judges one process at a time, each poll, on the figures of the
+// views it needs; Forget drops what it keeps of an exited process.
+type Detector interface {
+	Observe(now time.Time, p *model.Process) []model.Finding
+	Forget(pid int)
+}
+
+// judge is a detector and the views whose figures it judges: it runs on
+// the processes those views filled this poll ("nvml": joined with NVML's
+// figures), and not at all while one of them is down.
+type judge struct {
+	needs []string
+	det   Detector
+}
+
+// registered are the per-process detectors, in the order they run.
+func (p *Pipeline) registered() []judge {
+	// A GPU leak's time to exhaustion is judged against the devices'
+	// free memory as NVML samples it.
+	gpuAlloc := p.cfg.GPUAlloc
+	gpuAlloc.Devices = p.gpu.GPUs
+	return []judge{
+		{[]string{"fd"}, fdleak.New(p.cfg.FDLeak)},
+		{[]string{"fd"}, fdexhaust.New(fdexhaust.Config{})},
+		{[]string{"sched"}, ctxstorm.New(p.cfg.CtxStorm)},
+		{[]string{"sock"}, sockleak.New(p.cfg.SockLeak)},
+		{[]string{"cuda"}, gpualloc.New(gpuAlloc)},
+		{[]string{"nvml"}, gpuxid.New(gpuxid.DefaultConfig())},
+	}
+}
+
+// Annotator is a concern that adds to findings what only its source can
+// say (the fd view: what a leak's fds point at, from /proc).
+type Annotator interface {
+	Annotate(p *model.Process, f *model.Finding)
+}
+
+// judge runs a poll's fill, enrich and detect phases over observe, the
+// live watched processes, and returns the findings: new, updated or just
+// ended.
+func (p *Pipeline) judge(now time.Time, observe []*model.Process) ([]model.Finding, error) {
+	// Fill: each view's part of the processes it tracks, in view order.
+	filled := map[string][]*model.Process{}
+	for _, c := range p.concerns {
+		procs := observe
+		if skip := p.untracked[c.Name()]; len(skip) > 0 {
+			procs = slices.DeleteFunc(slices.Clone(observe), func(pr *model.Process) bool { return skip[pr.PID] })
+		}
+		got, err := c.Fill(now, procs)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", c.Name(), err)
+		}
+		filled[c.Name()] = got
+	}
+	// Enrich: NVML's figures, whichever views are up; the CUDA view's
+	// live bytes, where it tracks the process, are filled by now.
+	for _, pr := range observe {
+		p.gpu.Enrich(pr)
+	}
+	if p.status["nvml"] == "" {
+		filled["nvml"] = observe
+	}
+	// Detect.
+	var fresh []model.Finding
+	for _, j := range p.judges {
+		for _, pr := range both(filled, j.needs) {
+			for _, f := range j.det.Observe(now, pr) {
+				p.annotate(pr, &f)
+				fresh = append(fresh, f)
+			}
+		}
+	}
+	if p.bound != nil {
+		// Across processes: a GPU process and the workers it waits on.
+		fresh = append(fresh, p.bound.Observe(now, observe)...)
+	}
+	return fresh, nil
+}
+
+// both returns the processes every view of needs filled, in the first's
+// order; none while a view is down.
+func both(filled map[string][]*model.Process, needs []string) []*model.Process {
+	procs, ok := filled[needs[0]]
+	if !ok {
+		return nil
+	}
+	for _, n := range needs[1:] {
+		other, ok := filled[n]
+		if !ok {
+			return nil
+		}
+		procs = slices.DeleteFunc(slices.Clone(procs), func(pr *model.Process) bool { return !slices.Contains(other, pr) })
+	}
+	return procs
+}
+
+// annotate lets each view that tracks pr add to f what its source says.
+func (p *Pipeline) annotate(pr *model.Process, f *model.Finding) {
+	for _, c := range p.concerns {
+		if a, ok := c.Concern.(Annotator); ok && !p.untracked[c.Name()][pr.PID] {
+			a.Annotate(pr, f)
+		}
+	}
+}
