@@ -60,7 +60,7 @@ type Tracker struct {
 	// reconciling with /proc), added to the kernel's closed counters.
 	extraClosed map[uint32]*[len(fdFdCounts{}.Closed)]uint64
 	resyncs     map[uint32]uint64
-	drift       map[uint32]int // polls in a row whose count differed from /proc
+	drift       map[uint32]bool // suspects: their count differed from /proc's (checkDrift)
 	started     map[uint32]time.Time
 	atStart     map[uint32]int // open fds /proc listed when tracking began
 	polls       int            // for the stack map's garbage collection
@@ -76,6 +76,7 @@ type Tracker struct {
 	inherited map[uint32]map[int32]uint8
 	inhGen    map[uint32]uint64 // bumped when a process's inherited set changes
 	filling   map[uint32]bool   // fds left to describe at a later poll
+	pending   map[uint32]bool   // children marked at fork, first seen by the last Forked
 	offered   map[uint32]bool   // children marked at fork, offered by Forked, not tracked yet
 	follow    bool
 	budget    int           // descriptions left this poll
@@ -100,13 +101,14 @@ func New(cfg Config) (*Tracker, error) {
 		proc:        proc.WithPollCache(cfg.Cache),
 		extraClosed: map[uint32]*[len(fdFdCounts{}.Closed)]uint64{},
 		resyncs:     map[uint32]uint64{},
-		drift:       map[uint32]int{},
+		drift:       map[uint32]bool{},
 		started:     map[uint32]time.Time{},
 		atStart:     map[uint32]int{},
 		last:        map[uint32]lastFDs{},
 		inherited:   map[uint32]map[int32]uint8{},
 		inhGen:      map[uint32]uint64{},
 		filling:     map[uint32]bool{},
+		pending:     map[uint32]bool{},
 		offered:     map[uint32]bool{},
 		follow:      cfg.Follow,
 	}

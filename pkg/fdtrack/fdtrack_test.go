@@ -1,8 +1,10 @@
 package fdtrack
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -101,7 +103,8 @@ func testLiveKinds(t *testing.T, mode string, stacks bool) {
 	tr := newTrackerMode(t, mode)
 	bin := testutil.Fixture(t, "fdwork")
 	// Tracked before exec, so every fd of the fixture is traced live.
-	g, err := launch.Start([]string{bin, "kinds", "30"}, nil, nil, os.Stderr)
+	stdout, ready := testutil.ReadyPipe(t)
+	g, err := launch.Start([]string{bin, "kinds", "30"}, nil, stdout, os.Stderr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +116,7 @@ func testLiveKinds(t *testing.T, mode string, stacks bool) {
 	if err := g.Release(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(500 * time.Millisecond)
+	testutil.Eventually(t, 20*time.Second, "fdwork to make its fds and print ready", ready)
 	s := poll(t, tr, pid)
 	if got, want := len(s.FDs), procCount(t, pid); got != want {
 		t.Fatalf("table has %d fds, /proc has %d", got, want)
@@ -166,11 +169,12 @@ func kindIndex(name string) int {
 }
 
 // fds no syscall tracepoint sees (received over SCM_RIGHTS) are picked up
-// once the table has differed from /proc for two polls.
+// at the second poll that finds the table differing from /proc.
 func TestDriftReconciled(t *testing.T) {
 	tr := newTracker(t)
 	bin := testutil.Fixture(t, "fdwork")
-	g, err := launch.Start([]string{bin, "passfd", "20", "30"}, nil, nil, os.Stderr)
+	stdout, ready := testutil.ReadyPipe(t)
+	g, err := launch.Start([]string{bin, "passfd", "20", "30"}, nil, stdout, os.Stderr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,11 +187,14 @@ func TestDriftReconciled(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The first poll reconciles after the exec; the fds arrive a second later.
-	time.Sleep(300 * time.Millisecond)
+	testutil.Eventually(t, 10*time.Second, "the exec of fdwork", func() bool {
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		return strings.TrimSpace(string(comm)) == "fdwork"
+	})
 	if _, err := tr.Poll([]int{pid}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1500 * time.Millisecond)
+	testutil.Eventually(t, 20*time.Second, "fdwork to receive its fds and print ready", ready)
 	var s *Sample
 	for i := 0; i < 3; i++ {
 		m, err := tr.Poll([]int{pid})
@@ -198,6 +205,31 @@ func TestDriftReconciled(t *testing.T) {
 	}
 	if got, want := len(s.FDs), procCount(t, pid); got != want {
 		t.Fatalf("after 3 polls the table has %d fds, /proc has %d", got, want)
+	}
+}
+
+// A process opening fds all the time differs from /proc now and then only
+// because /proc is read after the table: what the kernel counted in
+// between explains it, and its table is never listed again for it (each
+// listing of a leaking process's table cost what it had leaked).
+func TestSteadyLeakNotReconciled(t *testing.T) {
+	tr := newTracker(t)
+	pid := testutil.Start(t, testutil.Fixture(t, "fdwork"), "leak", "3000", "30").Process.Pid
+	if err := tr.Track(pid); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, tr, pid)
+	listings := tr.Reads().Listings
+	for range 60 {
+		// Pacing: the leak goes on between polls.
+		time.Sleep(20 * time.Millisecond)
+		poll(t, tr, pid)
+	}
+	if n := tr.Reads().Listings - listings; n != 0 {
+		t.Errorf("a steadily leaking process listed %d times in 60 polls", n)
+	}
+	if got, want := len(poll(t, tr, pid).FDs), procCount(t, pid); got < want-200 || got > want {
+		t.Errorf("the table has %d fds, /proc %d", got, want)
 	}
 }
 
@@ -223,12 +255,10 @@ func TestExitedNotReapedKeepsTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	running := func() bool { id, err := proc.Identify(pid); return err == nil && id.Running }
-	for deadline := time.Now().Add(10 * time.Second); running(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("fdwork did not exit")
-		}
-	}
+	testutil.Eventually(t, 20*time.Second, "fdwork to exit", func() bool {
+		id, err := proc.Identify(pid)
+		return err != nil || !id.Running
+	})
 	before := len(poll(t, tr, pid).FDs)
 	if before < 10 {
 		t.Fatalf("only %d fds in the table of the exited process", before)
@@ -308,19 +338,16 @@ func TestIdleFDsReused(t *testing.T) {
 	}
 	// The idle one has opened all 200 once its table stops changing.
 	var prev map[int]*Sample
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	testutil.Eventually(t, 10*time.Second, "a poll handing the idle process's fds again, not rebuilt", func() bool {
 		cur := read()
 		settled := prev != nil && len(cur[idle.Process.Pid].FDs) >= 200 &&
 			&cur[idle.Process.Pid].FDs[0] == &prev[idle.Process.Pid].FDs[0]
 		prev = cur
-		if settled {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the idle process's fds were rebuilt at every poll")
-		}
-	}
+		return settled
+	})
 	for range 3 {
+		// Measurement window: 50 ms between two polls, in which the busy
+		// process closes and opens fds and the idle one does nothing.
 		time.Sleep(50 * time.Millisecond)
 		cur := read()
 		i, b := cur[idle.Process.Pid].FDs, cur[busy.Process.Pid].FDs

@@ -57,13 +57,17 @@ const nFails = len(fdFdCounts{}.Failed)
 
 // Track starts tracking pid: counters first (the BPF side only updates
 // existing entries), then the filter, then the table. A child the kernel
-// tracks from its fork (Config.Follow) keeps what the kernel counted since
-// and starts from its parent's table (inherit). Another is seeded from
+// tracks from its fork (Config.Follow) is taken once Forked has offered
+// it; it keeps what the kernel counted since and starts from its parent's
+// table (inherit). Another is seeded from
 // /proc and, if the kernel saw fds go meanwhile, reconciled once more to
 // drop anything closed while seeding.
 func (t *Tracker) Track(pid int) error {
 	tgid := uint32(pid)
 	fork, forked, stale := t.forkOf(tgid)
+	if forked && !t.offered[tgid] {
+		return fmt.Errorf("tracking pid %d: %w", pid, errNotOffered)
+	}
 	live := t.liveOwners()
 	if err := t.table.Claim(tgid, live); err != nil {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
@@ -285,24 +289,28 @@ func (t *Tracker) Untrack(pid int) {
 	t.proc.SetKindHint(pid, nil)
 	delete(t.inhGen, tgid)
 	delete(t.filling, tgid)
+	delete(t.pending, tgid)
 	delete(t.offered, tgid)
 }
 
 // Forked returns the children the kernel tracks from their fork
 // (Config.Follow) that Track has not taken yet, for the caller to watch
-// or leave; call it once a poll. Those offered at the last call and not
-// taken are let go now: counted as short-lived if they are gone, with the
-// fds they opened. A child that lived between two polls costs no /proc
-// read.
+// or leave; call it once a poll. A child is offered at the second poll
+// that sees it, if it still runs: one that lived less than a poll is let
+// go without being taken, counted as short-lived with the fds it opened,
+// and costs no /proc read and no copy of its parent's table. The
+// kernel counted its opens and closes from its fork, so taking the
+// others a poll later loses only the stacks of what they opened in that
+// poll. Those offered at the last call and not taken are let go now.
 func (t *Tracker) Forked() []int {
 	if !t.follow {
 		return nil
 	}
 	var (
-		child uint32
-		fi    fdForkInfo
-		out   []int
-		leave []uint32
+		child               uint32
+		fi                  fdForkInfo
+		out                 []int
+		leave, ready, fresh []uint32
 	)
 	seen := map[uint32]bool{}
 	it := t.maps.Forks.Iterate()
@@ -311,10 +319,13 @@ func (t *Tracker) Forked() []int {
 			continue
 		}
 		seen[child] = true
-		if t.offered[child] {
+		switch {
+		case t.offered[child]:
 			leave = append(leave, child)
-		} else {
-			out = append(out, int(child))
+		case t.pending[child]:
+			ready = append(ready, child)
+		default:
+			fresh = append(fresh, child)
 		}
 	}
 	if err := it.Err(); err != nil {
@@ -323,16 +334,32 @@ func (t *Tracker) Forked() []int {
 	for _, c := range leave {
 		t.release(c)
 	}
-	for c := range t.offered {
-		if !seen[c] {
-			delete(t.offered, c)
+	for _, set := range []map[uint32]bool{t.pending, t.offered} {
+		for c := range set {
+			if !seen[c] {
+				delete(set, c)
+			}
 		}
 	}
-	for _, c := range out {
-		t.offered[uint32(c)] = true
+	for _, c := range ready {
+		delete(t.pending, c)
+		if id, err := t.proc.Identify(int(c)); err != nil || !id.Running {
+			t.release(c)
+			continue
+		}
+		t.offered[c] = true
+		out = append(out, int(c))
+	}
+	for _, c := range fresh {
+		t.pending[c] = true
 	}
 	return out
 }
+
+// errNotOffered refuses a child marked at fork that Forked has not
+// offered yet: it is taken at the poll after the one that first saw it,
+// if it lives that long.
+var errNotOffered = errors.New("forked less than a poll ago: taken at the next poll if it still runs")
 
 // release lets go of a child marked at fork that was not taken: counted
 // if it is gone, its kernel state deleted; the entries it made go at the
@@ -482,11 +509,20 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 	nowWall, nowMono := time.Now(), monoNow()
 	defer func() { t.budget = t.reads.PerPoll }() // for the next poll's Tracks and Poll
 	live := t.liveOwners()
+	// The suspects of drift: their counters before the table is read, so
+	// that checkDrift knows whether their count is exact.
+	pre := map[uint32]int64{}
+	for tgid := range t.drift {
+		if n, ok := t.netOpensNow(tgid); ok {
+			pre[tgid] = n
+		}
+	}
 	table, err := t.table.Read(live)
 	if err != nil {
 		return nil, fmt.Errorf("reading fd table: %w", err)
 	}
 	out := make(map[int]*Sample, len(pids))
+	held := make(map[uint32]int64, len(pids)) // opens less closes when the table was read, by pid
 	for _, pid := range pids {
 		tgid := uint32(pid)
 		var per []fdFdCounts
@@ -494,6 +530,7 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 			return nil, fmt.Errorf("reading fd counters of pid %d: %w", pid, err)
 		}
 		s := &Sample{AtStart: t.atStart[tgid]}
+		held[tgid] = netOpens(per)
 		var resyncs uint64
 		for _, c := range per {
 			for k := 0; k < nKinds; k++ {
@@ -565,7 +602,8 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 				t.last[tgid] = lastFDs{sum, s.FDs}
 			}
 		}
-		t.checkDrift(tgid, len(s.FDs))
+		p, ok := pre[tgid]
+		t.checkDrift(tgid, len(s.FDs), held[tgid], p, ok)
 	}
 	if t.polls++; t.polls%bpfobj.StackGCEvery == 0 {
 		t.keepStacks(table, live)
@@ -696,12 +734,20 @@ func (t *Tracker) liveOwners() func(tgid uint32) bool {
 	}
 }
 
-// checkDrift reconciles tgid with /proc when its table count has differed
-// from /proc's for two polls in a row: fds created where no tracepoint sees
-// them (SCM_RIGHTS, io_uring, userfaultfd, perf_event_open, bpf) would
-// otherwise stay missing until the next exec or close_range. One differing
-// poll is usually a race with the running process and is let pass.
-func (t *Tracker) checkDrift(tgid uint32, n int) {
+// checkDrift reconciles tgid with /proc when its table count n differs
+// from /proc's: fds created where no tracepoint sees them (SCM_RIGHTS,
+// io_uring, userfaultfd, perf_event_open, bpf) would otherwise stay
+// missing until the next exec or close_range. /proc is read later in the
+// poll than the table, so a process that opens or closes fds differs now
+// and then by a race; a leaking one did so every few polls, the longer
+// its table the more often, and each time its whole table was
+// reconciled: a cost that grew with the leak. So a difference only makes
+// tgid a suspect (what the kernel counted since the table was read, held
+// then, is taken into account); it is reconciled at a later poll that
+// finds the difference with the count exact: its counters the same from
+// before the table was read (pre, read for suspects only) to after /proc
+// was. A poll that cannot say leaves the suspicion as it is.
+func (t *Tracker) checkDrift(tgid uint32, n int, held, pre int64, havePre bool) {
 	if t.filling[tgid] {
 		return // differs until filled
 	}
@@ -710,13 +756,46 @@ func (t *Tracker) checkDrift(tgid uint32, n int) {
 		delete(t.drift, tgid)
 		return
 	}
-	if t.drift[tgid]++; t.drift[tgid] < 2 {
+	// They differ: again, with what the kernel counted since n was read.
+	before, okBefore := t.netOpensNow(tgid)
+	procN, err = t.proc.FDCount(int(tgid))
+	after, okAfter := t.netOpensNow(tgid)
+	if err != nil || !okBefore || !okAfter || before != after {
+		return // changed while /proc was read: says nothing
+	}
+	if procN == n+int(after-held) {
+		delete(t.drift, tgid)
+		return
+	}
+	if !t.drift[tgid] || !havePre || pre != held || held != after {
+		t.drift[tgid] = true // a suspect, until a poll with an exact count
 		return
 	}
 	delete(t.drift, tgid)
 	if _, err := t.reconcile(tgid, true); err != nil {
 		slog.Debug("reconciling fd table", "pid", tgid, "err", err)
 	}
+}
+
+// netOpens is the fds opened less those closed, as counted in the
+// kernel's per-CPU counters per.
+func netOpens(per []fdFdCounts) int64 {
+	var n int64
+	for _, c := range per {
+		for k := 0; k < nKinds; k++ {
+			n += int64(c.Opened[k]) - int64(c.Closed[k])
+		}
+	}
+	return n
+}
+
+// netOpensNow reads tgid's counters now (netOpens).
+func (t *Tracker) netOpensNow(tgid uint32) (int64, bool) {
+	var per []fdFdCounts
+	if err := t.maps.FdCounters.Lookup(tgid, &per); err != nil {
+		return 0, false
+	}
+	return netOpens(per), true
 }
 
 // errorNames follows enum err_kind in bpf/common.h.

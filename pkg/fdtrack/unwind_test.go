@@ -1,6 +1,7 @@
 package fdtrack
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,16 +17,14 @@ import (
 // waitInSyscall waits until pid's main thread is blocked in syscall nr.
 func waitInSyscall(t *testing.T, pid, nr int) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	testutil.Eventually(t, 10*time.Second, fmt.Sprintf("pid %d to enter syscall %d", pid, nr), func() bool {
 		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/syscall")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if f := strings.Fields(string(b)); len(f) > 0 && f[0] == strconv.Itoa(nr) {
-			return
-		}
-	}
-	t.Fatalf("pid %d did not enter syscall %d", pid, nr)
+		f := strings.Fields(string(b))
+		return len(f) > 0 && f[0] == strconv.Itoa(nr)
+	})
 }
 
 // A file opened six calls deep in code built -O2 -fomit-frame-pointer, in C
