@@ -119,7 +119,7 @@ scrape_configs:
 	pid := strconv.Itoa(leaker.Process.Pid)
 
 	var alert map[string]string
-	waitFor(t, 60*time.Second, "AutoglmFdLeak at Alertmanager", func() bool {
+	testutil.Eventually(t, 60*time.Second, "AutoglmFdLeak at Alertmanager", func() bool {
 		var alerts []struct {
 			Labels      map[string]string `json:"labels"`
 			Annotations map[string]string `json:"annotations"`

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -297,10 +299,14 @@ func TestInterruptWritesReport(t *testing.T) {
 	target := testutil.Start(t, bin, "pool", "300")
 	js := filepath.Join(t.TempDir(), "report.json")
 	cmd := exec.Command(binary, "attach", "--pid", strconv.Itoa(target.Process.Pid), "--json", js)
+	out := &syncBuffer{}
+	cmd.Stdout = out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(5 * time.Second)
+	// Interrupted once it has watched the process: its first line about it.
+	line := fmt.Sprintf("pid=%d (fdwork) open=", target.Process.Pid)
+	testutil.Eventually(t, 30*time.Second, "attach to print "+line, func() bool { return strings.Contains(out.String(), line) })
 	_ = cmd.Process.Signal(os.Interrupt)
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("after SIGINT: %v", err)
@@ -339,6 +345,24 @@ func TestCheckMountsTracefs(t *testing.T) {
 	}
 }
 
+// syncBuffer is a buffer a command writes while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
 func readReport(t *testing.T, path string) report.Report {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -362,21 +386,17 @@ func TestMetricsEndpoint(t *testing.T) {
 	addr := attachListening(t, pid, "20s")
 
 	var body []byte
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
-		time.Sleep(time.Second)
+	// The first poll follows attach by a few ms, in which the pool may open
+	// nothing: wait for one that saw it open.
+	testutil.Eventually(t, 15*time.Second, "/metrics with the pool's open and opened fds", func() bool {
 		resp, err := http.Get("http://" + addr + "/metrics")
 		if err != nil {
-			continue
+			return false
 		}
 		body, _ = io.ReadAll(resp.Body)
 		resp.Body.Close()
-		// The first poll follows attach by a few ms, in which the pool
-		// may open nothing: wait for one that saw it open.
-		if strings.Contains(string(body), "autoglm_open_fds{") && strings.Contains(string(body), "autoglm_fds_opened_total{") {
-			break
-		}
-	}
+		return strings.Contains(string(body), "autoglm_open_fds{") && strings.Contains(string(body), "autoglm_fds_opened_total{")
+	})
 	var open float64 = -1
 	for _, line := range strings.Split(string(body), "\n") {
 		if strings.HasPrefix(line, `autoglm_open_fds{comm="fdwork",pid="`+pid+`"}`) {
@@ -480,6 +500,7 @@ func TestLargeLibraryWithinMemoryBudget(t *testing.T) {
 			}
 			running = false
 		case <-time.After(100 * time.Millisecond):
+			// Sampling while the tool runs, not waiting: the peaks are measured.
 			hwm = max(hwm, procMemKiB(t, cmd.Process.Pid, "VmHWM"))
 			anon = max(anon, procMemKiB(t, cmd.Process.Pid, "RssAnon"))
 		}

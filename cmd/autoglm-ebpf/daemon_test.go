@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -35,7 +36,7 @@ type daemonProc struct {
 func startDaemon(t testing.TB, args ...string) *daemonProc {
 	t.Helper()
 	d := launchDaemon(t, args...)
-	waitFor(t, 20*time.Second, "daemon ready", func() bool {
+	testutil.Eventually(t, 20*time.Second, "daemon ready", func() bool {
 		code, _ := get(d.addr, "/readyz")
 		return code == http.StatusOK
 	})
@@ -143,16 +144,11 @@ func freeAddr(t testing.TB) string {
 	return ln.Addr().String()
 }
 
-// waitFor polls cond every 200 ms until it holds or timeout passes.
+// waitFor is testutil.Eventually, kept only for churn_bench_test.go, which
+// still calls it; new code calls testutil.Eventually.
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	testutil.Eventually(t, timeout, what, cond)
 }
 
 // testCgroup makes the cgroup rel (a path like kubepods/besteffort/pod<uid>/
@@ -177,10 +173,14 @@ func testCgroup(t *testing.T, rel string) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		for d := dir; d != root; d = filepath.Dir(d) {
-			for i := 0; i < 50 && os.Remove(d) != nil; i++ {
-				time.Sleep(100 * time.Millisecond) // the processes are being reaped
-			}
+		// The processes in it are being reaped.
+		testutil.Eventually(t, 20*time.Second, "cgroup "+dir+" to be removed", func() bool {
+			err := os.Remove(dir)
+			return err == nil || errors.Is(err, os.ErrNotExist)
+		})
+		// Its parents may hold other tests' cgroups: removed if empty.
+		for d := filepath.Dir(dir); d != root; d = filepath.Dir(d) {
+			_ = os.Remove(d)
 		}
 	})
 	return dir
@@ -216,13 +216,13 @@ func TestDaemonWatchesPodProcesses(t *testing.T) {
 	pod := map[string]string{"pod_uid": uid, "container_id": cid}
 
 	// Watched (and so hooked) within an interval or two of the dlopen.
-	waitFor(t, 10*time.Second, "the failing process on /metrics", func() bool {
+	testutil.Eventually(t, 20*time.Second, "the failing process on /metrics", func() bool {
 		return len(series(d.scrape(t), "autoglm_open_fds", map[string]string{"pid": strconv.Itoa(failer.Cmd.Process.Pid), "pod_uid": uid})) > 0
 	})
 	failer.Signal(t)
 	failer.Wait(t, "done", 10*time.Second)
 	holderPID, failerPID := strconv.Itoa(holder.Cmd.Process.Pid), strconv.Itoa(failer.Cmd.Process.Pid)
-	waitFor(t, 15*time.Second, "live bytes and the failure finding with pod labels", func() bool {
+	testutil.Eventually(t, 30*time.Second, "live bytes and the failure finding with pod labels", func() bool {
 		fams := d.scrape(t)
 		live := series(fams, "autoglm_cuda_live_bytes", merge(pod, map[string]string{"pid": holderPID, "comm": "cudawork"}))
 		found := series(fams, "autoglm_finding", merge(pod, map[string]string{"pid": failerPID, "kind": "gpu_alloc_failure", "site": "load_checkpoint"}))
@@ -236,7 +236,7 @@ func TestDaemonWatchesPodProcesses(t *testing.T) {
 		_ = p.Cmd.Process.Kill()
 		_ = p.Cmd.Wait()
 	}
-	waitFor(t, 10*time.Second, "the exited processes' series to go", func() bool {
+	testutil.Eventually(t, 20*time.Second, "the exited processes' series to go", func() bool {
 		fams := d.scrape(t)
 		return !hasPID(fams, holder.Cmd.Process.Pid) && !hasPID(fams, failer.Cmd.Process.Pid)
 	})
@@ -245,7 +245,7 @@ func TestDaemonWatchesPodProcesses(t *testing.T) {
 	}
 	// The kernel frees programs of an exited process after RCU grace
 	// periods, not at once.
-	waitFor(t, 20*time.Second, fmt.Sprintf("the BPF program count back to %d", before), func() bool { return progCount(t) == before })
+	testutil.Eventually(t, 20*time.Second, fmt.Sprintf("the BPF program count back to %d", before), func() bool { return progCount(t) == before })
 	// The findings log has the failure as a JSON line naming the pod.
 	sc := bufio.NewScanner(strings.NewReader(d.out.String()))
 	logged := false
@@ -307,7 +307,7 @@ func TestDaemonViewDown(t *testing.T) {
 		ready   bool
 	}{{"fd,cuda", false}, {"fd", true}} {
 		d := launchDaemon(t, "--max-allocs", "4000000000", "--require-views", tc.require)
-		waitFor(t, 20*time.Second, "the first poll", func() bool {
+		testutil.Eventually(t, 20*time.Second, "the first poll", func() bool {
 			code, body := get(d.addr, "/metrics")
 			return code == http.StatusOK && strings.Contains(body, "autoglm_view_up{")
 		})
@@ -421,6 +421,9 @@ func TestDaemonChurn(t *testing.T) {
 		}
 		return s[0].GetGauge().GetValue()
 	}
+	// Measurement window: the baseline is taken once the daemon has run a
+	// resync (--resync 2s) and its polls, its memory grown to its steady
+	// size; there is no signal of that to wait on.
 	time.Sleep(2 * time.Second)
 	baseMaps, baseRSS := daemonMaps(t, pid), rssKiB(t, pid)
 
@@ -452,25 +455,24 @@ done`, dir, bin, rt)
 			}
 			running = false
 		case <-time.After(300 * time.Millisecond):
+			// Sampling during the churn, not waiting: the peak is measured.
 			peakWatched = max(peakWatched, watched())
 		}
 	}
 	if peakWatched < 4 {
 		t.Errorf("at most %v processes watched during the churn: the short-lived ones were not seen", peakWatched)
 	}
-	var last map[string]int
-	var lastWatched float64
-	deadline := time.Now().Add(20 * time.Second)
-	for settled := false; !settled; time.Sleep(200 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("after the churn: %v watched, maps %v; before: maps %v", lastWatched, last, baseMaps)
+	testutil.Eventually(t, 20*time.Second, fmt.Sprintf("no process watched and the maps back to %v after the churn", baseMaps), func() bool {
+		if watched() != 0 {
+			return false
 		}
-		last, lastWatched = daemonMaps(t, pid), watched()
-		settled = lastWatched == 0
-		for name, n := range last {
-			settled = settled && n == baseMaps[name]
+		for name, n := range daemonMaps(t, pid) {
+			if n != baseMaps[name] {
+				return false
+			}
 		}
-	}
+		return true
+	})
 	rss := rssKiB(t, pid)
 	t.Logf("daemon RSS %d KiB before the churn, %d KiB after (%d processes watched at the peak); maps %v", baseRSS, rss, int(peakWatched), baseMaps)
 	// Go returns freed heap to the kernel lazily: allow a little.
@@ -519,7 +521,7 @@ func TestDaemonExporterConventionsAndRestart(t *testing.T) {
 		defer resp.Body.Close()
 		return resp.StatusCode, resp.Header.Get("Content-Type")
 	}
-	waitFor(t, 20*time.Second, "the daemon to serve", func() bool { code, _ := fetch("prom", "s3cret", ""); return code == http.StatusOK })
+	testutil.Eventually(t, 20*time.Second, "the daemon to serve", func() bool { code, _ := fetch("prom", "s3cret", ""); return code == http.StatusOK })
 	if code, _ := fetch("", "", ""); code != http.StatusUnauthorized {
 		t.Errorf("no credentials: %d, want 401", code)
 	}
@@ -547,5 +549,5 @@ func TestDaemonExporterConventionsAndRestart(t *testing.T) {
 	if code := again.stop(t); code != 0 {
 		t.Fatalf("exit %d after SIGTERM", code)
 	}
-	waitFor(t, 20*time.Second, fmt.Sprintf("the BPF program count back to %d", before), func() bool { return progCount(t) == before })
+	testutil.Eventually(t, 20*time.Second, fmt.Sprintf("the BPF program count back to %d", before), func() bool { return progCount(t) == before })
 }

@@ -58,14 +58,10 @@ func TestOtherNetnsUnderDaemonSetCaps(t *testing.T) {
 		_ = w.Wait()
 	})
 	pid := w.Process.Pid
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if comm, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm")); strings.TrimSpace(string(comm)) == "sockwork" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("sockwork did not start in its network namespace")
-		}
-	}
+	testutil.Eventually(t, 20*time.Second, "sockwork to start in its network namespace", func() bool {
+		comm, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm"))
+		return strings.TrimSpace(string(comm)) == "sockwork"
+	})
 	self, _ := os.Readlink("/proc/self/ns/net")
 	if ns, err := os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "ns", "net")); err != nil || ns == self {
 		t.Fatalf("the workload's network namespace is %q (%v), ours %q", ns, err, self)

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -33,6 +34,28 @@ func topValue(t *testing.T, file, idx, fn string) (flat, cum string) {
 		return "", ""
 	}
 	return m[1], m[2]
+}
+
+// holds reports whether a sample of p with fn on its stack has a positive
+// value of type idx.
+func holds(p *profile.Profile, idx, fn string) bool {
+	i := slices.IndexFunc(p.SampleType, func(st *profile.ValueType) bool { return st.Type == idx })
+	if i < 0 {
+		return false
+	}
+	for _, s := range p.Sample {
+		if s.Value[i] <= 0 {
+			continue
+		}
+		for _, loc := range s.Location {
+			for _, l := range loc.Line {
+				if l.Function != nil && l.Function.Name == fn {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 // readProfile parses a profile file as go tool pprof does.
@@ -128,31 +151,37 @@ func TestPprofHTTP(t *testing.T) {
 	addr := attachListening(t, pid, "30s")
 
 	url := "http://" + addr + "/debug/pprof/fd"
-	var all *profile.Profile
-	for deadline := time.Now().Add(20 * time.Second); all == nil || len(all.Sample) == 0; time.Sleep(time.Second) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no fd profile with samples at %s", url)
+	// get returns the profile served at u; nil while none is.
+	get := func(u string) *profile.Profile {
+		resp, err := http.Get(u)
+		if err != nil {
+			return nil
 		}
-		resp, err := http.Get(url)
-		if err != nil || resp.StatusCode != http.StatusOK {
-			if err == nil {
-				resp.Body.Close()
-			}
-			continue
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return nil
 		}
-		all, err = profile.Parse(resp.Body)
-		resp.Body.Close()
+		p, err := profile.Parse(resp.Body)
 		if err != nil {
 			t.Fatal(err)
 		}
+		return p
 	}
+	var all *profile.Profile
+	testutil.Eventually(t, 20*time.Second, "an fd profile with samples at "+url, func() bool {
+		all = get(url)
+		return all != nil && len(all.Sample) > 0
+	})
 	for _, s := range all.Sample {
 		if got := s.Label["pid"]; len(got) != 1 || got[0] != pid || s.Label["comm"][0] != "goleak" {
 			t.Fatalf("sample labels %v, want pid %s and comm goleak", s.Label, pid)
 		}
 	}
 	// Opened after attach: these fds have their stacks.
-	time.Sleep(2 * time.Second)
+	testutil.Eventually(t, 20*time.Second, "fds held by main.cacheShard at "+url+"?pid="+pid, func() bool {
+		p := get(url + "?pid=" + pid)
+		return p != nil && holds(p, "inuse_objects", "main.cacheShard")
+	})
 	file := filepath.Join(t.TempDir(), "fd.pb.gz")
 	out, err := exec.Command("go", "tool", "pprof", "-proto", "-output", file, url+"?pid="+pid).CombinedOutput()
 	if err != nil {

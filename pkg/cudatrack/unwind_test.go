@@ -2,6 +2,7 @@ package cudatrack
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"strconv"
 	"syscall"
@@ -15,19 +16,15 @@ import (
 // waitStopped waits until pid is stopped by a signal.
 func waitStopped(t *testing.T, pid int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	testutil.Eventually(t, 10*time.Second, fmt.Sprintf("pid %d to stop", pid), func() bool {
 		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 		if err != nil {
 			t.Fatal(err)
 		}
 		// The state follows the command name's closing parenthesis.
-		if i := bytes.LastIndexByte(b, ')'); i > 0 && len(b) > i+2 && b[i+2] == 'T' {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("pid %d did not stop", pid)
+		i := bytes.LastIndexByte(b, ')')
+		return i > 0 && len(b) > i+2 && b[i+2] == 'T'
+	})
 }
 
 // A six-deep chain of calls to cudaMalloc in code built -O2

@@ -1,6 +1,7 @@
 package discover
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"testing"
@@ -40,12 +41,7 @@ func TestEvents(t *testing.T) {
 			defer cuda.Wait()
 			got := map[Event]bool{}
 			want := []Event{{plain.Process.Pid, Exec}, {cuda.Process.Pid, Exec}, {cuda.Process.Pid, CUDAMapped}}
-			deadline := time.Now().Add(10 * time.Second)
-			for !all(got, want) {
-				if time.Now().After(deadline) {
-					t.Fatalf("events %v, want %v among them", got, want)
-				}
-				time.Sleep(50 * time.Millisecond)
+			testutil.Eventually(t, 20*time.Second, fmt.Sprintf("events %v", want), func() bool {
 				events, err := w.Drain()
 				if err != nil {
 					t.Fatal(err)
@@ -53,7 +49,8 @@ func TestEvents(t *testing.T) {
 				for _, e := range events {
 					got[e] = true
 				}
-			}
+				return all(got, want)
+			})
 			if got[Event{plain.Process.Pid, CUDAMapped}] {
 				t.Error("/bin/true reported as mapping CUDA")
 			}

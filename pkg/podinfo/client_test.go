@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -18,6 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
 
 // apiServer answers pod lists and watches in protobuf, as the API server
@@ -160,7 +163,7 @@ func TestInClusterClient(t *testing.T) {
 			if ns, name, c, ok := r.Lookup(uid1, cid1); !ok || ns != "infer" || name != "vllm-0" || c != "server" {
 				t.Errorf("Lookup(uid1, cid1) = %s, %s, %s, %v", ns, name, c, ok)
 			}
-			eventually(t, "the watched pod is found", func() bool {
+			testutil.Eventually(t, 20*time.Second, "the watched pod to be found", func() bool {
 				_, name, c, ok := r.Lookup(uid6, cid8)
 				return ok && name == "vllm-2" && c == "server"
 			})

@@ -21,6 +21,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
 
 const node = "gpu-node-a"
@@ -150,18 +152,6 @@ func (l *logs) has(msg string) bool {
 	return false
 }
 
-// eventually polls cond until it holds, failing after a generous bound.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // wantOneWarning checks that exactly one warning was logged, the fallback
 // one, with an error containing errPart.
 func wantOneWarning(t *testing.T, l *logs, errPart string) {
@@ -245,7 +235,7 @@ func TestResolver(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "the new pod is found", func() bool {
+	testutil.Eventually(t, 20*time.Second, "the new pod to be found", func() bool {
 		_, name, c, ok := r.Lookup(uid6, cid8)
 		return ok && name == "vllm-2" && c == "server"
 	})
@@ -256,7 +246,7 @@ func TestResolver(t *testing.T) {
 	if err := client.CoreV1().Pods("infer").Delete(ctx, "vllm-0", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the deleted pod is gone", func() bool {
+	testutil.Eventually(t, 20*time.Second, "the deleted pod to go", func() bool {
 		_, _, _, ok := r.Lookup(uid1, cid1)
 		return !ok
 	})
@@ -322,7 +312,7 @@ func TestResolverForbidden(t *testing.T) {
 	if d := time.Since(start); d >= syncWait {
 		t.Errorf("NewResolver waited %v on a refused list", d)
 	}
-	eventually(t, "the informer retried", func() bool { return lists.Load() >= 2 })
+	testutil.Eventually(t, 20*time.Second, "the informer to retry", func() bool { return lists.Load() >= 2 })
 	wantOneWarning(t, l, "forbidden")
 	if _, _, _, ok := r.Lookup(uid1, cid1); ok {
 		t.Error("Lookup succeeded without a pod list")
@@ -361,11 +351,11 @@ func TestResolverSlowAPIServer(t *testing.T) {
 	}
 
 	close(answer)
-	eventually(t, "the pod is found", func() bool {
+	testutil.Eventually(t, 20*time.Second, "the pod to be found", func() bool {
 		_, _, c, ok := r.Lookup(uid1, cid1)
 		return ok && c == "server"
 	})
-	eventually(t, "the names are announced", func() bool {
+	testutil.Eventually(t, 20*time.Second, "the names to be announced", func() bool {
 		return l.has("pod names from the Kubernetes API available now")
 	})
 	wantOneWarning(t, l, "within 50ms")

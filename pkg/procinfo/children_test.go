@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
 
 // A shell that forks a sleeper which forks another: both are found, the
@@ -21,15 +23,12 @@ func TestDescendants(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got []int
-	for i := 0; i < 50; i++ {
+	testutil.Eventually(t, 10*time.Second, "the shell's three descendants", func() bool {
 		if got, err = fs.Descendants([]int{sh.Process.Pid}); err != nil {
 			t.Fatal(err)
 		}
-		if len(got) >= 3 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return len(got) >= 3
+	})
 	// sh -c '...' & (a subshell running sleep), its sleep, and the outer sleep.
 	if len(got) != 3 {
 		t.Fatalf("descendants of %d: %v, want 3", sh.Process.Pid, got)

@@ -192,11 +192,7 @@ func TestAliveAfterLeaderExit(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Wait for the leader's exit: until then the test proves nothing.
-	for deadline := time.Now().Add(10 * time.Second); !fs.FDsGone(cmd.Process.Pid); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the leader did not exit")
-		}
-	}
+	testutil.Eventually(t, 10*time.Second, "the leader to exit", func() bool { return fs.FDsGone(cmd.Process.Pid) })
 	if id, err := fs.Identify(cmd.Process.Pid); err != nil || !id.Running {
 		t.Fatalf("process with a running thread: %+v, %v; want running", id, err)
 	}
@@ -220,11 +216,7 @@ func TestFDsGone(t *testing.T) {
 	bin := testutil.Fixture(t, "leaderexit", "-pthread")
 	cmd := testutil.Start(t, bin, "30")
 	pid := cmd.Process.Pid
-	for deadline := time.Now().Add(10 * time.Second); !fs.FDsGone(pid); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("fds of a process whose leader exited not reported gone")
-		}
-	}
+	testutil.Eventually(t, 10*time.Second, "the fds of a process whose leader exited to be reported gone", func() bool { return fs.FDsGone(pid) })
 	_ = cmd.Process.Kill()
 	_, _ = cmd.Process.Wait()
 	if !fs.FDsGone(pid) {

@@ -235,15 +235,10 @@ func TestRefreshAfterExec(t *testing.T) {
 	if err := os.WriteFile(gate, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	testutil.Eventually(t, 10*time.Second, "the shell to exec Python", func() bool {
 		now, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
-		if now != exe {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no exec")
-		}
-	}
+		return now != exe
+	})
 	// One refresh a poll until the interpreter is initialized: a few
 	// polls ("not initialized yet" is looked at every poll), far fewer
 	// than the wait.
@@ -251,6 +246,8 @@ func TestRefreshAfterExec(t *testing.T) {
 		if i == maxSkip/2 {
 			t.Fatalf("Python not found after %d polls of the exec", i)
 		}
+		// Measurement window: a poll interval; what is checked is how
+		// many polls it takes, 50 ms apart.
 		time.Sleep(50 * time.Millisecond)
 		tr.Refresh(pid, time.Now())
 	}

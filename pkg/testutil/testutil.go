@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -88,6 +89,30 @@ func Start(t testing.TB, bin string, args ...string) *exec.Cmd {
 		t.Fatalf("%s %v never printed ready", bin, args)
 	}
 	return cmd
+}
+
+// ReadyPipe is for a fixture started some other way than Start (through
+// launch.Start, to be tracked before its exec): it returns the write end of
+// a pipe to give the fixture as its stdout, and a func that reports whether
+// the fixture has printed "ready" on it yet, to wait on with Eventually.
+// The pipe is closed when the test ends.
+func ReadyPipe(t testing.TB) (*os.File, func() bool) {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close(); _ = r.Close() })
+	var ready atomic.Bool
+	go func() {
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			if strings.TrimSpace(sc.Text()) == "ready" {
+				ready.Store(true)
+			}
+		}
+	}()
+	return w, ready.Load
 }
 
 // Eventually checks cond every 50 ms until it holds, and fails the test
