@@ -122,7 +122,7 @@ func churnRun(b *testing.B, args, env []string, fdwork string, withBig bool, n i
 			b.Fatal(err)
 		}
 		defer func() { _ = c.Process.Kill(); _ = c.Wait() }()
-		waitFor(b, 30*time.Second, "the big process watched", func() bool { return d0.scrapeHas(b, c.Process.Pid) })
+		testutil.Eventually(b, 30*time.Second, "the big process watched", func() bool { return d0.scrapeHas(b, c.Process.Pid) })
 	}
 	stop := churn(b, 10*time.Millisecond, env, "sleep", "0.3")
 	time.Sleep(5 * time.Second)
@@ -245,7 +245,7 @@ func forkRun(b *testing.B, fdwork string, n int, fork bool, d time.Duration) (fl
 	secs := fmt.Sprint(int((settle + d).Seconds()) + 60)
 	c := testutil.Start(b, fdwork, "forker", fmt.Sprint(n), "0", children, secs)
 	defer func() { _ = c.Process.Kill(); _ = c.Wait() }()
-	waitFor(b, 30*time.Second, "the forker watched", func() bool { return d0.scrapeHas(b, c.Process.Pid) })
+	testutil.Eventually(b, 30*time.Second, "the forker watched", func() bool { return d0.scrapeHas(b, c.Process.Pid) })
 	time.Sleep(settle)
 	share := coreShare(b, d0.cmd.Process.Pid, d)
 	return share, gauge(b, d0, "autoglm_watched_processes")

@@ -144,13 +144,6 @@ func freeAddr(t testing.TB) string {
 	return ln.Addr().String()
 }
 
-// waitFor is testutil.Eventually, kept only for churn_bench_test.go, which
-// still calls it; new code calls testutil.Eventually.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	testutil.Eventually(t, timeout, what, cond)
-}
-
 // testCgroup makes the cgroup rel (a path like kubepods/besteffort/pod<uid>/
 // <container id>, as the kubelet's cgroupfs driver names them) in the cgroup
 // v2 hierarchy, the one a process's cgroup path is read from (on a hybrid
