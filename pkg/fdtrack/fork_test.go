@@ -1,6 +1,7 @@
 package fdtrack
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -173,6 +174,45 @@ func testExecedChild(t *testing.T, mode string) {
 		if k, ok := want[fd.Num]; !ok || k != fd.Kind {
 			t.Errorf("fd %d: kind %d in the table, %d in /proc (present %v)", fd.Num, fd.Kind, k, ok)
 		}
+	}
+}
+
+// A child marked at fork is taken only once Forked has offered it, at the
+// second poll that sees it: found earlier (the daemon's exec events, the
+// --children walk of /proc), Track refuses it, and the Untrack that
+// follows a refusal leaves its marking for Forked to offer.
+func TestChildTakenWhenOffered(t *testing.T) {
+	tr := newFollowing(t, 0, bpfobj.ModeBTF)
+	cmd := testutil.Start(t, testutil.Fixture(t, "fdwork"), "family", "10", "30")
+	parent := cmd.Process.Pid
+	if err := tr.Track(parent); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, tr, parent)
+	var child uint32
+	testutil.Eventually(t, 10*time.Second, "the kernel to mark the child at its fork", func() bool {
+		var fi fdForkInfo
+		it := tr.maps.Forks.Iterate()
+		for it.Next(&child, &fi) {
+			return true
+		}
+		return false
+	})
+	if err := tr.Track(int(child)); !errors.Is(err, errNotOffered) {
+		t.Fatalf("Track of a child not offered: %v, want errNotOffered", err)
+	}
+	tr.Untrack(int(child))
+	if first := tr.Forked(); len(first) != 0 {
+		t.Fatalf("offered %v at the first poll that saw it", first)
+	}
+	if second := tr.Forked(); !slices.Equal(second, []int{int(child)}) {
+		t.Fatalf("offered %v at the second poll, want [%d]", second, child)
+	}
+	if err := tr.Track(int(child)); err != nil {
+		t.Fatal(err)
+	}
+	if s := poll(t, tr, int(child)); len(s.FDs) < 10 {
+		t.Errorf("the child taken holds %d fds, want its parent's 10 files and more", len(s.FDs))
 	}
 }
 

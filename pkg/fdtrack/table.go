@@ -266,9 +266,17 @@ func (t *Tracker) goneCounts(tgid uint32) (resyncs, closed uint64, err error) {
 }
 
 // Untrack stops tracking pid and drops its kernel state, the fds opened
-// since the last poll at the next (see bpfobj.Table).
+// since the last poll at the next (see bpfobj.Table). A child marked at
+// fork that Track has not taken (refused, not offered yet) is left as it
+// is: Forked offers it or lets it go.
 func (t *Tracker) Untrack(pid int) {
 	tgid := uint32(pid)
+	if _, ok := t.started[tgid]; !ok {
+		var fi fdForkInfo
+		if t.maps.Forks.Lookup(tgid, &fi) == nil {
+			return
+		}
+	}
 	_ = t.maps.TrackedPids.Delete(tgid)
 	_ = t.maps.FdCounters.Delete(tgid)
 	_ = t.maps.Forks.Delete(tgid)
