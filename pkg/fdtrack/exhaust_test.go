@@ -27,18 +27,7 @@ type judged struct {
 
 // Observe fills procs and judges them, as a poll of the pipeline does.
 func (j *judged) Observe(now time.Time, procs []*model.Process) ([]model.Finding, error) {
-	filled, err := j.Fill(now, procs)
-	if err != nil {
-		return nil, err
-	}
-	var out []model.Finding
-	for _, p := range filled {
-		for _, f := range append(j.leak.Observe(now, p), j.exhaust.Observe(now, p)...) {
-			j.Annotate(p, &f)
-			out = append(out, f)
-		}
-	}
-	return out, nil
+	return testutil.Judge(now, procs, j.Fill, j.Annotate, j.leak, j.exhaust)
 }
 
 func newConcern(t *testing.T) *judged {

@@ -30,15 +30,7 @@ type judged struct {
 // Observe fills procs and judges those filled, as a poll of the pipeline
 // does.
 func (j *judged) Observe(now time.Time, procs []*model.Process) ([]model.Finding, error) {
-	filled, err := j.Fill(now, procs)
-	if err != nil {
-		return nil, err
-	}
-	var out []model.Finding
-	for _, p := range filled {
-		out = append(out, j.det.Observe(now, p)...)
-	}
-	return out, nil
+	return testutil.Judge(now, procs, j.Fill, nil, j.det)
 }
 
 func newConcern(t *testing.T) *judged {

@@ -67,18 +67,25 @@ func hasStack(t *testing.T, s *Service, id uint32) bool {
 	return true
 }
 
-// wantStacks checks, id by id, which stacks the map holds.
-func wantStacks(t *testing.T, s *Service, when string, want map[uint32]bool) {
+// wantIn checks, key by key, which of want the map holds (has), what
+// naming the map's entries in the messages.
+func wantIn(t *testing.T, when, what string, want map[uint32]bool, has func(uint32) bool) {
 	t.Helper()
-	for id, w := range want {
-		if got := hasStack(t, s, id); got != w {
+	for k, w := range want {
+		if got := has(k); got != w {
 			if w {
-				t.Errorf("%s: stack %d was deleted", when, id)
+				t.Errorf("%s: %s %d was deleted", when, what, k)
 			} else {
-				t.Errorf("%s: stack %d is still there", when, id)
+				t.Errorf("%s: %s %d is still there", when, what, k)
 			}
 		}
 	}
+}
+
+// wantStacks checks, id by id, which stacks the map holds.
+func wantStacks(t *testing.T, s *Service, when string, want map[uint32]bool) {
+	t.Helper()
+	wantIn(t, when, "stack", want, func(id uint32) bool { return hasStack(t, s, id) })
 }
 
 func keep(ids ...uint32) map[uint32]bool {
@@ -193,17 +200,10 @@ func hasRule(t *testing.T, s *Service, tgid uint32) bool {
 	return true
 }
 
+// wantRules checks, pid by pid, which unwind rules the map holds.
 func wantRules(t *testing.T, s *Service, when string, want map[uint32]bool) {
 	t.Helper()
-	for tgid, w := range want {
-		if got := hasRule(t, s, tgid); got != w {
-			if w {
-				t.Errorf("%s: the rule of %d was deleted", when, tgid)
-			} else {
-				t.Errorf("%s: the rule of %d is still there", when, tgid)
-			}
-		}
-	}
+	wantIn(t, when, "the rule of pid", want, func(tgid uint32) bool { return hasRule(t, s, tgid) })
 }
 
 // The unwind rules of a process no view tracks go when the round ends,
