@@ -645,7 +645,7 @@ func (p *Pipeline) trackFailed(c Concern, pid int, err error) {
 	c.Untrack(pid)
 	name := c.Name()
 	for _, j := range p.judges {
-		if slices.Contains(j.needs, name) {
+		if j.need == name {
 			j.det.Forget(pid)
 		}
 	}

@@ -87,12 +87,13 @@ type Detector interface {
 	Forget(pid int)
 }
 
-// judge is a detector and the views whose figures it judges: it runs on
-// the processes those views filled this poll ("nvml": joined with NVML's
-// figures), and not at all while one of them is down.
+// judge is a detector and the view whose figures it judges: it runs on
+// the processes that view filled this poll ("nvml": joined with NVML's
+// figures), and not at all while it is down. Each reads one view; what it
+// may read of another (sockleak the fd view's limit) is filled by then.
 type judge struct {
-	needs []string
-	det   Detector
+	need string
+	det  Detector
 }
 
 // registered are the per-process detectors, in the order they run.
@@ -102,12 +103,12 @@ func (p *Pipeline) registered() []judge {
 	gpuAlloc := p.cfg.GPUAlloc
 	gpuAlloc.Devices = p.gpu.GPUs
 	return []judge{
-		{[]string{"fd"}, fdleak.New(p.cfg.FDLeak)},
-		{[]string{"fd"}, fdexhaust.New(fdexhaust.Config{})},
-		{[]string{"sched"}, ctxstorm.New(p.cfg.CtxStorm)},
-		{[]string{"sock"}, sockleak.New(p.cfg.SockLeak)},
-		{[]string{"cuda"}, gpualloc.New(gpuAlloc)},
-		{[]string{"nvml"}, gpuxid.New(gpuxid.DefaultConfig())},
+		{"fd", fdleak.New(p.cfg.FDLeak)},
+		{"fd", fdexhaust.New(fdexhaust.Config{})},
+		{"sched", ctxstorm.New(p.cfg.CtxStorm)},
+		{"sock", sockleak.New(p.cfg.SockLeak)},
+		{"cuda", gpualloc.New(gpuAlloc)},
+		{"nvml", gpuxid.New(gpuxid.DefaultConfig())},
 	}
 }
 
@@ -145,7 +146,7 @@ func (p *Pipeline) judge(now time.Time, observe []*model.Process) ([]model.Findi
 	// Detect.
 	var fresh []model.Finding
 	for _, j := range p.judges {
-		for _, pr := range both(filled, j.needs) {
+		for _, pr := range filled[j.need] {
 			for _, f := range j.det.Observe(now, pr) {
 				p.annotate(pr, &f)
 				fresh = append(fresh, f)
@@ -157,23 +158,6 @@ func (p *Pipeline) judge(now time.Time, observe []*model.Process) ([]model.Findi
 		fresh = append(fresh, p.bound.Observe(now, observe)...)
 	}
 	return fresh, nil
-}
-
-// both returns the processes every view of needs filled, in the first's
-// order; none while a view is down.
-func both(filled map[string][]*model.Process, needs []string) []*model.Process {
-	procs, ok := filled[needs[0]]
-	if !ok {
-		return nil
-	}
-	for _, n := range needs[1:] {
-		other, ok := filled[n]
-		if !ok {
-			return nil
-		}
-		procs = slices.DeleteFunc(slices.Clone(procs), func(pr *model.Process) bool { return !slices.Contains(other, pr) })
-	}
-	return procs
 }
 
 // annotate lets each view that tracks pr add to f what its source says.
