@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
 	"golang.org/x/sys/unix"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/report"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
@@ -235,8 +236,8 @@ func TestAttachFailOnLeak(t *testing.T) {
 		t.Fatalf("report findings: %+v", r.Findings)
 	}
 	// What leaks, not only where: the fds point at /dev/null.
-	if f := r.Findings[0]; !strings.Contains(f.Summary, "leaking /dev/null (") || f.Evidence["leaked_targets"] == nil {
-		t.Errorf("fd_leak does not say what leaks: %q, evidence %v", f.Summary, f.Evidence["leaked_targets"])
+	if f := r.Findings[0]; !strings.Contains(f.Summary, "leaking /dev/null (") || len(f.Evidence.(model.FDLeakEvidence).LeakedTargets) == 0 {
+		t.Errorf("fd_leak does not say what leaks: %q, evidence %+v", f.Summary, f.Evidence)
 	}
 	if after := progCount(t); after != before {
 		t.Fatalf("BPF programs before %d, after %d", before, after)

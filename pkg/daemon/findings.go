@@ -42,7 +42,7 @@ type findingLine struct {
 	Summary   string         `json:"summary"`
 	FirstSeen time.Time      `json:"first_seen"`
 	Stack     []model.Frame  `json:"stack,omitempty"`
-	Evidence  map[string]any `json:"evidence,omitempty"`
+	Evidence  model.Evidence `json:"evidence,omitempty"`
 }
 
 // NewFindingsLog writes to w.

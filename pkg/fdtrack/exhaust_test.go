@@ -69,12 +69,12 @@ func checkExhausted(t *testing.T, c *judged, p *model.Process, f *model.Finding,
 	if f.Severity != model.SeverityCritical || !f.Active {
 		t.Errorf("severity %q active %v", f.Severity, f.Active)
 	}
-	ev := f.Evidence
-	if ev["limit"] != uint64(256) || ev["at_limit_at_attach"] != beforeAttach || ev["errno"] != "EMFILE" {
-		t.Errorf("evidence %v", ev)
+	ev := f.Evidence.(model.FDExhaustedEvidence)
+	if ev.Limit != 256 || ev.AtLimitAtAttach != beforeAttach || ev.Errno != "EMFILE" {
+		t.Errorf("evidence %+v", ev)
 	}
-	call, _ := ev["failing_call"].(map[string]any)
-	if call == nil || !strings.Contains(strings.Join(testutil.Texts(call["stack"].([]model.Frame)), " "), "try_open") {
+	call := ev.FailingCall
+	if call == nil || !strings.Contains(strings.Join(testutil.Texts(call.Stack), " "), "try_open") {
 		t.Errorf("failing call %v, want try_open", call)
 	}
 	// The failing call is named with its line, from the fixture's DWARF.
@@ -90,7 +90,8 @@ func checkExhausted(t *testing.T, c *judged, p *model.Process, f *model.Finding,
 	if last == nil {
 		t.Fatal("finding no longer reported")
 	}
-	if r := last.Evidence["failures_per_second"].(float64); r < 12 || r > 25 {
+	lastEv := last.Evidence.(model.FDExhaustedEvidence)
+	if r := lastEv.FailuresPerSecond; r < 12 || r > 25 {
 		t.Errorf("%.1f failures/s, want about 20", r)
 	}
 	if p.FD.Failed["EMFILE"] < 40 || p.FD.Failed["ENFILE"] != 0 {
@@ -107,8 +108,8 @@ func checkExhausted(t *testing.T, c *judged, p *model.Process, f *model.Finding,
 	if beforeAttach {
 		return
 	}
-	top := last.Evidence["top_sites"].([]map[string]any)
-	if len(top) == 0 || !strings.Contains(strings.Join(testutil.Texts(top[0]["stack"].([]model.Frame)), " "), "hold_open") {
+	top := lastEv.TopSites
+	if len(top) == 0 || !strings.Contains(strings.Join(testutil.Texts(top[0].Stack), " "), "hold_open") {
 		t.Errorf("top sites %v, want hold_open first", top)
 	}
 }

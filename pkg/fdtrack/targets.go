@@ -90,15 +90,16 @@ func (c *Concern) Annotate(p *model.Process, f *model.Finding) {
 	if len(targets) == 0 {
 		return
 	}
-	// Evidence holds plain maps, as every other detector's: a struct would
-	// encode its keys in field order and read back sorted.
-	list := make([]map[string]any, len(targets))
+	list := make([]model.LeakedTarget, len(targets))
 	parts := make([]string, len(targets))
 	for i, t := range targets {
-		list[i] = map[string]any{"target": t.What, "fds": t.FDs}
+		list[i] = model.LeakedTarget{Target: t.What, FDs: t.FDs}
 		parts[i] = fmt.Sprintf("%s (%d)", t.What, t.FDs)
 	}
-	f.Evidence["leaked_targets"] = list
+	// Set on a copy: f's evidence may be shared with an earlier snapshot.
+	ev, _ := f.Evidence.(model.FDLeakEvidence)
+	ev.LeakedTargets = list
+	f.Evidence = ev
 	f.Summary += "; leaking " + strings.Join(parts, ", ")
 }
 

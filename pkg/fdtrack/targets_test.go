@@ -264,10 +264,10 @@ func TestLeakedTargetsReadSiteOnly(t *testing.T) {
 	stack := []model.Frame{{Function: "leak_tick"}}
 	p := &model.Process{PID: 100}
 	p.FD.Sites = []model.FDSite{{Stack: stack, FDs: []int32{3, 4, 5}}}
-	f := &model.Finding{Kind: model.KindFDLeak, PID: 100, Stack: stack, Evidence: map[string]any{}}
+	f := &model.Finding{Kind: model.KindFDLeak, PID: 100, Stack: stack, Evidence: model.FDLeakEvidence{}}
 	c.Annotate(p, f)
-	want := []map[string]any{{"target": "/var/cache/tok/*.json", "fds": 3}}
-	if got, _ := f.Evidence["leaked_targets"].([]map[string]any); fmt.Sprint(got) != fmt.Sprint(want) {
+	want := []model.LeakedTarget{{Target: "/var/cache/tok/*.json", FDs: 3}}
+	if got := f.Evidence.(model.FDLeakEvidence).LeakedTargets; !slices.Equal(got, want) {
 		t.Errorf("leaked_targets %v, want %v (summary %q)", got, want, f.Summary)
 	}
 }

@@ -23,9 +23,8 @@ const (
 // built with -g). A Python frame has Function, File and Line.
 //
 // The fields are in the order of their JSON names: findings' evidence
-// holds stacks too, and evidence read back from a report is plain maps,
-// which encode their keys sorted; a page rendered from a report file must
-// equal the run's.
+// holds stacks too, and was written from maps, which encode their keys
+// sorted; a report written now reads as one written then.
 type Frame struct {
 	Address uint64 `json:"address,omitempty"` // in the process, where nothing else is known
 	// BuildID is the mapped file's GNU build-id in hex and Path the file as

@@ -35,16 +35,19 @@ var FDKinds = []string{"other", "file", "socket", "pipe", "eventfd", "epoll", "t
 
 // Finding is one detector verdict about one process.
 type Finding struct {
-	Kind      string         `json:"kind"`
-	PID       int            `json:"pid"`
-	Comm      string         `json:"comm"`
-	Severity  string         `json:"severity"`
-	FirstSeen time.Time      `json:"first_seen"`
-	LastSeen  time.Time      `json:"last_seen"`
-	Active    bool           `json:"active"`
-	Summary   string         `json:"summary"`
-	Stack     []Frame        `json:"stack"`
-	Evidence  map[string]any `json:"evidence"`
+	Kind      string    `json:"kind"`
+	PID       int       `json:"pid"`
+	Comm      string    `json:"comm"`
+	Severity  string    `json:"severity"`
+	FirstSeen time.Time `json:"first_seen"`
+	LastSeen  time.Time `json:"last_seen"`
+	Active    bool      `json:"active"`
+	Summary   string    `json:"summary"`
+	Stack     []Frame   `json:"stack"`
+	// Evidence is the struct of Kind (evidence.go), held by value: what
+	// adds to it sets a changed copy, as a finding's evidence may be
+	// shared with an earlier snapshot's.
+	Evidence Evidence `json:"evidence"`
 	// CausedBy names the finding that explains this one, which is then
 	// not a problem of its own (an fd leak made of CLOSE_WAIT sockets is
 	// the socket leak's); nil for a finding that stands on its own.

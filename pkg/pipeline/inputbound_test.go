@@ -154,7 +154,7 @@ func TestInputBoundVerdict(t *testing.T) {
 				t.Fatalf("verdict %q after %d polls, want %q; input-bound findings %+v", verdict, polls, tc.verdict, found)
 			}
 			if tc.verdict == inputbound.InputBound {
-				if len(found) != 1 || !strings.Contains(found[0].Summary, "child") || len(found[0].Evidence["waiting"].([]map[string]any)) < 2 {
+				if len(found) != 1 || !strings.Contains(found[0].Summary, "child") || len(found[0].Evidence.(model.GPUInputBoundEvidence).Waiting) < 2 {
 					t.Fatalf("findings %+v: want one naming the starved workers", found)
 				}
 				t.Logf("%s", found[0].Summary)

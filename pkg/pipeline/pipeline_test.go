@@ -202,8 +202,8 @@ func runScenario(t *testing.T, bin string, sc scenario) {
 	if polls > sc.within {
 		t.Errorf("leak found after %d intervals, want <= %d", polls, sc.within)
 	}
-	if leak.Evidence["time_to_exhaustion_seconds"] == nil {
-		t.Errorf("no time to exhaustion: %v", leak.Evidence)
+	if leak.Evidence.(model.FDLeakEvidence).TimeToExhaustionSeconds == nil {
+		t.Errorf("no time to exhaustion: %+v", leak.Evidence)
 	}
 	if !strings.Contains(strings.Join(testutil.Texts(leak.Stack), "\n"), "leak_tick") {
 		t.Errorf("leaking function not in stack: %q", leak.Stack)
@@ -280,14 +280,14 @@ func TestSocketLeakNamesOpeningStack(t *testing.T) {
 	}
 	// The fd leak names what it leaks as the socket leak names its peers:
 	// the server's port against any client port.
-	top, _ := f.Evidence["top_pairs"].([]map[string]any)
-	targets, _ := fdLeak.Evidence["leaked_targets"].([]map[string]any)
-	if len(top) == 0 || len(targets) == 0 || targets[0]["target"] != fmt.Sprintf("TCP %s->%s (CLOSE_WAIT)", top[0]["local"], top[0]["remote"]) {
+	ev := f.Evidence.(model.SocketLeakEvidence)
+	top, targets := ev.TopPairs, fdLeak.Evidence.(model.FDLeakEvidence).LeakedTargets
+	if len(top) == 0 || len(targets) == 0 || targets[0].Target != fmt.Sprintf("TCP %s->%s (CLOSE_WAIT)", top[0].Local, top[0].Remote) {
 		t.Errorf("fd leak targets %v, socket leak pairs %v", targets, top)
 	}
-	growth, _ := f.Evidence["fd_growth"].(map[string]any)
-	if growth == nil || growth["growth_fds_per_second"].(float64) < 5 || growth["open_fds"].(int) < 50 {
-		t.Errorf("fd growth evidence %v", growth)
+	growth := ev.FDGrowth
+	if growth == nil || growth.GrowthPerSecond < 5 || growth.OpenFDs < 50 {
+		t.Errorf("fd growth evidence %+v", growth)
 	}
 	t.Logf("%s\n  related %v, fd growth %v\n  fd leak: %s", f.Summary, f.Related, growth, fdLeak.Summary)
 }

@@ -152,18 +152,18 @@ func processFlames(p *Process, findings []model.Finding) []flame {
 	var largest uint64
 	var burst []weighted
 	for _, f := range findings {
-		size := count(f.Evidence["largest_burst_bytes"])
-		if f.Kind != model.KindGPUAllocBurst || size <= largest {
+		ev, ok := f.Evidence.(model.GPUAllocBurstEvidence)
+		if !ok || ev.LargestBurstBytes <= largest {
 			continue
 		}
 		var ws []weighted
-		for _, t := range list(f.Evidence["top_sites"]) {
-			if st, ok := readStack(t["stack"]); ok {
-				ws = append(ws, weighted{st, count(t["bytes"])})
+		for _, t := range ev.TopSites {
+			if t.Stack != nil {
+				ws = append(ws, weighted{t.Stack, t.Bytes})
 			}
 		}
 		if len(ws) > 0 {
-			largest, burst = size, ws
+			largest, burst = ev.LargestBurstBytes, ws
 		}
 	}
 	fds := func(n uint64) string { return strconv.FormatUint(n, 10) + " fds" }
@@ -182,35 +182,4 @@ func processFlames(p *Process, findings []model.Finding) []flame {
 		}
 	}
 	return out
-}
-
-// list reads a list of objects from a finding's evidence, as built or as
-// read back from JSON.
-func list(v any) []map[string]any {
-	if l, ok := v.([]map[string]any); ok {
-		return l
-	}
-	var out []map[string]any
-	if l, ok := v.([]any); ok {
-		for _, e := range l {
-			if m, ok := e.(map[string]any); ok {
-				out = append(out, m)
-			}
-		}
-	}
-	return out
-}
-
-// count reads a count from a finding's evidence, as built (uint64) or as
-// read back from JSON (float64).
-func count(v any) uint64 {
-	switch n := v.(type) {
-	case uint64:
-		return n
-	case int:
-		return uint64(max(n, 0))
-	case float64:
-		return uint64(max(n, 0))
-	}
-	return 0
 }

@@ -36,7 +36,7 @@ func flameReport(t *testing.T, out Outputs) {
 	}
 	burst := model.Finding{Kind: model.KindGPUAllocBurst, PID: 100, Comm: "trainer", Severity: model.SeverityWarning, FirstSeen: t0.Add(3 * time.Second), LastSeen: t0.Add(4 * time.Second),
 		Summary: "GPU allocation burst: 18.8 GiB", Stack: at("burst_step", 31),
-		Evidence: map[string]any{"largest_burst_bytes": uint64(18 << 30), "top_sites": []map[string]any{{"stack": at("burst_step", 31), "bytes": uint64(18 << 30)}}}}
+		Evidence: model.GPUAllocBurstEvidence{LargestBurstBytes: 18 << 30, TopSites: []model.BurstSite{{Stack: at("burst_step", 31), Bytes: 18 << 30}}}}
 	w.Update(&model.Snapshot{Time: t0.Add(5 * time.Second), Start: t0, Processes: []*model.Process{p}, Findings: []model.Finding{burst}})
 	if err := w.Close(nil); err != nil {
 		t.Fatal(err)

@@ -33,10 +33,10 @@ func run(t testing.TB, n int, step time.Duration, out Outputs) {
 	frac := func(i int) float64 { return float64(i) / float64(n) }
 	findings := []model.Finding{
 		{Kind: model.KindCtxSwitchStorm, PID: 200, Comm: hostile, Severity: model.SeverityWarning, FirstSeen: at(n / 5), LastSeen: at(3 * n / 10),
-			Summary: "context switches 60000/s", Stack: []model.Frame{{Kind: model.FramePython, Function: "<script>alert(2)</script>", File: "w.py", Line: 1}, {Kind: model.FrameNative, Function: "spin", Module: "w", Offset: 0x10}}, Evidence: map[string]any{"rate_per_second": 60000.0}},
+			Summary: "context switches 60000/s", Stack: []model.Frame{{Kind: model.FramePython, Function: "<script>alert(2)</script>", File: "w.py", Line: 1}, {Kind: model.FrameNative, Function: "spin", Module: "w", Offset: 0x10}}, Evidence: model.CtxSwitchStormEvidence{RatePerSecond: 60000}},
 		{Kind: model.KindFDLeak, PID: 100, Comm: "trainer", Severity: model.SeverityCritical, FirstSeen: at(n / 2), LastSeen: at(n), Active: true,
 			Summary: "fd leak at leak_fn", Stack: testutil.Frames("__open64+0x51 (libc.so.6)", "leak_fn+0x1a (trainer)", "main+0x11a (trainer)"),
-			Evidence: map[string]any{"open_fds": 1000.0, "top_sites": []any{map[string]any{"stack": slices.Repeat(testutil.Frames("leak_fn+0x1a (trainer)"), 20)}}}},
+			Evidence: model.FDLeakEvidence{OpenFDs: 1000, TopSites: []model.FDLeakSite{{Stack: slices.Repeat(testutil.Frames("leak_fn+0x1a (trainer)"), 20)}}}},
 		{Kind: model.KindGPUAllocBurst, PID: 100, Comm: "trainer", Severity: model.SeverityWarning, FirstSeen: at(n / 2), LastSeen: at(n / 2),
 			Summary: "3 GiB in one interval", Stack: testutil.Frames("warmup+0x35 (trainer)")},
 		{Kind: model.KindSocketLeak, PID: 100, Comm: "trainer", Severity: model.SeverityWarning, FirstSeen: at(7 * n / 10), LastSeen: at(8 * n / 10),

@@ -256,12 +256,10 @@ func (w *Writer) report(now time.Time) *Report {
 			})
 		}
 		for _, f := range s.Findings {
-			// Consumers index into these; [] and {} spare them null checks.
+			// Consumers index into these; [] spares them null checks, as
+			// the {} a finding without evidence is written with does.
 			if f.Stack == nil {
 				f.Stack = []model.Frame{}
-			}
-			if f.Evidence == nil {
-				f.Evidence = map[string]any{}
 			}
 			r.Findings = append(r.Findings, f)
 		}

@@ -50,7 +50,7 @@ func TestRoundTrip(t *testing.T) {
 		FirstSeen: t0.Add(10 * time.Second), LastSeen: t0.Add(20 * time.Second), Active: true,
 		Summary:  "open fds grew by 40 in 20s",
 		Stack:    mixedStack,
-		Evidence: map[string]any{"growth": 40.0},
+		Evidence: model.FDLeakEvidence{GrowthPerSecond: 40},
 	}
 	w, buf := toStdout()
 	w.Update(&model.Snapshot{Time: t0.Add(10 * time.Second), Start: t0, Targets: []int{100}, Processes: []*model.Process{proc(100, "fdwork", 40, false)}})
@@ -128,7 +128,7 @@ var mixedStack = []model.Frame{
 func TestStackFrames(t *testing.T) {
 	w, buf := toStdout()
 	f := model.Finding{Kind: model.KindFDLeak, PID: 100, FirstSeen: t0, LastSeen: t0, Stack: mixedStack,
-		Evidence: map[string]any{"top_sites": []map[string]any{{"stack": mixedStack[:1], "unclosed_fds": 3}}}}
+		Evidence: model.FDLeakEvidence{TopSites: []model.FDLeakSite{{Stack: mixedStack[:1], UnclosedFDs: 3}}}}
 	if err := w.Close(&model.Snapshot{Time: t0, Start: t0, Processes: []*model.Process{proc(100, "fdwork", 40, false)}, Findings: []model.Finding{f}}); err != nil {
 		t.Fatal(err)
 	}

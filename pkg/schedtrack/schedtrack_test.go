@@ -190,13 +190,14 @@ func TestStormFlaggedOthersQuiet(t *testing.T) {
 	}
 	f := storms[len(storms)-1]
 	t.Logf("%s: %s", f.Severity, f.Summary)
-	if f.Kind != model.KindCtxSwitchStorm || !f.Active || f.Evidence["hint"] != "mostly voluntary: lock contention or I/O churn (threads blocking and waking)" {
+	ev, _ := f.Evidence.(model.CtxSwitchStormEvidence)
+	if f.Kind != model.KindCtxSwitchStorm || !f.Active || ev.Hint != "mostly voluntary: lock contention or I/O churn (threads blocking and waking)" {
 		t.Errorf("finding %+v", f)
 	}
-	if r, _ := f.Evidence["voluntary_ratio"].(float64); r < 0.5 {
-		t.Errorf("voluntary_ratio = %v", f.Evidence["voluntary_ratio"])
+	if ev.VoluntaryRatio < 0.5 {
+		t.Errorf("voluntary_ratio = %v", ev.VoluntaryRatio)
 	}
-	if f.Evidence["runqueue_p99_seconds"] == nil {
+	if ev.RunqueueP99Seconds == nil {
 		t.Error("no run-queue p99 in the evidence")
 	}
 

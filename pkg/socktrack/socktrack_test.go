@@ -189,11 +189,12 @@ func TestLeakyServerFlagged(t *testing.T) {
 			t.Fatalf("connection %s <- %s is not on loopback", cw.Local, cw.Remote)
 		}
 	}
-	if ev := f.Evidence; ev["close_wait"] != n || ev["growth_per_second"].(float64) <= 0 {
-		t.Errorf("evidence %v", ev)
+	ev := f.Evidence.(model.SocketLeakEvidence)
+	if ev.CloseWait != n || ev.GrowthPerSecond <= 0 {
+		t.Errorf("evidence %+v", ev)
 	}
-	top := f.Evidence["top_pairs"].([]map[string]any)
-	if len(top) == 0 || top[0]["remote"] != "127.0.0.1:*" || top[0]["local"] == "127.0.0.1:*" {
+	top := ev.TopPairs
+	if len(top) == 0 || top[0].Remote != "127.0.0.1:*" || top[0].Local == "127.0.0.1:*" {
 		t.Errorf("top_pairs %v, want the listening port against any client port", top)
 	}
 	if p.Sock.TCPByState["LISTEN"] != 1 {

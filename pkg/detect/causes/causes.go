@@ -21,7 +21,6 @@ package causes
 
 import (
 	"fmt"
-	"maps"
 	"slices"
 	"time"
 
@@ -66,12 +65,11 @@ func (l *Linker) Link(now time.Time, procs []*model.Process, fresh, recorded []m
 			for _, r := range prev.Related {
 				f.Related = appendRef(f.Related, r)
 			}
-			if g, ok := prev.Evidence["fd_growth"]; ok && f.Evidence["fd_growth"] == nil {
-				f.Evidence = maps.Clone(f.Evidence)
-				if f.Evidence == nil {
-					f.Evidence = map[string]any{}
+			if g, ok := prev.Evidence.(model.SocketLeakEvidence); ok && g.FDGrowth != nil {
+				if ev, _ := f.Evidence.(model.SocketLeakEvidence); ev.FDGrowth == nil {
+					ev.FDGrowth = g.FDGrowth
+					f.Evidence = ev
 				}
-				f.Evidence["fd_growth"] = g
 			}
 		}
 	}
@@ -144,22 +142,23 @@ func link(f, s *model.Finding) {
 	f.CausedBy = &ref
 	f.Summary += fmt.Sprintf("; these fds are the CLOSE_WAIT sockets of the %s", model.KindSocketLeak)
 	s.Related = appendRef(s.Related, f.Ref())
-	growth := map[string]any{"fd_leak_first_seen": f.FirstSeen}
-	for _, k := range []string{"open_fds", "growth_fds_per_second", "limit", "time_to_exhaustion_seconds", "window_seconds"} {
-		if v, ok := f.Evidence[k]; ok {
-			growth[k] = v
-		}
+	fd, isFD := f.Evidence.(model.FDLeakEvidence)
+	// Set on a copy: s's evidence may be shared with an earlier snapshot.
+	ev, _ := s.Evidence.(model.SocketLeakEvidence)
+	ev.FDGrowth = &model.FDGrowth{
+		FDLeakFirstSeen:         f.FirstSeen,
+		OpenFDs:                 fd.OpenFDs,
+		GrowthPerSecond:         fd.GrowthPerSecond,
+		Limit:                   fd.Limit,
+		TimeToExhaustionSeconds: fd.TimeToExhaustionSeconds,
+		WindowSeconds:           fd.WindowSeconds,
 	}
-	s.Evidence = maps.Clone(s.Evidence)
-	if s.Evidence == nil {
-		s.Evidence = map[string]any{}
-	}
-	s.Evidence["fd_growth"] = growth
+	s.Evidence = ev
 	if f.Severity == model.SeverityCritical {
 		s.Severity = model.SeverityCritical
 	}
-	if rate, ok := f.Evidence["growth_fds_per_second"].(float64); ok && f.Active {
-		s.Summary += fmt.Sprintf("; they hold the process's fds, %v open and growing %.1f/s", f.Evidence["open_fds"], rate)
+	if isFD && f.Active {
+		s.Summary += fmt.Sprintf("; they hold the process's fds, %d open and growing %.1f/s", fd.OpenFDs, fd.GrowthPerSecond)
 	}
 }
 

@@ -37,12 +37,18 @@ func server(stack []model.Frame, n, cw int) *model.Process {
 func fdLeak(stack []model.Frame, first time.Time) model.Finding {
 	return model.Finding{Kind: model.KindFDLeak, PID: 7, Severity: model.SeverityCritical, FirstSeen: first, Active: true, Stack: stack,
 		Summary:  "fd leak: 103 open fds growing 10.0/s",
-		Evidence: map[string]any{"open_fds": 103, "growth_fds_per_second": 10.0, "limit": uint64(1024), "time_to_exhaustion_seconds": 92.1}}
+		Evidence: model.FDLeakEvidence{OpenFDs: 103, GrowthPerSecond: 10.0, Limit: 1024, TimeToExhaustionSeconds: new(92.1)}}
 }
 
 func sockLeak(first time.Time) model.Finding {
 	return model.Finding{Kind: model.KindSocketLeak, PID: 7, Severity: model.SeverityWarning, FirstSeen: first, Active: true, Stack: acceptStack,
-		Summary: "socket leak: 100 TCP sockets in CLOSE_WAIT", Evidence: map[string]any{"close_wait": 100}}
+		Summary: "socket leak: 100 TCP sockets in CLOSE_WAIT", Evidence: model.SocketLeakEvidence{CloseWait: 100}}
+}
+
+// fdGrowth is the fd growth in a socket leak's evidence.
+func fdGrowth(f model.Finding) *model.FDGrowth {
+	ev, _ := f.Evidence.(model.SocketLeakEvidence)
+	return ev.FDGrowth
 }
 
 // pipeline records findings the way pkg/pipeline does: by kind, pid and
@@ -96,9 +102,11 @@ func TestCloseWaitLeakIsOneFinding(t *testing.T) {
 	if len(s.Related) != 1 || s.Related[0] != fl.Ref() {
 		t.Errorf("socket leak related %v", s.Related)
 	}
-	g, _ := s.Evidence["fd_growth"].(map[string]any)
-	if g == nil || g["growth_fds_per_second"] != 10.0 || g["open_fds"] != 103 || g["time_to_exhaustion_seconds"] != 92.1 || !g["fd_leak_first_seen"].(time.Time).Equal(fdAt) {
-		t.Errorf("fd growth evidence %v", g)
+	if g := fdGrowth(s); g == nil || g.GrowthPerSecond != 10.0 || g.OpenFDs != 103 || g.Limit != 1024 || g.TimeToExhaustionSeconds == nil || *g.TimeToExhaustionSeconds != 92.1 || !g.FDLeakFirstSeen.Equal(fdAt) {
+		t.Errorf("fd growth evidence %+v", g)
+	}
+	if ev := s.Evidence.(model.SocketLeakEvidence); ev.CloseWait != 100 {
+		t.Errorf("socket leak evidence %+v, want its own kept", ev)
 	}
 	// The fd leak was critical (limit near): so is the one finding.
 	if s.Severity != model.SeverityCritical || !strings.Contains(s.Summary, "103 open and growing 10.0/s") {
@@ -115,7 +123,7 @@ func TestCloseWaitLeakIsOneFinding(t *testing.T) {
 	if fl := find(p.recorded, model.KindFDLeak, 7, fdAt); fl.Active || fl.CausedBy == nil {
 		t.Errorf("ended fd leak %+v", fl)
 	}
-	if len(s.Related) != 1 || s.Evidence["fd_growth"] == nil {
+	if len(s.Related) != 1 || fdGrowth(s) == nil {
 		t.Errorf("socket leak lost its link: %+v", s)
 	}
 }
@@ -130,7 +138,7 @@ func TestFileLeakStandsAlone(t *testing.T) {
 	if len(out) != 2 || out[0].Kind != model.KindFDLeak || out[0].CausedBy != nil || out[0].Summary != fdLeak(openStack, t0).Summary {
 		t.Fatalf("%+v", out)
 	}
-	if out[1].Related != nil || out[1].Evidence["fd_growth"] != nil {
+	if out[1].Related != nil || fdGrowth(out[1]) != nil {
 		t.Errorf("socket leak linked to a file leak: %+v", out[1])
 	}
 }

@@ -202,9 +202,9 @@ func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, st *pr
 		}
 	}
 	slices.SortFunc(top, func(a, b threadRate) int { return cmp.Or(cmp.Compare(b.rate, a.rate), cmp.Compare(a.tid, b.tid)) })
-	topEv := make([]map[string]any, 0, topThreads)
+	topEv := make([]model.ThreadRate, 0, topThreads)
 	for _, t := range top[:min(len(top), topThreads)] {
-		topEv = append(topEv, map[string]any{"tid": t.tid, "name": t.name, "rate": series.Round(t.rate, 1)})
+		topEv = append(topEv, model.ThreadRate{TID: t.tid, Name: t.name, Rate: series.Round(t.rate, 1)})
 	}
 
 	volRatio := 0.0
@@ -215,13 +215,13 @@ func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, st *pr
 	if volRatio >= voluntaryShare {
 		hint = hintVoluntary
 	}
-	var p99 any // null when nothing waited in the window
+	var p99 *float64 // nil when nothing waited in the window
 	if q, ok := cur.runq.Sub(st.window[0].runq).Quantile(runqQuantile); ok {
-		p99 = q
+		p99 = &q
 	}
-	var baseline any // null until an interval has been learned
+	var baseline *float64 // nil until an interval has been learned
 	if st.n > 0 {
-		baseline = series.Round(st.mean, 1)
+		baseline = new(series.Round(st.mean, 1))
 	}
 
 	f.Comm = p.Comm
@@ -242,19 +242,19 @@ func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, st *pr
 	}
 	f.Summary = fmt.Sprintf("%s: %s switches/s (%.0f%% voluntary) over %d threads on %d CPUs, %s; %s",
 		head, rough(iv.rate), 100*volRatio, len(p.Sched.Threads), p.Sched.AllowedCPUs, base, hint)
-	f.Evidence = map[string]any{
-		"rate_per_second":         series.Round(iv.rate, 1),
-		"voluntary_per_second":    series.Round(iv.vol, 1),
-		"involuntary_per_second":  series.Round(iv.invol, 1),
-		"voluntary_ratio":         series.Round(volRatio, 3),
-		"threshold_per_second":    series.Round(iv.threshold, 1),
-		"baseline_mean":           baseline,
-		"top_threads":             topEv,
-		"threads":                 len(p.Sched.Threads),
-		"allowed_cpus":            p.Sched.AllowedCPUs,
-		"runqueue_p99_seconds":    p99,
-		"runqueue_window_seconds": series.Round(cur.t.Sub(st.window[0].t).Seconds(), 1),
-		"hint":                    hint,
+	f.Evidence = model.CtxSwitchStormEvidence{
+		RatePerSecond:         series.Round(iv.rate, 1),
+		VoluntaryPerSecond:    series.Round(iv.vol, 1),
+		InvoluntaryPerSecond:  series.Round(iv.invol, 1),
+		VoluntaryRatio:        series.Round(volRatio, 3),
+		ThresholdPerSecond:    series.Round(iv.threshold, 1),
+		BaselineMean:          baseline,
+		TopThreads:            topEv,
+		Threads:               len(p.Sched.Threads),
+		AllowedCPUs:           p.Sched.AllowedCPUs,
+		RunqueueP99Seconds:    p99,
+		RunqueueWindowSeconds: series.Round(cur.t.Sub(st.window[0].t).Seconds(), 1),
+		Hint:                  hint,
 	}
 	return f
 }

@@ -117,24 +117,28 @@ func TestStormAfterWarmUp(t *testing.T) {
 	if f.Kind != model.KindCtxSwitchStorm || f.PID != 100 || f.Comm != "schedwork" || !f.FirstSeen.Equal(t0.Add(18*time.Second)) {
 		t.Errorf("finding = %+v", f)
 	}
-	if f.Evidence["hint"] != hintInvoluntary || !strings.Contains(f.Summary, "involuntary") {
-		t.Errorf("hint = %v, summary %q; want involuntary", f.Evidence["hint"], f.Summary)
+	ev := f.Evidence.(model.CtxSwitchStormEvidence)
+	if ev.Hint != hintInvoluntary || !strings.Contains(f.Summary, "involuntary") {
+		t.Errorf("hint = %v, summary %q; want involuntary", ev.Hint, f.Summary)
 	}
-	if r := f.Evidence["rate_per_second"].(float64); r < 18000 || r > 22000 {
+	if r := ev.RatePerSecond; r < 18000 || r > 22000 {
 		t.Errorf("rate_per_second = %v, want about 20000", r)
 	}
-	if b := f.Evidence["baseline_mean"].(float64); b < 600 || b > 1000 {
+	if ev.BaselineMean == nil || ev.RunqueueP99Seconds == nil {
+		t.Fatalf("baseline_mean %v, runqueue_p99_seconds %v: want both", ev.BaselineMean, ev.RunqueueP99Seconds)
+	}
+	if b := *ev.BaselineMean; b < 600 || b > 1000 {
 		t.Errorf("baseline_mean = %v, want about 800 (the storm must not be learned)", b)
 	}
-	if p := f.Evidence["runqueue_p99_seconds"]; p != 1e-2 {
+	if p := *ev.RunqueueP99Seconds; p != 1e-2 {
 		t.Errorf("runqueue_p99_seconds = %v, want 0.01 (the storm's waits, not the calm ones)", p)
 	}
-	if f.Evidence["allowed_cpus"] != 2 || f.Evidence["threads"] != 8 {
-		t.Errorf("allowed_cpus, threads = %v, %v", f.Evidence["allowed_cpus"], f.Evidence["threads"])
+	if ev.AllowedCPUs != 2 || ev.Threads != 8 {
+		t.Errorf("allowed_cpus, threads = %v, %v", ev.AllowedCPUs, ev.Threads)
 	}
-	top := f.Evidence["top_threads"].([]map[string]any)
-	if len(top) != topThreads || top[0]["name"] != "worker" || top[0]["rate"].(float64) < 2000 {
-		t.Errorf("top_threads = %v", top)
+	top := ev.TopThreads
+	if len(top) != topThreads || top[0].Name != "worker" || top[0].Rate < 2000 {
+		t.Errorf("top_threads = %+v", top)
 	}
 	if f.Severity != model.SeverityWarning {
 		t.Errorf("severity = %s below the ceiling", f.Severity)
@@ -165,14 +169,15 @@ func TestStormFromAttach(t *testing.T) {
 		t.Fatalf("storm flagged at second %d, want 3 (during warm-up, by the ceiling)", got)
 	}
 	f := res[3][0]
-	if f.Evidence["hint"] != hintVoluntary || f.Severity != model.SeverityCritical {
-		t.Errorf("hint %v, severity %s; want voluntary, critical", f.Evidence["hint"], f.Severity)
+	ev := f.Evidence.(model.CtxSwitchStormEvidence)
+	if ev.Hint != hintVoluntary || f.Severity != model.SeverityCritical {
+		t.Errorf("hint %v, severity %s; want voluntary, critical", ev.Hint, f.Severity)
 	}
-	if r := f.Evidence["voluntary_ratio"].(float64); r < 0.95 {
+	if r := ev.VoluntaryRatio; r < 0.95 {
 		t.Errorf("voluntary_ratio = %v", r)
 	}
-	if f.Evidence["baseline_mean"] != nil {
-		t.Errorf("baseline_mean = %v, want null: nothing was learned", f.Evidence["baseline_mean"])
+	if ev.BaselineMean != nil {
+		t.Errorf("baseline_mean = %v, want null: nothing was learned", *ev.BaselineMean)
 	}
 }
 

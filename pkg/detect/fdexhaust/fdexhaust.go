@@ -130,7 +130,7 @@ func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, st *pr
 	if p.FD.Failed["ENFILE"] > p.FD.Failed["EMFILE"] {
 		errno = "ENFILE"
 	}
-	top := make([]map[string]any, 0, topSitesShown)
+	top := make([]model.FDHoldingSite, 0, topSitesShown)
 	attributed := 0
 	for _, s := range p.FD.Sites {
 		attributed += len(s.Opened)
@@ -140,16 +140,16 @@ func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, st *pr
 		for _, at := range s.Opened {
 			oldest = max(oldest, now.Sub(at))
 		}
-		top = append(top, map[string]any{"stack": slices.Clone(s.Stack), "fds": len(s.Opened), "oldest_age_seconds": series.Round(oldest.Seconds(), 1)})
+		top = append(top, model.FDHoldingSite{Stack: slices.Clone(s.Stack), FDs: len(s.Opened), OldestAgeSeconds: series.Round(oldest.Seconds(), 1)})
 	}
-	var failing any // the failing call site; null until one failed
+	var failing *model.FailingCall // nil until a call failed
 	f.Stack = nil
 	if lf := p.FD.LastFailure; lf != nil {
 		f.Stack = slices.Clone(lf.Stack)
-		failing = map[string]any{
-			"stack":       slices.Clone(lf.Stack),
-			"kind":        lf.Kind,
-			"seconds_ago": series.Round(max(0, now.Sub(lf.Time).Seconds()), 1),
+		failing = &model.FailingCall{
+			Stack:      slices.Clone(lf.Stack),
+			Kind:       lf.Kind,
+			SecondsAgo: series.Round(max(0, now.Sub(lf.Time).Seconds()), 1),
 		}
 	} else if len(p.FD.Sites) > 0 {
 		// No call failed since attach (the process was at its limit
@@ -161,17 +161,17 @@ func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, st *pr
 	f.Active = active
 	f.Severity = model.SeverityCritical
 	f.Summary = d.summary(p, active, errno, rate)
-	f.Evidence = map[string]any{
-		"open_fds":            p.FD.Open,
-		"limit":               p.FD.Limit,
-		"at_limit":            d.atLimit(p.FD.Open, p.FD.Limit),
-		"at_limit_at_attach":  d.atLimit(p.FD.OpenAtAttach, p.FD.Limit),
-		"failures_total":      maps.Clone(p.FD.Failed),
-		"failures_per_second": series.Round(rate, 2),
-		"errno":               errno,
-		"failing_call":        failing,
-		"top_sites":           top,
-		"unattributed_fds":    max(0, p.FD.Open-attributed),
+	f.Evidence = model.FDExhaustedEvidence{
+		OpenFDs:           p.FD.Open,
+		Limit:             p.FD.Limit,
+		AtLimit:           d.atLimit(p.FD.Open, p.FD.Limit),
+		AtLimitAtAttach:   d.atLimit(p.FD.OpenAtAttach, p.FD.Limit),
+		FailuresTotal:     maps.Clone(p.FD.Failed),
+		FailuresPerSecond: series.Round(rate, 2),
+		Errno:             errno,
+		FailingCall:       failing,
+		TopSites:          top,
+		UnattributedFDs:   max(0, p.FD.Open-attributed),
 	}
 	return f
 }

@@ -66,18 +66,18 @@ func TestFailuresFlaggedAtOnce(t *testing.T) {
 		if sec < 8 {
 			continue
 		}
-		ev := f.Evidence
-		if got := ev["failures_per_second"].(float64); math.Abs(got-20) > 1 {
+		ev := f.Evidence.(model.FDExhaustedEvidence)
+		if got := ev.FailuresPerSecond; math.Abs(got-20) > 1 {
 			t.Errorf("failures/s %v, want 20", got)
 		}
-		if ev["errno"] != "EMFILE" || ev["limit"] != uint64(1024) || ev["open_fds"] != 1024 || ev["at_limit"] != true || ev["at_limit_at_attach"] != false {
-			t.Errorf("evidence %v", ev)
+		if ev.Errno != "EMFILE" || ev.Limit != 1024 || ev.OpenFDs != 1024 || !ev.AtLimit || ev.AtLimitAtAttach {
+			t.Errorf("evidence %+v", ev)
 		}
-		if call := ev["failing_call"].(map[string]any); call["kind"] != "file" || call["stack"].([]model.Frame)[0] != tryStack[0] {
-			t.Errorf("failing call %v", call)
+		if call := ev.FailingCall; call == nil || call.Kind != "file" || call.Stack[0] != tryStack[0] {
+			t.Errorf("failing call %+v", call)
 		}
-		if top := ev["top_sites"].([]map[string]any); len(top) != 1 || top[0]["fds"] != 1000 || ev["unattributed_fds"] != 24 {
-			t.Errorf("top sites %v, unattributed %v", top, ev["unattributed_fds"])
+		if top := ev.TopSites; len(top) != 1 || top[0].FDs != 1000 || ev.UnattributedFDs != 24 {
+			t.Errorf("top sites %+v, unattributed %v", top, ev.UnattributedFDs)
 		}
 		if f.Stack[0] != tryStack[0] {
 			t.Errorf("stack %q, want the failing call's", f.Stack)
@@ -97,10 +97,10 @@ func TestFailingBeforeAttach(t *testing.T) {
 	p := proc(1024, 1024, 20, 0, now)
 	p.FD.OpenAtAttach = 1024
 	fs := d.Observe(now, p)
-	if len(fs) != 1 || fs[0].Kind != model.KindFDExhausted || fs[0].Evidence["at_limit_at_attach"] != true {
+	if len(fs) != 1 || fs[0].Kind != model.KindFDExhausted || !fs[0].Evidence.(model.FDExhaustedEvidence).AtLimitAtAttach {
 		t.Fatalf("first poll: %v", fs)
 	}
-	if got := fs[0].Evidence["failures_per_second"]; got != 20.0 {
+	if got := fs[0].Evidence.(model.FDExhaustedEvidence).FailuresPerSecond; got != 20.0 {
 		t.Errorf("failures/s %v, want 20", got)
 	}
 	if !strings.Contains(fs[0].Summary, "at the limit since before attach") {
@@ -115,7 +115,7 @@ func TestAtLimitWithoutFailures(t *testing.T) {
 	p := proc(1023, 1024, 0, 0, time.Time{})
 	p.FD.OpenAtAttach = 1023
 	fs := d.Observe(t0.Add(time.Second), p)
-	if len(fs) != 1 || fs[0].Severity != model.SeverityCritical || fs[0].Evidence["failing_call"] != nil {
+	if len(fs) != 1 || fs[0].Severity != model.SeverityCritical || fs[0].Evidence.(model.FDExhaustedEvidence).FailingCall != nil {
 		t.Fatalf("%v", fs)
 	}
 	if fs[0].Stack[0] != holdStack[0] {
@@ -142,7 +142,7 @@ func TestENFILE(t *testing.T) {
 	d := New(Config{})
 	now := t0.Add(2 * time.Second)
 	fs := d.Observe(now, proc(100, 1024, 0, 10, now))
-	if len(fs) != 1 || fs[0].Evidence["errno"] != "ENFILE" || !strings.Contains(fs[0].Summary, "ENFILE (the system-wide file table, fs.file-max, is full) 5.0/s") {
+	if len(fs) != 1 || fs[0].Evidence.(model.FDExhaustedEvidence).Errno != "ENFILE" || !strings.Contains(fs[0].Summary, "ENFILE (the system-wide file table, fs.file-max, is full) 5.0/s") {
 		t.Fatalf("%v", fs)
 	}
 }

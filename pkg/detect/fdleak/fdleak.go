@@ -393,20 +393,20 @@ func (a assessment) held() bool {
 
 // fill returns f updated from the latest sample.
 func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, a assessment, active bool) model.Finding {
-	var tte any // seconds until the limit is reached; null when it is not approached
+	var tte *float64 // seconds until the limit is reached; nil when it is not approached
 	tteSec := math.Inf(1)
 	if p.FD.Limit > 0 && a.slope > 0 {
 		tteSec = max(0, float64(p.FD.Limit)-float64(p.FD.Open)) / a.slope
-		tte = series.Round(tteSec, 1)
+		tte = new(series.Round(tteSec, 1))
 	}
 
-	top := make([]map[string]any, 0, topSitesShown)
+	top := make([]model.FDLeakSite, 0, topSitesShown)
 	for _, s := range a.sites[:min(len(a.sites), topSitesShown)] {
-		top = append(top, map[string]any{
-			"stack":               slices.Clone(s.stack),
-			"unclosed_fds":        s.old,
-			"unclosed_fds_growth": s.growth,
-			"oldest_age_seconds":  series.Round(s.oldest.Seconds(), 1),
+		top = append(top, model.FDLeakSite{
+			Stack:             slices.Clone(s.stack),
+			UnclosedFDs:       s.old,
+			UnclosedFDsGrowth: s.growth,
+			OldestAgeSeconds:  series.Round(s.oldest.Seconds(), 1),
 		})
 	}
 
@@ -422,16 +422,16 @@ func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, a asse
 		f.Stack = slices.Clone(a.sites[0].stack)
 	}
 	f.Summary = d.summary(p, a, active, tte != nil, tteSec)
-	f.Evidence = map[string]any{
-		"open_fds":                   p.FD.Open,
-		"growth_fds_per_second":      series.Round(a.slope, 4),
-		"window_seconds":             series.Round(a.span.Seconds(), 1),
-		"time_scale_seconds":         d.scaleOf(a).Seconds(),
-		"limit":                      p.FD.Limit,
-		"time_to_exhaustion_seconds": tte,
-		"top_sites":                  top,
-		"opened_by_kind":             maps.Clone(p.FD.Opened),
-		"closed_by_kind":             maps.Clone(p.FD.Closed),
+	f.Evidence = model.FDLeakEvidence{
+		OpenFDs:                 p.FD.Open,
+		GrowthPerSecond:         series.Round(a.slope, 4),
+		WindowSeconds:           series.Round(a.span.Seconds(), 1),
+		TimeScaleSeconds:        d.scaleOf(a).Seconds(),
+		Limit:                   p.FD.Limit,
+		TimeToExhaustionSeconds: tte,
+		TopSites:                top,
+		OpenedByKind:            maps.Clone(p.FD.Opened),
+		ClosedByKind:            maps.Clone(p.FD.Closed),
 	}
 	return f
 }

@@ -204,7 +204,8 @@ func TestFlags(t *testing.T) {
 			if f.Severity != tc.severity {
 				t.Errorf("severity %q, want %q", f.Severity, tc.severity)
 			}
-			if got := f.Evidence["growth_fds_per_second"].(float64); math.Abs(got-tc.rate) > 0.2*tc.rate {
+			ev := f.Evidence.(model.FDLeakEvidence)
+			if got := ev.GrowthPerSecond; math.Abs(got-tc.rate) > 0.2*tc.rate {
 				t.Errorf("growth %.2f fds/s, want %.2f ±20%%", got, tc.rate)
 			}
 			if tc.leakStack {
@@ -215,8 +216,8 @@ func TestFlags(t *testing.T) {
 					t.Errorf("summary %q does not name the leaking site", f.Summary)
 				}
 			}
-			if got := f.Evidence["time_to_exhaustion_seconds"]; (got != nil) != tc.tte {
-				t.Errorf("time_to_exhaustion_seconds %v, want set=%v", got, tc.tte)
+			if got := ev.TimeToExhaustionSeconds; (got != nil) != tc.tte {
+				t.Errorf("time_to_exhaustion_seconds set=%v, want set=%v", got != nil, tc.tte)
 			}
 			// Every later sample keeps reporting the same, still active, finding.
 			for i, r := range reps[1:] {
@@ -242,44 +243,47 @@ func TestEvidence(t *testing.T) {
 		t.Fatal("no finding")
 	}
 	r := reps[len(reps)-1]
-	ev := r.f.Evidence
+	ev := r.f.Evidence.(model.FDLeakEvidence)
 	// At 12s: 10 base + 20 pool + 30 requests + 60 leaked.
-	if got := ev["open_fds"]; got != 120 {
+	if got := ev.OpenFDs; got != 120 {
 		t.Errorf("open_fds %v, want 120", got)
 	}
-	if got := ev["limit"]; got != uint64(1024) {
+	if got := ev.Limit; got != 1024 {
 		t.Errorf("limit %v, want 1024", got)
 	}
-	if got := ev["window_seconds"]; got != 8.0 {
+	if got := ev.WindowSeconds; got != 8.0 {
 		t.Errorf("window_seconds %v, want 8", got)
 	}
-	if got := ev["time_to_exhaustion_seconds"].(float64); math.Abs(got-(1024-120)/5.0) > 1 {
+	if ev.TimeToExhaustionSeconds == nil {
+		t.Fatal("time_to_exhaustion_seconds null")
+	}
+	if got := *ev.TimeToExhaustionSeconds; math.Abs(got-(1024-120)/5.0) > 1 {
 		t.Errorf("time_to_exhaustion_seconds %v, want %v", got, (1024-120)/5.0)
 	}
-	if got := ev["opened_by_kind"].(map[string]uint64)["file"]; got != 10+20+13*30+60 {
+	if got := ev.OpenedByKind["file"]; got != 10+20+13*30+60 {
 		t.Errorf("opened_by_kind[file] %d", got)
 	}
-	if got := ev["closed_by_kind"].(map[string]uint64)["file"]; got != 12*30 {
+	if got := ev.ClosedByKind["file"]; got != 12*30 {
 		t.Errorf("closed_by_kind[file] %d", got)
 	}
 	// The leak site leads, the pool's 20 come next; requests are all younger
 	// than MinAge and not listed.
-	top := ev["top_sites"].([]map[string]any)
+	top := ev.TopSites
 	if len(top) != 2 {
-		t.Fatalf("top_sites %v, want the leak and pool sites", top)
+		t.Fatalf("top_sites %+v, want the leak and pool sites", top)
 	}
-	if got := top[0]["stack"].([]model.Frame)[0].String(); got != "leak_tick+0x1a (fdwork)" {
+	if got := top[0].Stack[0].String(); got != "leak_tick+0x1a (fdwork)" {
 		t.Errorf("top site %q", got)
 	}
 	// Leaked fds opened up to 9.0s minus MinAge: seconds 1..8 in full and
 	// four of the five opened in second 9 (the fifth is exactly 3s old).
-	if got := top[0]["unclosed_fds"]; got != 44 {
+	if got := top[0].UnclosedFDs; got != 44 {
 		t.Errorf("top site unclosed_fds %v, want 44", got)
 	}
-	if got := top[0]["oldest_age_seconds"]; got != 11.8 {
+	if got := top[0].OldestAgeSeconds; got != 11.8 {
 		t.Errorf("top site oldest_age_seconds %v, want 11.8", got)
 	}
-	if got := top[1]["unclosed_fds"]; got != 20 {
+	if got := top[1].UnclosedFDs; got != 20 {
 		t.Errorf("pool site unclosed_fds %v, want 20", got)
 	}
 	want := "fd leak: 120 open fds growing 5.0/s; 44 unclosed fds older than 3s opened at leak_tick+0x1a (fdwork); limit 1024 reached in ~3m"
@@ -294,9 +298,13 @@ func TestTimeToExhaustion(t *testing.T) {
 		t.Fatal("no finding")
 	}
 	f := reps[0].f
-	open := f.Evidence["open_fds"].(int)
+	ev := f.Evidence.(model.FDLeakEvidence)
+	open := ev.OpenFDs
 	want := float64(1024-open) / 40
-	got := f.Evidence["time_to_exhaustion_seconds"].(float64)
+	if ev.TimeToExhaustionSeconds == nil {
+		t.Fatal("no time to exhaustion")
+	}
+	got := *ev.TimeToExhaustionSeconds
 	if math.Abs(got-want) > 0.2*want || got <= 0 {
 		t.Errorf("time to exhaustion %.1fs at %d open fds, want %.1fs ±20%%", got, open, want)
 	}

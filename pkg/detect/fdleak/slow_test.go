@@ -89,22 +89,24 @@ func TestSlowLeakFound(t *testing.T) {
 					t.Fatalf("seed %d: not found within %s: %v", seed, tc.within, reps)
 				}
 				first := reps[0]
-				f, ev := first.f, first.f.Evidence
+				f, ev := first.f, first.f.Evidence.(model.FDLeakEvidence)
 				t.Logf("seed %d: found after %s: %s", seed, first.at, f.Summary)
 				rate := 1 / tc.period.Seconds()
-				if got := ev["growth_fds_per_second"].(float64); math.Abs(got-rate) > 0.25*rate {
+				if got := ev.GrowthPerSecond; math.Abs(got-rate) > 0.25*rate {
 					t.Errorf("growth %.4f fds/s, want %.4f ±25%%", got, rate)
 				}
-				open := ev["open_fds"].(int)
+				open := ev.OpenFDs
 				if float64(open) >= 0.75*float64(tc.limit) {
 					t.Errorf("found at %d open fds of %d: not before 3/4 of the limit", open, tc.limit)
 				}
 				wantTTE := (float64(tc.limit) - float64(open)) / rate
-				if got, ok := ev["time_to_exhaustion_seconds"].(float64); !ok || math.Abs(got-wantTTE) > 0.25*wantTTE {
-					t.Errorf("time to exhaustion %v, want %.0fs ±25%%", ev["time_to_exhaustion_seconds"], wantTTE)
+				if got := ev.TimeToExhaustionSeconds; got == nil {
+					t.Errorf("time to exhaustion null, want %.0fs", wantTTE)
+				} else if math.Abs(*got-wantTTE) > 0.25*wantTTE {
+					t.Errorf("time to exhaustion %v, want %.0fs ±25%%", *got, wantTTE)
 				}
-				if ev["time_scale_seconds"] != tc.scale {
-					t.Errorf("time scale %v s, want %v", ev["time_scale_seconds"], tc.scale)
+				if ev.TimeScaleSeconds != tc.scale {
+					t.Errorf("time scale %v s, want %v", ev.TimeScaleSeconds, tc.scale)
 				}
 				if f.Severity != model.SeverityWarning || len(f.Stack) == 0 || f.Stack[0].Function != "leak_tick" {
 					t.Errorf("severity %q stack %q, want a warning at leak_tick", f.Severity, f.Stack)

@@ -145,7 +145,7 @@ func TestLeakWorkload(t *testing.T) {
 	if !stackHas(f.Stack, "leak_weights") || !strings.Contains(f.Summary, fmt.Sprintf("made at leak_weights (cudawork.c:%d)", line)) {
 		t.Errorf("leak not at leak_weights: %s %q", f.Summary, f.Stack)
 	}
-	if g := f.Evidence["growth_bytes_per_second"].(float64); g < 10<<20 || g > 21<<20 {
+	if g := f.Evidence.(model.GPUMemoryLeakEvidence).GrowthBytesPerSecond; g < 10<<20 || g > 21<<20 {
 		t.Errorf("growth %.0f B/s, want about 20 MiB/s (less when the machine is loaded)", g)
 	}
 	w.none(t, model.KindGPUAllocBurst, model.KindGPUAllocChurn)
@@ -173,9 +173,9 @@ func TestBurstBetweenPolls(t *testing.T) {
 	if !stackHas(f.Stack, "burst_step") || !strings.Contains(f.Summary, "most at "+site) {
 		t.Errorf("burst not at %s: %s\n  %s", site, f.Summary, strings.Join(testutil.Texts(f.Stack), "\n  "))
 	}
-	top := f.Evidence["top_sites"].([]map[string]any)
-	if len(top) == 0 || top[0]["bytes"] != uint64(300*64<<20) {
-		t.Errorf("top sites %v, want 300 × 64 MiB at burst_step first", top)
+	top := f.Evidence.(model.GPUAllocBurstEvidence).TopSites
+	if len(top) == 0 || top[0].Bytes != 300*64<<20 {
+		t.Errorf("top sites %+v, want 300 × 64 MiB at burst_step first", top)
 	}
 }
 
@@ -207,15 +207,17 @@ func TestRecurringBurstWorkload(t *testing.T) {
 	}
 	f := bursts[0]
 	t.Logf("%s", f.Summary)
-	ev := f.Evidence
-	if n := ev["occurrences"].(int); n != 3 {
+	ev := f.Evidence.(model.GPUAllocBurstEvidence)
+	if n := ev.Occurrences; n != 3 {
 		t.Errorf("occurrences %d, want 3", n)
 	}
-	if p, ok := ev["period_seconds"].(float64); !ok || p < 5 || p > 30 {
-		t.Errorf("period_seconds %v, want the 5 or more seconds between bursts", ev["period_seconds"])
+	if p := ev.PeriodSeconds; p == nil {
+		t.Error("period_seconds null, want the 5 or more seconds between bursts")
+	} else if *p < 5 || *p > 30 {
+		t.Errorf("period_seconds %v, want the 5 or more seconds between bursts", *p)
 	}
-	if ev["largest_burst_bytes"] != uint64(20000*64<<10) || !stackHas(f.Stack, "burst_alloc") {
-		t.Errorf("largest_burst_bytes %v, stack %q", ev["largest_burst_bytes"], f.Stack)
+	if ev.LargestBurstBytes != 20000*64<<10 || !stackHas(f.Stack, "burst_alloc") {
+		t.Errorf("largest_burst_bytes %v, stack %q", ev.LargestBurstBytes, f.Stack)
 	}
 	w.none(t, model.KindGPUMemoryLeak, model.KindGPUAllocChurn)
 }
@@ -239,7 +241,7 @@ func TestChurnWorkload(t *testing.T) {
 				t.Fatalf("no churn found in 15 polls; last sample: calls %v", w.p.CUDA.Calls)
 			}
 			t.Logf("%s", f.Summary)
-			if r := f.Evidence["pairs_per_second"].(float64); r < 5000 || r > 17000 {
+			if r := f.Evidence.(model.GPUAllocChurnEvidence).PairsPerSecond; r < 5000 || r > 17000 {
 				t.Errorf("pairs_per_second %v", r)
 			}
 			// A few more polls: bytes keep passing through.

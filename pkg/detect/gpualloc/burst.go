@@ -246,9 +246,9 @@ func (d *Detector) fillBurst(g *burstGroup, now time.Time, p *model.Process) mod
 	if len(g.sites) > 0 {
 		f.Stack = slices.Clone(g.sites[0].stack)
 	}
-	top := make([]map[string]any, 0, topSitesShown)
+	top := make([]model.BurstSite, 0, topSitesShown)
 	for _, s := range g.sites[:min(len(g.sites), topSitesShown)] {
-		top = append(top, map[string]any{"stack": slices.Clone(s.stack), "bytes": s.bytes, "share": g.share(s)})
+		top = append(top, model.BurstSite{Stack: slices.Clone(s.stack), Bytes: s.bytes, Share: g.share(s)})
 	}
 
 	var b strings.Builder
@@ -268,13 +268,13 @@ func (d *Detector) fillBurst(g *burstGroup, now time.Time, p *model.Process) mod
 			fmt.Fprintf(&b, ": %.0f %% of the %s allocated then", 100*g.share(g.sites[0]), human(float64(g.w.bytes)))
 		}
 	}
-	var nearFull any // what the peak came close to; null for nothing
+	var nearFull *string // what the peak came close to; nil for nothing
 	if g.near != "" {
-		nearFull = g.near
+		nearFull = new(g.near)
 	}
-	var period any // seconds between bursts; null until one recurs
+	var period *float64 // seconds between bursts; nil until one recurs
 	if pd, ok := g.period(); ok {
-		period = series.Round(pd.Seconds(), 1)
+		period = new(series.Round(pd.Seconds(), 1))
 		fmt.Fprintf(&b, "; %d times, every ~%s, largest %s", g.count, series.RoughSeconds(pd.Seconds()), human(float64(g.largest)))
 	}
 	switch {
@@ -284,22 +284,22 @@ func (d *Detector) fillBurst(g *burstGroup, now time.Time, p *model.Process) mod
 		b.WriteString("; still held: a start-up step (weights loaded, allocator warm-up, cache reserved)")
 	}
 	f.Summary = b.String()
-	f.Evidence = map[string]any{
-		"burst_bytes":             g.size,
-		"peak_live_bytes":         g.peakLive,
-		"largest_burst_bytes":     g.largest,
-		"largest_peak_live_bytes": g.largestPeak,
-		"occurrences":             g.count,
-		"period_seconds":          period,
-		"bytes_in_window":         g.w.bytes,
-		"calls_in_window":         g.w.calls,
-		"window_seconds":          series.Round(g.w.seconds, 2),
-		"baseline_bytes_mean":     math.Round(g.w.mean),
-		"baseline_bytes_stddev":   math.Round(g.w.stddev),
-		"live_bytes":              p.CUDA.LiveBytes,
-		"top_sites":               top,
-		"startup_step":            startup,
-		"near_full":               nearFull,
+	f.Evidence = model.GPUAllocBurstEvidence{
+		BurstBytes:           g.size,
+		PeakLiveBytes:        g.peakLive,
+		LargestBurstBytes:    g.largest,
+		LargestPeakLiveBytes: g.largestPeak,
+		Occurrences:          g.count,
+		PeriodSeconds:        period,
+		BytesInWindow:        g.w.bytes,
+		CallsInWindow:        g.w.calls,
+		WindowSeconds:        series.Round(g.w.seconds, 2),
+		BaselineBytesMean:    math.Round(g.w.mean),
+		BaselineBytesStddev:  math.Round(g.w.stddev),
+		LiveBytes:            p.CUDA.LiveBytes,
+		TopSites:             top,
+		StartupStep:          startup,
+		NearFull:             nearFull,
 	}
 	return f
 }

@@ -32,32 +32,32 @@ func TestBurstFound(t *testing.T) {
 	if first.sec != 20 || !f.Active || f.Severity != model.SeverityWarning {
 		t.Fatalf("first burst report at %ds active %v severity %q, want at 20s, active, warning", first.sec, f.Active, f.Severity)
 	}
-	ev := f.Evidence
+	ev := burstEv(f)
 	// Memory held, not bytes passed through: the step traffic of the
 	// second comes and goes below the 3 GiB.
-	if ev["burst_bytes"] != uint64(3*gib) || ev["peak_live_bytes"] != uint64(3*gib) || ev["live_bytes"] != uint64(3*gib) {
-		t.Errorf("burst_bytes %v peak_live_bytes %v live_bytes %v, want 3 GiB", ev["burst_bytes"], ev["peak_live_bytes"], ev["live_bytes"])
+	if ev.BurstBytes != 3*gib || ev.PeakLiveBytes != 3*gib || ev.LiveBytes != 3*gib {
+		t.Errorf("burst_bytes %v peak_live_bytes %v live_bytes %v, want 3 GiB", ev.BurstBytes, ev.PeakLiveBytes, ev.LiveBytes)
 	}
-	if inWindow := ev["bytes_in_window"].(uint64); inWindow < 3*gib+240*mib || inWindow > 3*gib+400*mib {
+	if inWindow := ev.BytesInWindow; inWindow < 3*gib+240*mib || inWindow > 3*gib+400*mib {
 		t.Errorf("bytes_in_window %d, want 3 GiB plus one step", inWindow)
 	}
-	if calls := ev["calls_in_window"].(uint64); calls < 12+30 || calls > 12+50 {
+	if calls := ev.CallsInWindow; calls < 12+30 || calls > 12+50 {
 		t.Errorf("calls_in_window %d", calls)
 	}
 	// Each second's step takes 240-400 MiB and gives it back: that is the
 	// baseline rise.
-	if mean := ev["baseline_bytes_mean"].(float64); mean < 240*mib || mean > 400*mib {
+	if mean := ev.BaselineBytesMean; mean < 240*mib || mean > 400*mib {
 		t.Errorf("baseline_bytes_mean %.0f, want the step traffic", mean)
 	}
-	if sd := ev["baseline_bytes_stddev"].(float64); sd <= 0 || sd > 200*mib {
+	if sd := ev.BaselineBytesStddev; sd <= 0 || sd > 200*mib {
 		t.Errorf("baseline_bytes_stddev %.0f", sd)
 	}
-	if ev["occurrences"] != 1 || ev["period_seconds"] != nil {
-		t.Errorf("occurrences %v period %v, want one burst", ev["occurrences"], ev["period_seconds"])
+	if ev.Occurrences != 1 || ev.PeriodSeconds != nil {
+		t.Errorf("occurrences %v period %v, want one burst", ev.Occurrences, val(ev.PeriodSeconds))
 	}
-	top := ev["top_sites"].([]map[string]any)
-	if len(top) != 1 || top[0]["bytes"] != uint64(3*gib) || top[0]["share"] != 0.885 {
-		t.Errorf("top_sites %v, want load_weights with 3 GiB", top)
+	top := ev.TopSites
+	if len(top) != 1 || top[0].Bytes != 3*gib || top[0].Share != 0.885 {
+		t.Errorf("top_sites %+v, want load_weights with 3 GiB", top)
 	}
 	if !slices.ContainsFunc(f.Stack, func(fr model.Frame) bool { return fr.Function == "load_weights" }) {
 		t.Errorf("stack %q does not name load_weights", f.Stack)
@@ -87,8 +87,8 @@ func TestBurstFound(t *testing.T) {
 	if last.sec != 38 || last.f.Active || !strings.HasPrefix(last.f.Summary, "GPU allocation burst ended: ") {
 		t.Errorf("last report at %ds active %v: %s", last.sec, last.f.Active, last.f.Summary)
 	}
-	if ev := last.f.Evidence; ev["occurrences"] != 2 || ev["period_seconds"] != 6.0 || ev["largest_burst_bytes"] != uint64(3*gib) {
-		t.Errorf("after two bursts: %v", ev)
+	if ev := burstEv(last.f); ev.Occurrences != 2 || val(ev.PeriodSeconds) != 6.0 || ev.LargestBurstBytes != 3*gib {
+		t.Errorf("after two bursts: %+v, period %v", ev, val(ev.PeriodSeconds))
 	}
 	if !strings.Contains(last.f.Summary, "; 2 times, every ~6s, largest 3.0 GiB") {
 		t.Errorf("summary %q", last.f.Summary)
@@ -125,14 +125,14 @@ func TestBurstRecurring(t *testing.T) {
 	for _, f := range fs {
 		last := f[len(f)-1].f
 		t.Logf("pid %d: %s", last.PID, last.Summary)
-		ev := last.Evidence
-		if n := ev["occurrences"].(int); n < 10 || ev["period_seconds"] != 5.0 || ev["largest_burst_bytes"] != uint64(10*gib) {
-			t.Errorf("pid %d: occurrences %v period %v largest %v", last.PID, ev["occurrences"], ev["period_seconds"], ev["largest_burst_bytes"])
+		ev := burstEv(last)
+		if ev.Occurrences < 10 || val(ev.PeriodSeconds) != 5.0 || ev.LargestBurstBytes != 10*gib {
+			t.Errorf("pid %d: occurrences %v period %v largest %v", last.PID, ev.Occurrences, val(ev.PeriodSeconds), ev.LargestBurstBytes)
 		}
 		// The first burst's finding ends like a one-off's, QuietIntervals
 		// after it, and the second reopens it; from then on it is open
 		// until two periods after the last.
-		second := slices.IndexFunc(f, func(r report) bool { return r.f.Evidence["occurrences"] == 2 })
+		second := slices.IndexFunc(f, func(r report) bool { return burstEv(r.f).Occurrences == 2 })
 		if second < 0 {
 			t.Fatalf("pid %d: no second burst", last.PID)
 		}
@@ -166,11 +166,11 @@ func TestBurstRegrow(t *testing.T) {
 	}
 	// The first ended when the larger burst came, and was not reported after.
 	old := fs[0][len(fs[0])-1]
-	if old.sec != 50 || old.f.Active || old.f.Evidence["occurrences"] != 3 || old.f.Evidence["largest_burst_bytes"] != uint64(2560*mib) {
-		t.Errorf("first finding's last report at %ds: %v %v", old.sec, old.f.Active, old.f.Evidence)
+	if ev := burstEv(old.f); old.sec != 50 || old.f.Active || ev.Occurrences != 3 || ev.LargestBurstBytes != 2560*mib {
+		t.Errorf("first finding's last report at %ds: %v %+v", old.sec, old.f.Active, ev)
 	}
-	if ev := fs[1][len(fs[1])-1].f.Evidence; ev["occurrences"] != 2 || ev["burst_bytes"] != uint64(4*gib) {
-		t.Errorf("second finding %v", ev)
+	if ev := burstEv(fs[1][len(fs[1])-1].f); ev.Occurrences != 2 || ev.BurstBytes != 4*gib {
+		t.Errorf("second finding %+v", ev)
 	}
 }
 
@@ -198,8 +198,8 @@ func TestBurstSites(t *testing.T) {
 	}
 	for i, want := range []int{4, 3} { // load_weights at 24, 36, 48, 60; pool_reserve at 30, 42, 54
 		last := fs[i][len(fs[i])-1].f
-		if last.Evidence["occurrences"] != want || last.Evidence["period_seconds"] != 12.0 {
-			t.Errorf("%s: %v", last.Summary, last.Evidence)
+		if ev := burstEv(last); ev.Occurrences != want || val(ev.PeriodSeconds) != 12.0 {
+			t.Errorf("%s: %+v, period %v", last.Summary, ev, val(ev.PeriodSeconds))
 		}
 	}
 	if !strings.Contains(fs[0][0].f.Summary, "load_weights") || !strings.Contains(fs[1][0].f.Summary, "pool_reserve") {
@@ -222,9 +222,9 @@ func TestBurstAcrossPolls(t *testing.T) {
 	if len(findings(bursts)) != 1 || bursts[0].sec != 20 {
 		t.Fatalf("burst reports %v", bursts)
 	}
-	ev := bursts[1].f.Evidence
-	if ev["occurrences"] != 1 || ev["burst_bytes"] != uint64(3*gib) || ev["largest_burst_bytes"] != uint64(3*gib) {
-		t.Errorf("at 21s: %v", ev)
+	ev := burstEv(bursts[1].f)
+	if ev.Occurrences != 1 || ev.BurstBytes != 3*gib || ev.LargestBurstBytes != 3*gib {
+		t.Errorf("at 21s: %+v", ev)
 	}
 }
 
@@ -248,11 +248,11 @@ func TestBurstSiteCaughtLater(t *testing.T) {
 	if fs := findings(bursts); len(fs) != 1 {
 		t.Fatalf("%d burst findings, want 1", len(fs))
 	}
-	if bursts[0].f.Stack != nil || strings.Contains(bursts[0].f.Summary, "most at") || bursts[0].f.Evidence["burst_bytes"] != uint64(2*gib) {
+	if bursts[0].f.Stack != nil || strings.Contains(bursts[0].f.Summary, "most at") || burstEv(bursts[0].f).BurstBytes != 2*gib {
 		t.Errorf("at 20s: %s %v", bursts[0].f.Summary, bursts[0].f.Stack)
 	}
 	last := bursts[len(bursts)-1].f
-	if last.Evidence["occurrences"] != 2 || !strings.Contains(last.Summary, "most at load_weights+0x19 (trainer)") {
+	if burstEv(last).Occurrences != 2 || !strings.Contains(last.Summary, "most at load_weights+0x19 (trainer)") {
 		t.Errorf("last: %s", last.Summary)
 	}
 }
@@ -272,7 +272,7 @@ func TestBurstForgottenAfterRecurWithin(t *testing.T) {
 	fs := findings(ofKind(reps, model.KindGPUAllocBurst))
 	var got []string
 	for _, f := range fs {
-		got = append(got, fmt.Sprintf("%ds×%v", f[0].sec, f[len(f)-1].f.Evidence["occurrences"]))
+		got = append(got, fmt.Sprintf("%ds×%v", f[0].sec, burstEv(f[len(f)-1].f).Occurrences))
 	}
 	if want := []string{"20s×2", "100s×1"}; !slices.Equal(got, want) {
 		t.Errorf("findings %v, want %v", got, want)

@@ -76,9 +76,9 @@ func (d *Detector) fillChurn(f model.Finding, c *churnState, now time.Time, p *m
 		return cmp.Or(cmp.Compare(c.sites[b].caught, c.sites[a].caught), cmp.Compare(a, b))
 	})
 	f.Stack = nil
-	top := make([]map[string]any, 0, topSitesShown)
+	top := make([]model.ChurnSite, 0, topSitesShown)
 	for _, k := range keys[:min(len(keys), topSitesShown)] {
-		top = append(top, map[string]any{"stack": slices.Clone(c.sites[k].stack), "caught_live": c.sites[k].caught})
+		top = append(top, model.ChurnSite{Stack: slices.Clone(c.sites[k].stack), CaughtLive: c.sites[k].caught})
 	}
 	if len(keys) > 0 {
 		f.Stack = slices.Clone(c.sites[keys[0]].stack)
@@ -101,14 +101,14 @@ func (d *Detector) fillChurn(f model.Finding, c *churnState, now time.Time, p *m
 			frees[api] = n
 		}
 	}
-	f.Evidence = map[string]any{
-		"pairs_per_second":     math.Round(c.rate),
-		"max_pairs_per_second": math.Round(c.maxRate),
-		"bytes_per_second":     math.Round(c.byteRate),
-		"held_bytes":           c.held,
-		"live_bytes":           p.CUDA.LiveBytes,
-		"synchronizing_frees":  frees,
-		"top_sites":            top,
+	f.Evidence = model.GPUAllocChurnEvidence{
+		PairsPerSecond:     math.Round(c.rate),
+		MaxPairsPerSecond:  math.Round(c.maxRate),
+		BytesPerSecond:     math.Round(c.byteRate),
+		HeldBytes:          c.held,
+		LiveBytes:          p.CUDA.LiveBytes,
+		SynchronizingFrees: frees,
+		TopSites:           top,
 	}
 	return f
 }

@@ -47,12 +47,12 @@ func TestChurn(t *testing.T) {
 	if last.sec != 42 || last.f.Active || !strings.HasPrefix(last.f.Summary, "GPU allocation churn ended: ") {
 		t.Errorf("last report at %ds active %v: %s", last.sec, last.f.Active, last.f.Summary)
 	}
-	ev := first.f.Evidence
+	ev := first.f.Evidence.(model.GPUAllocChurnEvidence)
 	// The step traffic's 30-50 pairs a second come on top.
-	if got := ev["pairs_per_second"].(float64); got < 16030 || got > 16050 {
+	if got := ev.PairsPerSecond; got < 16030 || got > 16050 {
 		t.Errorf("pairs_per_second %v", got)
 	}
-	if got := ev["bytes_per_second"].(float64); math.Abs(got-16000*mib) > 400*mib {
+	if got := ev.BytesPerSecond; math.Abs(got-16000*mib) > 400*mib {
 		t.Errorf("bytes_per_second %v", got)
 	}
 	if !strings.HasPrefix(first.f.Summary, "GPU allocation churn: 160") || !strings.Contains(first.f.Summary, "each cudaFree synchronizes the device") {
@@ -66,10 +66,11 @@ func TestChurn(t *testing.T) {
 	if !slices.Contains(testutil.Texts(at30.Stack), "scratch_loop+0x21 (trainer)") || !strings.HasSuffix(at30.Summary, "; caught at scratch_loop+0x21 (trainer)") {
 		t.Errorf("at 30s: %s %q", at30.Summary, at30.Stack)
 	}
-	if top := at30.Evidence["top_sites"].([]map[string]any); len(top) != 1 || top[0]["caught_live"] != 1 {
-		t.Errorf("top_sites %v", top)
+	ev = at30.Evidence.(model.GPUAllocChurnEvidence)
+	if top := ev.TopSites; len(top) != 1 || top[0].CaughtLive != 1 {
+		t.Errorf("top_sites %+v", top)
 	}
-	if frees := at30.Evidence["synchronizing_frees"].(map[string]uint64); frees["cudaFree"] < 10*16000 {
+	if frees := ev.SynchronizingFrees; frees["cudaFree"] < 10*16000 {
 		t.Errorf("synchronizing_frees %v", frees)
 	}
 }

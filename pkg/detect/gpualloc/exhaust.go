@@ -95,15 +95,14 @@ func (d *Detector) nearFull(pid int, peak uint64) string {
 	return ""
 }
 
-// evidence records e: time_to_exhaustion_seconds (null when not known),
-// headroom_bytes and headroom_of (null without NVML or a budget).
-func (e exhaustion) evidence(ev map[string]any) {
-	ev["time_to_exhaustion_seconds"], ev["headroom_bytes"], ev["headroom_of"] = nil, nil, nil
+// evidence records e: the time to exhaustion (nil when not known), the
+// headroom and what bounds it (nil without NVML or a budget).
+func (e exhaustion) evidence(ev *model.GPUMemoryLeakEvidence) {
 	if e.of != "" {
-		ev["headroom_bytes"], ev["headroom_of"] = e.headroom, e.of
+		ev.HeadroomBytes, ev.HeadroomOf = new(e.headroom), new(e.of)
 	}
 	if e.known {
-		ev["time_to_exhaustion_seconds"] = series.Round(e.seconds, 1)
+		ev.TimeToExhaustionSeconds = new(series.Round(e.seconds, 1))
 	}
 }
 

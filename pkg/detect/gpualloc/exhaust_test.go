@@ -50,14 +50,17 @@ func TestExhaustionDevice(t *testing.T) {
 		}
 	}
 	r := leakAt20MiBs(t, New(cfg), s, nil)
-	ev := r.f.Evidence
+	ev := r.f.Evidence.(model.GPUMemoryLeakEvidence)
 	free := float64(total - others - context - s.liveBytes)
 	t.Logf("at %ds: %s", r.sec, r.f.Summary)
-	if ev["headroom_of"] != "device" || ev["headroom_bytes"] != uint64(free) {
-		t.Errorf("headroom %v of %v, want %.0f of the device", ev["headroom_bytes"], ev["headroom_of"], free)
+	if val(ev.HeadroomOf) != "device" || val(ev.HeadroomBytes) != uint64(free) {
+		t.Errorf("headroom %v of %v, want %.0f of the device", val(ev.HeadroomBytes), val(ev.HeadroomOf), free)
 	}
 	want := free / (20 * mib)
-	if got := ev["time_to_exhaustion_seconds"].(float64); math.Abs(got-want) > 0.05*want {
+	if ev.TimeToExhaustionSeconds == nil {
+		t.Fatal("time_to_exhaustion_seconds null")
+	}
+	if got := *ev.TimeToExhaustionSeconds; math.Abs(got-want) > 0.05*want {
 		t.Errorf("time_to_exhaustion_seconds %v, want %.0f", got, want)
 	}
 	if r.f.Severity != model.SeverityCritical || !strings.HasSuffix(r.f.Summary, "; device full in ~"+series.RoughSeconds(want)+" at this rate") {
@@ -80,12 +83,12 @@ func TestExhaustionDeviceNotListed(t *testing.T) {
 				}
 				return gpus
 			}
-			ev := leakAt20MiBs(t, New(cfg), newSim(1), nil).f.Evidence
-			if got := ev["headroom_bytes"] != nil; got != tc.known {
-				t.Errorf("headroom %v, want known %v", ev["headroom_bytes"], tc.known)
+			ev := leakAt20MiBs(t, New(cfg), newSim(1), nil).f.Evidence.(model.GPUMemoryLeakEvidence)
+			if got := ev.HeadroomBytes != nil; got != tc.known {
+				t.Errorf("headroom %v, want known %v", val(ev.HeadroomBytes), tc.known)
 			}
-			if tc.known && ev["headroom_bytes"] != uint64(40*gib) {
-				t.Errorf("headroom %v, want 40 GiB", ev["headroom_bytes"])
+			if tc.known && val(ev.HeadroomBytes) != uint64(40*gib) {
+				t.Errorf("headroom %v, want 40 GiB", val(ev.HeadroomBytes))
 			}
 		})
 	}
@@ -120,7 +123,7 @@ func TestExhaustionBudget(t *testing.T) {
 					p.CUDA.NVMLUsedBytes, p.CUDA.HasNVML = p.CUDA.LiveBytes+500*mib, true
 				}
 			})
-			ev := r.f.Evidence
+			ev := r.f.Evidence.(model.GPUMemoryLeakEvidence)
 			t.Logf("%s", r.f.Summary)
 			used := s.liveBytes
 			if tc.nvml {
@@ -130,11 +133,14 @@ func TestExhaustionBudget(t *testing.T) {
 			if tc.of == "device" {
 				want = tc.device
 			}
-			if ev["headroom_of"] != tc.of || ev["headroom_bytes"] != want {
-				t.Errorf("headroom %v of %v, want %d of %s", ev["headroom_bytes"], ev["headroom_of"], want, tc.of)
+			if val(ev.HeadroomOf) != tc.of || val(ev.HeadroomBytes) != want {
+				t.Errorf("headroom %v of %v, want %d of %s", val(ev.HeadroomBytes), val(ev.HeadroomOf), want, tc.of)
 			}
 			wantTTE := float64(want) / (20 * mib)
-			if got := ev["time_to_exhaustion_seconds"].(float64); math.Abs(got-wantTTE) > 0.05*wantTTE {
+			if ev.TimeToExhaustionSeconds == nil {
+				t.Fatal("time_to_exhaustion_seconds null")
+			}
+			if got := *ev.TimeToExhaustionSeconds; math.Abs(got-wantTTE) > 0.05*wantTTE {
 				t.Errorf("time_to_exhaustion_seconds %v, want %.0f", got, wantTTE)
 			}
 			if got := r.f.Severity == model.SeverityCritical; got != tc.critical {

@@ -440,16 +440,16 @@ func (d *Detector) fillFailure(g *failGroup, k failKey, now time.Time, p *model.
 		fmt.Fprintf(&b, "; %d times", g.count)
 	}
 	f.Summary = b.String()
-	f.Evidence = map[string]any{
-		"api":            k.api,
-		"error":          k.err,
-		"code":           k.code,
-		"size_bytes":     g.size,
-		"max_size_bytes": g.maxSize,
-		"count":          g.count,
-		"first_failure":  g.first,
-		"last_failure":   g.last,
-		"live_bytes":     p.CUDA.LiveBytes,
+	f.Evidence = model.GPUAllocFailureEvidence{
+		API:          k.api,
+		Error:        k.err,
+		Code:         k.code,
+		SizeBytes:    g.size,
+		MaxSizeBytes: g.maxSize,
+		Count:        g.count,
+		FirstFailure: g.first,
+		LastFailure:  g.last,
+		LiveBytes:    p.CUDA.LiveBytes,
 	}
 	return f
 }

@@ -224,6 +224,24 @@ func findings(reps []report) [][]report {
 	return out
 }
 
+// burstEv and failureEv are the evidence of a burst and of a failure.
+func burstEv(f model.Finding) model.GPUAllocBurstEvidence {
+	return f.Evidence.(model.GPUAllocBurstEvidence)
+}
+
+func failureEv(f model.Finding) model.GPUAllocFailureEvidence {
+	return f.Evidence.(model.GPUAllocFailureEvidence)
+}
+
+// val is what p points at, nil for nil: an evidence value as JSON has it,
+// to compare and print.
+func val[T any](p *T) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
 func ofKind(reps []report, kind string) []report {
 	var out []report
 	for _, r := range reps {
@@ -273,7 +291,7 @@ func TestBurstHostMemory(t *testing.T) {
 				if len(bursts) == 0 || bursts[0].sec != tc.sec {
 					t.Fatalf("device burst not flagged at %ds: %v", tc.sec, bursts)
 				}
-				if got := bursts[0].f.Evidence["bytes_in_window"].(uint64); got < bytes {
+				if got := burstEv(bursts[0].f).BytesInWindow; got < bytes {
 					t.Errorf("bytes_in_window %d, want at least %d", got, bytes)
 				}
 			})
@@ -406,7 +424,7 @@ func TestFailures(t *testing.T) {
 		if f.Kind != model.KindGPUAllocFailure || !f.Active {
 			t.Fatalf("finding %+v", f)
 		}
-		byErr[f.Evidence["error"].(string)] = f
+		byErr[failureEv(f).Error] = f
 	}
 	nd, om := byErr["cudaErrorNoDevice"], byErr["cudaErrorMemoryAllocation"]
 	if nd.Severity != model.SeverityWarning || om.Severity != model.SeverityCritical {
@@ -418,7 +436,7 @@ func TestFailures(t *testing.T) {
 	if want := "GPU allocation failed: cudaMalloc returned cudaErrorNoDevice for 64.0 MiB at init_device+0x11 (trainer)"; nd.Summary != want {
 		t.Errorf("summary\n %q\nwant\n %q", nd.Summary, want)
 	}
-	if !slices.Equal(nd.Stack, devStack) || nd.Evidence["size_bytes"] != uint64(64*mib) || nd.Evidence["api"] != "cudaMalloc" || nd.Evidence["code"] != 100 {
+	if ev := failureEv(nd); !slices.Equal(nd.Stack, devStack) || ev.SizeBytes != 64*mib || ev.API != "cudaMalloc" || ev.Code != 100 {
 		t.Errorf("no-device finding %+v", nd)
 	}
 
@@ -426,8 +444,8 @@ func TestFailures(t *testing.T) {
 	// stack make one finding with a count of 3.
 	for sec := 2; sec <= 4; sec++ {
 		for _, f := range observe(sec) {
-			if f.Evidence["count"] != 1 || !f.Active {
-				t.Errorf("at %ds: %s count %v active %v", sec, f.Evidence["error"], f.Evidence["count"], f.Active)
+			if ev := failureEv(f); ev.Count != 1 || !f.Active {
+				t.Errorf("at %ds: %s count %v active %v", sec, ev.Error, ev.Count, f.Active)
 			}
 		}
 	}
@@ -435,11 +453,11 @@ func TestFailures(t *testing.T) {
 	fs = observe(5)
 	var got model.Finding
 	for _, f := range fs {
-		if f.Evidence["error"] == "cudaErrorMemoryAllocation" {
+		if failureEv(f).Error == "cudaErrorMemoryAllocation" {
 			got = f
 		}
 	}
-	if got.Evidence["count"] != 3 || got.Evidence["max_size_bytes"] != uint64(8*gib) || !got.FirstSeen.Equal(om.FirstSeen) {
+	if ev, _ := got.Evidence.(model.GPUAllocFailureEvidence); ev.Count != 3 || ev.MaxSizeBytes != 8*gib || !got.FirstSeen.Equal(om.FirstSeen) {
 		t.Fatalf("OOM finding after 3 failures: %+v", got)
 	}
 	if want := "GPU allocation failed: cudaMalloc returned cudaErrorMemoryAllocation (out of memory) for 2.0 GiB at alloc_batch+0x3c (trainer); 3 times"; got.Summary != want {
@@ -452,7 +470,7 @@ func TestFailures(t *testing.T) {
 	for sec := 6; sec <= 60; sec++ {
 		for _, f := range observe(sec) {
 			if !f.Active {
-				ended[f.Evidence["error"].(string)] = sec
+				ended[failureEv(f).Error] = sec
 			}
 		}
 	}
@@ -463,7 +481,7 @@ func TestFailures(t *testing.T) {
 	// A new OOM at the same stack later is a new finding.
 	s.failures = append(s.failures, oom(61, 8*gib))
 	fs = observe(61)
-	if len(fs) != 1 || !fs[0].Active || fs[0].Evidence["count"] != 1 || fs[0].FirstSeen.Equal(om.FirstSeen) {
+	if len(fs) != 1 || !fs[0].Active || failureEv(fs[0]).Count != 1 || fs[0].FirstSeen.Equal(om.FirstSeen) {
 		t.Errorf("findings after a new failure: %v", fs)
 	}
 }
@@ -496,7 +514,7 @@ func TestForget(t *testing.T) {
 	// A new process with the pid starts from nothing: its single failure
 	// is new to it.
 	fs := d.Observe(t0.Add(time.Second), s.process(42))
-	if len(fs) != 1 || fs[0].Evidence["count"] != 1 {
+	if len(fs) != 1 || failureEv(fs[0]).Count != 1 {
 		t.Errorf("after Forget: %v", fs)
 	}
 }
@@ -530,16 +548,16 @@ func TestFailuresListShrinks(t *testing.T) {
 		return model.CUDAFailure{Time: t0.Add(time.Duration(ms) * time.Millisecond), API: "cudaMalloc", Size: gib, Code: 2, Error: "cudaErrorMemoryAllocation"}
 	}
 	p := &model.Process{PID: 1, Comm: "x"}
-	counts := []any{}
+	counts := []int{}
 	for i, list := range [][]model.CUDAFailure{{f(1), f(2), f(3)}, {f(3)}, {f(3), f(4)}, {f(4), f(5)}, {f(4), f(5)}, {f(6), f(7)}} {
 		p.CUDA.Failures = list
 		fs := d.Observe(t0.Add(time.Duration(i+1)*time.Second), p)
 		if len(fs) != 1 {
 			t.Fatalf("step %d: %v", i, fs)
 		}
-		counts = append(counts, fs[0].Evidence["count"])
+		counts = append(counts, failureEv(fs[0]).Count)
 	}
-	if want := []any{3, 3, 4, 5, 5, 7}; !slices.Equal(counts, want) {
+	if want := []int{3, 3, 4, 5, 5, 7}; !slices.Equal(counts, want) {
 		t.Errorf("counts %v, want %v", counts, want)
 	}
 }

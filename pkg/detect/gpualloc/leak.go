@@ -309,20 +309,19 @@ func (d *Detector) fillLeak(f model.Finding, now time.Time, p *model.Process, v 
 	f.LastSeen = now
 	f.Active = active
 	f.Stack = nil
-	top := make([]map[string]any, 0, topSitesShown)
+	top := make([]model.GPULeakSite, 0, topSitesShown)
 	for _, s := range v.sites[:min(len(v.sites), topSitesShown)] {
-		site := map[string]any{
-			"stack":              slices.Clone(s.stack),
-			"bytes":              s.bytes,
-			"allocations":        s.allocs,
-			"old_bytes":          s.oldBytes,
-			"oldest_age_seconds": series.Round(s.oldest.Seconds(), 1),
+		site := model.GPULeakSite{
+			Stack:            slices.Clone(s.stack),
+			Bytes:            s.bytes,
+			Allocations:      s.allocs,
+			OldBytes:         s.oldBytes,
+			OldestAgeSeconds: series.Round(s.oldest.Seconds(), 1),
 		}
 		if v.classic {
-			site["old_bytes_growth"] = s.growth
+			site.OldBytesGrowth = new(s.growth)
 		} else {
-			site["kept_allocations"] = s.kept
-			site["kept_bytes"] = s.keptBytes
+			site.KeptAllocations, site.KeptBytes = new(s.kept), new(s.keptBytes)
 		}
 		top = append(top, site)
 	}
@@ -363,29 +362,30 @@ func (d *Detector) fillLeak(f model.Finding, now time.Time, p *model.Process, v 
 	}
 	f.Summary = b.String()
 
-	f.Evidence = map[string]any{
-		"live_bytes":               p.CUDA.LiveBytes,
-		"live_allocations":         p.CUDA.LiveAllocs,
-		"growth_bytes_per_second":  math.Round(v.slope),
-		"window_seconds":           series.Round(v.span.Seconds(), 1),
-		"time_scale_seconds":       v.window.Seconds(),
-		"top_sites":                top,
-		"alloc_bytes_since_attach": sum(p.CUDA.AllocBytes),
-		"free_bytes_since_attach":  sum(p.CUDA.FreeBytes),
+	ev := model.GPUMemoryLeakEvidence{
+		LiveBytes:             p.CUDA.LiveBytes,
+		LiveAllocations:       p.CUDA.LiveAllocs,
+		GrowthBytesPerSecond:  math.Round(v.slope),
+		WindowSeconds:         series.Round(v.span.Seconds(), 1),
+		TimeScaleSeconds:      v.window.Seconds(),
+		TopSites:              top,
+		AllocBytesSinceAttach: sum(p.CUDA.AllocBytes),
+		FreeBytesSinceAttach:  sum(p.CUDA.FreeBytes),
 	}
-	ex.evidence(f.Evidence)
+	ex.evidence(&ev)
 	if v.classic {
 		var oldTop int64
 		if len(v.sites) > 0 {
 			oldTop = v.sites[0].oldBytes
 		}
-		f.Evidence["old_bytes_at_top_site"] = oldTop
-		f.Evidence["min_age_seconds"] = d.cfg.LeakMinAge.Seconds()
+		ev.OldBytesAtTopSite = &oldTop
+		ev.MinAgeSeconds = new(d.cfg.LeakMinAge.Seconds())
 	}
 	if p.CUDA.HasNVML {
-		f.Evidence["nvml_used_bytes"] = p.CUDA.NVMLUsedBytes
-		f.Evidence["untracked_bytes"] = p.CUDA.UntrackedBytes
+		ev.NVMLUsedBytes = new(p.CUDA.NVMLUsedBytes)
+		ev.UntrackedBytes = new(p.CUDA.UntrackedBytes)
 	}
+	f.Evidence = ev
 	return f
 }
 

@@ -57,24 +57,22 @@ func TestLeakFound(t *testing.T) {
 			if !strings.Contains(f.Summary, "made at cache_tensor+0x2a (trainer)") {
 				t.Errorf("summary %q does not name the leaking call site", f.Summary)
 			}
-			ev := f.Evidence
-			if got := ev["growth_bytes_per_second"].(float64); math.Abs(got-8*mib) > 0.2*8*mib {
+			ev := f.Evidence.(model.GPUMemoryLeakEvidence)
+			if got := ev.GrowthBytesPerSecond; math.Abs(got-8*mib) > 0.2*8*mib {
 				t.Errorf("growth %.0f B/s, want 8 MiB/s ±20%%", got)
 			}
-			if ev["time_scale_seconds"] != 10.0 {
-				t.Errorf("time_scale_seconds %v, want the fast window", ev["time_scale_seconds"])
+			if ev.TimeScaleSeconds != 10.0 {
+				t.Errorf("time_scale_seconds %v, want the fast window", ev.TimeScaleSeconds)
 			}
-			top := ev["top_sites"].([]map[string]any)
-			if len(top) == 0 || top[0]["stack"].([]model.Frame)[1].String() != "cache_tensor+0x2a (trainer)" || top[0]["kept_allocations"].(int) < 18 {
-				t.Fatalf("top_sites %v, want cache_tensor first with its 20 allocations of the window", top)
+			top := ev.TopSites
+			if len(top) == 0 || top[0].Stack[1].String() != "cache_tensor+0x2a (trainer)" || top[0].KeptAllocations == nil || *top[0].KeptAllocations < 18 {
+				t.Fatalf("top_sites %+v, want cache_tensor first with its 20 allocations of the window", top)
 			}
-			for _, k := range []string{"untracked_bytes", "nvml_used_bytes"} {
-				if _, ok := ev[k]; ok {
-					t.Errorf("%s set without NVML", k)
-				}
+			if ev.UntrackedBytes != nil || ev.NVMLUsedBytes != nil {
+				t.Errorf("untracked_bytes %v, nvml_used_bytes %v set without NVML", val(ev.UntrackedBytes), val(ev.NVMLUsedBytes))
 			}
-			if ev["time_to_exhaustion_seconds"] != nil || ev["headroom_bytes"] != nil {
-				t.Errorf("exhaustion %v / %v without NVML or a budget", ev["time_to_exhaustion_seconds"], ev["headroom_bytes"])
+			if ev.TimeToExhaustionSeconds != nil || ev.HeadroomBytes != nil {
+				t.Errorf("exhaustion %v / %v without NVML or a budget", val(ev.TimeToExhaustionSeconds), val(ev.HeadroomBytes))
 			}
 
 			// Reported every second while active, then ended once after
@@ -126,7 +124,7 @@ func TestLeakFast(t *testing.T) {
 					t.Errorf("found %ds after the first allocation, want within 15s", f.sec-start)
 				}
 				want := float64(tc.n) * float64(tc.size)
-				if got := f.f.Evidence["growth_bytes_per_second"].(float64); math.Abs(got-want) > 0.2*want {
+				if got := f.f.Evidence.(model.GPUMemoryLeakEvidence).GrowthBytesPerSecond; math.Abs(got-want) > 0.2*want {
 					t.Errorf("growth %.0f B/s, want %.0f ±20%%", got, want)
 				}
 			})
@@ -165,7 +163,7 @@ func TestLeakSlow(t *testing.T) {
 				if !strings.Contains(f.f.Summary, "made at cache_tensor+0x2a (trainer)") {
 					t.Errorf("summary %q does not name the leaking call site", f.f.Summary)
 				}
-				if got := f.f.Evidence["growth_bytes_per_second"].(float64); math.Abs(got-mib/60.0) > 0.35*mib/60 {
+				if got := f.f.Evidence.(model.GPUMemoryLeakEvidence).GrowthBytesPerSecond; math.Abs(got-mib/60.0) > 0.35*mib/60 {
 					t.Errorf("growth %.0f B/s, want 1 MiB/min ±35%%", got)
 				}
 			})
@@ -190,19 +188,19 @@ func TestLeakEvidenceWithNVML(t *testing.T) {
 	if len(last) != 1 || last[0].Kind != model.KindGPUMemoryLeak {
 		t.Fatalf("findings at 20s: %v, want one leak", last)
 	}
-	ev := last[0].Evidence
-	if ev["live_bytes"] != uint64(20*64*mib) || ev["untracked_bytes"] != int64(300*mib) || ev["nvml_used_bytes"] != uint64(20*64*mib+300*mib) {
-		t.Errorf("live_bytes %v untracked_bytes %v nvml_used_bytes %v", ev["live_bytes"], ev["untracked_bytes"], ev["nvml_used_bytes"])
+	ev := last[0].Evidence.(model.GPUMemoryLeakEvidence)
+	if ev.LiveBytes != 20*64*mib || val(ev.UntrackedBytes) != int64(300*mib) || val(ev.NVMLUsedBytes) != uint64(20*64*mib+300*mib) {
+		t.Errorf("live_bytes %v untracked_bytes %v nvml_used_bytes %v", ev.LiveBytes, val(ev.UntrackedBytes), val(ev.NVMLUsedBytes))
 	}
-	top := ev["top_sites"].([]map[string]any)[0]
+	top := ev.TopSites[0]
 	// At 20s the fast window holds the allocations made after 10s, 40 of
 	// them; those up to 10s are older than 10s: 10 s × 4 × 16 MiB (the last
 	// of second 10 is exactly 10s old and not counted).
-	if top["kept_allocations"] != 40 || top["kept_bytes"] != uint64(40*16*mib) || top["old_bytes"] != int64(39*16*mib) {
-		t.Errorf("top site %v", top)
+	if val(top.KeptAllocations) != 40 || val(top.KeptBytes) != uint64(40*16*mib) || top.OldBytes != 39*16*mib {
+		t.Errorf("top site %+v: kept %v, %v", top, val(top.KeptAllocations), val(top.KeptBytes))
 	}
-	if top["allocations"] != 80 || top["oldest_age_seconds"] != 19.8 {
-		t.Errorf("top site %v", top)
+	if top.Allocations != 80 || top.OldestAgeSeconds != 19.8 {
+		t.Errorf("top site %+v", top)
 	}
 }
 

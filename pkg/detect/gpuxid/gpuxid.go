@@ -159,27 +159,23 @@ func finding(p *model.Process, k key, g *group, active bool) model.Finding {
 	if g.count > 1 {
 		times = fmt.Sprintf("%d times", g.count)
 	}
-	ev := map[string]any{
-		"device": k.device, "uuid": g.uuid, "count": g.count, "first_at": g.first, "last_at": g.last,
-	}
-	if len(g.instances) > 0 {
-		var mig []map[string]uint32
-		for _, in := range slices.SortedFunc(maps.Keys(g.instances), func(a, b [2]uint32) int {
-			return cmp.Or(cmp.Compare(a[0], b[0]), cmp.Compare(a[1], b[1]))
-		}) {
-			mig = append(mig, map[string]uint32{"gpu_instance": in[0], "compute_instance": in[1]})
-		}
-		ev["mig_instances"] = mig
+	var mig []model.MIGInstance
+	for _, in := range slices.SortedFunc(maps.Keys(g.instances), func(a, b [2]uint32) int {
+		return cmp.Or(cmp.Compare(a[0], b[0]), cmp.Compare(a[1], b[1]))
+	}) {
+		mig = append(mig, model.MIGInstance{GPUInstance: in[0], ComputeInstance: in[1]})
 	}
 	f := model.Finding{
 		Kind: k.kind, PID: p.PID, Comm: p.Comm, Severity: model.SeverityCritical,
-		FirstSeen: g.first, LastSeen: g.last, Active: active, Evidence: ev,
+		FirstSeen: g.first, LastSeen: g.last, Active: active,
 	}
 	if k.kind == model.KindGPUECCError {
+		f.Evidence = model.GPUECCEvidence{Device: k.device, UUID: g.uuid, Count: g.count, FirstAt: g.first, LastAt: g.last, MIGInstances: mig}
 		f.Summary = fmt.Sprintf("GPU %d (%s) reported a double-bit ECC error %s while %s used it: %s", k.device, g.uuid, times, p.Comm, eccMeaning)
 		return f
 	}
-	ev["xid"], ev["meaning"] = k.xid, Meaning(k.xid)
+	f.Evidence = model.GPUXIDEvidence{Device: k.device, UUID: g.uuid, Count: g.count, FirstAt: g.first, LastAt: g.last, MIGInstances: mig,
+		XID: k.xid, Meaning: Meaning(k.xid)}
 	f.Summary = fmt.Sprintf("GPU %d (%s) reported XID %d %s while %s used it: %s", k.device, g.uuid, k.xid, times, p.Comm, Meaning(k.xid))
 	return f
 }

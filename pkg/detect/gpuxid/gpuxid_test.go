@@ -1,6 +1,7 @@
 package gpuxid
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -36,7 +37,7 @@ func TestXIDFindings(t *testing.T) {
 		t.Fatalf("findings %+v, want XID 31 and 79", fs)
 	}
 	f := fs[1]
-	if f.Kind != model.KindGPUXID || f.Severity != model.SeverityCritical || !f.Active || f.Evidence["xid"] != uint64(79) || f.Evidence["count"] != 2 ||
+	if ev, _ := f.Evidence.(model.GPUXIDEvidence); f.Kind != model.KindGPUXID || f.Severity != model.SeverityCritical || !f.Active || ev.XID != 79 || ev.Count != 2 ||
 		!strings.Contains(f.Summary, "XID 79 2 times") || !strings.Contains(f.Summary, "fallen off the bus") {
 		t.Errorf("XID 79 finding %+v", f)
 	}
@@ -59,7 +60,10 @@ func TestXIDFindings(t *testing.T) {
 	e.GPUInstance, e.ComputeInstance = 3, 0
 	p.CUDA.GPUEvents = []model.GPUEvent{e}
 	fs = d.Observe(t0.Add(4*time.Minute), p)
-	if len(fs) != 1 || fs[0].Evidence["mig_instances"] == nil || !strings.Contains(fs[0].Summary, "contained ECC error") {
+	if len(fs) != 1 || !strings.Contains(fs[0].Summary, "contained ECC error") {
+		t.Fatalf("MIG fault: %+v", fs)
+	}
+	if ev, _ := fs[0].Evidence.(model.GPUXIDEvidence); !slices.Equal(ev.MIGInstances, []model.MIGInstance{{GPUInstance: 3, ComputeInstance: 0}}) {
 		t.Errorf("MIG fault: %+v", fs)
 	}
 }
@@ -82,12 +86,13 @@ func TestECCFindings(t *testing.T) {
 		t.Fatalf("findings %+v, want gpu_ecc_error and gpu_xid", fs)
 	}
 	f := fs[0]
-	if f.Kind != model.KindGPUECCError || f.Severity != model.SeverityCritical || !f.Active || f.Evidence["count"] != 2 ||
-		f.Evidence["device"] != 0 || f.Evidence["uuid"] != "GPU-aaaa" || f.Evidence["xid"] != nil ||
+	ev, isECC := f.Evidence.(model.GPUECCEvidence)
+	if f.Kind != model.KindGPUECCError || f.Severity != model.SeverityCritical || !f.Active || !isECC || ev.Count != 2 ||
+		ev.Device != 0 || ev.UUID != "GPU-aaaa" ||
 		!strings.Contains(f.Summary, "double-bit ECC error 2 times") || !strings.Contains(f.Summary, "reset the GPU") {
 		t.Errorf("ECC finding %+v", f)
 	}
-	if fs[1].Kind != model.KindGPUXID || fs[1].Evidence["xid"] != uint64(48) || fs[1].FirstSeen.Equal(f.FirstSeen) {
+	if ev, _ := fs[1].Evidence.(model.GPUXIDEvidence); fs[1].Kind != model.KindGPUXID || ev.XID != 48 || fs[1].FirstSeen.Equal(f.FirstSeen) {
 		t.Errorf("XID finding %+v next to the ECC one", fs[1])
 	}
 	p.CUDA.GPUEvents = nil

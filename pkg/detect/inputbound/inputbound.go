@@ -250,19 +250,19 @@ func (d *Detector) finding(p *model.Process, st *state, now time.Time) model.Fin
 	}
 	slices.SortFunc(ws, func(a, b waiter) int { return cmp.Or(cmp.Compare(b.p99, a.p99), a.pid-b.pid) })
 	var names []string
-	var ev []map[string]any
+	var ev []model.WaitingProcess
 	for i, w := range ws {
 		role := "itself"
 		if w.isChild {
 			role = "child"
 		}
-		var threads []map[string]any
+		var threads []model.WaitingThread
 		var tnames []string
 		for _, th := range w.threads {
-			threads = append(threads, map[string]any{"tid": th.tid, "name": th.name, "preempted": th.preempted})
+			threads = append(threads, model.WaitingThread{TID: th.tid, Name: th.name, Preempted: th.preempted})
 			tnames = append(tnames, fmt.Sprintf("%s %d", th.name, th.tid))
 		}
-		ev = append(ev, map[string]any{"pid": w.pid, "comm": w.comm, "role": role, "runq_p99_seconds": w.p99, "allowed_cpus": w.cpus, "threads": threads})
+		ev = append(ev, model.WaitingProcess{PID: w.pid, Comm: w.comm, Role: role, RunqP99Seconds: w.p99, AllowedCPUs: w.cpus, Threads: threads})
 		if i < 4 {
 			name := fmt.Sprintf("%s %d (%s, p99 %s", role, w.pid, w.comm, time.Duration(w.p99*float64(time.Second)).Round(100*time.Microsecond))
 			if !w.isChild && len(tnames) > 0 {
@@ -281,9 +281,9 @@ func (d *Detector) finding(p *model.Process, st *state, now time.Time) model.Fin
 		FirstSeen: st.since, LastSeen: now, Active: true,
 		Summary: fmt.Sprintf("GPU idle %.0f %% of the last %s while the processes it waits on wait for a CPU: %s",
 			100*(1-sm), span.Round(time.Second), strings.Join(names, ", ")),
-		Evidence: map[string]any{
-			"sm_utilization_mean": sm, "window_seconds": span.Seconds(), "starved_share": float64(starved) / float64(len(st.samples)),
-			"waiting": ev, "verdict": InputBound,
+		Evidence: model.GPUInputBoundEvidence{
+			SMUtilizationMean: sm, WindowSeconds: span.Seconds(), StarvedShare: float64(starved) / float64(len(st.samples)),
+			Waiting: ev, Verdict: InputBound,
 		},
 	}
 	return f

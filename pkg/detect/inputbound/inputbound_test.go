@@ -72,7 +72,7 @@ func TestInputBound(t *testing.T) {
 	}
 	f := fs[0]
 	if f.Kind != model.KindGPUInputBound || !f.Active || f.PID != 100 || !strings.Contains(f.Summary, "GPU idle 95 %") ||
-		!strings.Contains(f.Summary, "child 101 (pt_data_worker") || len(f.Evidence["waiting"].([]map[string]any)) != 3 {
+		!strings.Contains(f.Summary, "child 101 (pt_data_worker") || len(f.Evidence.(model.GPUInputBoundEvidence).Waiting) != 3 {
 		t.Errorf("finding %+v", f)
 	}
 	// The workers keep up again: the finding ends, the verdict goes.

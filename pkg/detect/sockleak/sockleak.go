@@ -182,16 +182,16 @@ func (a assessment) ended(peak int) bool {
 // fill returns f updated from the latest sample.
 func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, a assessment, active bool) model.Finding {
 	oldest := a.last.oldest
-	var tte any // seconds until the fd limit at this rate; null when not approached
+	var tte *float64 // seconds until the fd limit at this rate; nil when not approached
 	tteSec := math.Inf(1)
 	if p.FD.Limit > 0 && a.slope > 0 {
 		tteSec = max(0, float64(p.FD.Limit)-float64(max(p.FD.Open, a.last.total))) / a.slope
-		tte = series.Round(tteSec, 1)
+		tte = new(series.Round(tteSec, 1))
 	}
 	pairs := topPairs(p.Sock.CloseWait)
-	top := make([]map[string]any, 0, len(pairs))
+	top := make([]model.SocketPair, 0, len(pairs))
 	for _, pr := range pairs {
-		top = append(top, map[string]any{"local": pr.local, "remote": pr.remote, "count": pr.count})
+		top = append(top, model.SocketPair{Local: pr.local, Remote: pr.remote, Count: pr.count})
 	}
 
 	frames, opened := openingStack(p.Sock.CloseWait)
@@ -220,18 +220,18 @@ func (d *Detector) fill(f model.Finding, now time.Time, p *model.Process, a asse
 		fmt.Fprintf(&b, "; fd limit %d reached in ~%.0fs", p.FD.Limit, tteSec)
 	}
 	f.Summary = b.String()
-	f.Evidence = map[string]any{
-		"tcp_by_state":              maps.Clone(p.Sock.TCPByState),
-		"close_wait":                a.last.total,
-		"close_wait_older_than_min": a.last.old,
-		"min_age_seconds":           d.cfg.MinAge.Seconds(),
-		"growth_per_second":         series.Round(a.slope, 2),
-		"oldest_close_wait_seconds": series.Round(oldest.Seconds(), 1),
-		"window_seconds":            series.Round(a.span.Seconds(), 1),
-		"fd_limit":                  p.FD.Limit,
-		"time_to_fd_limit_seconds":  tte,
-		"top_pairs":                 top,
-		"opening_stack_sockets":     opened,
+	f.Evidence = model.SocketLeakEvidence{
+		TCPByState:             maps.Clone(p.Sock.TCPByState),
+		CloseWait:              a.last.total,
+		CloseWaitOlderThanMin:  a.last.old,
+		MinAgeSeconds:          d.cfg.MinAge.Seconds(),
+		GrowthPerSecond:        series.Round(a.slope, 2),
+		OldestCloseWaitSeconds: series.Round(oldest.Seconds(), 1),
+		WindowSeconds:          series.Round(a.span.Seconds(), 1),
+		FDLimit:                p.FD.Limit,
+		TimeToFDLimitSeconds:   tte,
+		TopPairs:               top,
+		OpeningStackSockets:    opened,
 	}
 	return f
 }

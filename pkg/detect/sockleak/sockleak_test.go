@@ -108,25 +108,25 @@ func TestLeakFlagged(t *testing.T) {
 	if !last.Active || !last.FirstSeen.Equal(f.FirstSeen) {
 		t.Fatalf("last finding %+v, want the same one still active", last)
 	}
-	ev := last.Evidence
-	if ev["close_wait"] != 58 {
-		t.Errorf("close_wait = %v, want 58", ev["close_wait"])
+	ev := last.Evidence.(model.SocketLeakEvidence)
+	if ev.CloseWait != 58 {
+		t.Errorf("close_wait = %v, want 58", ev.CloseWait)
 	}
-	if g := ev["growth_per_second"].(float64); g < 1.8 || g > 2.2 {
+	if g := ev.GrowthPerSecond; g < 1.8 || g > 2.2 {
 		t.Errorf("growth_per_second = %v, want ~2", g)
 	}
-	if o := ev["oldest_close_wait_seconds"].(float64); o < 28 || o > 29 {
+	if o := ev.OldestCloseWaitSeconds; o < 28 || o > 29 {
 		t.Errorf("oldest_close_wait_seconds = %v, want ~28.5", o)
 	}
-	if st := ev["tcp_by_state"].(map[string]int); st["CLOSE_WAIT"] != 58 || st["LISTEN"] != 1 {
+	if st := ev.TCPByState; st["CLOSE_WAIT"] != 58 || st["LISTEN"] != 1 {
 		t.Errorf("tcp_by_state = %v", st)
 	}
-	top := ev["top_pairs"].([]map[string]any)
-	if len(top) != 1 || top[0]["local"] != "127.0.0.1:8080" || top[0]["remote"] != "127.0.0.1:*" || top[0]["count"] != 58 {
-		t.Errorf("top_pairs = %v, want one server pair with the client port masked", top)
+	top := ev.TopPairs
+	if len(top) != 1 || top[0].Local != "127.0.0.1:8080" || top[0].Remote != "127.0.0.1:*" || top[0].Count != 58 {
+		t.Errorf("top_pairs = %+v, want one server pair with the client port masked", top)
 	}
-	if ev["time_to_fd_limit_seconds"] != nil {
-		t.Errorf("time_to_fd_limit_seconds = %v with no limit known", ev["time_to_fd_limit_seconds"])
+	if ev.TimeToFDLimitSeconds != nil {
+		t.Errorf("time_to_fd_limit_seconds = %v with no limit known", *ev.TimeToFDLimitSeconds)
 	}
 }
 
@@ -143,8 +143,10 @@ func TestLeakNearLimitCritical(t *testing.T) {
 	if last.Severity != model.SeverityCritical {
 		t.Errorf("severity %s, want critical: %s", last.Severity, last.Summary)
 	}
-	if tte, ok := last.Evidence["time_to_fd_limit_seconds"].(float64); !ok || tte > 60 {
-		t.Errorf("time_to_fd_limit_seconds = %v, want under a minute", last.Evidence["time_to_fd_limit_seconds"])
+	if tte := last.Evidence.(model.SocketLeakEvidence).TimeToFDLimitSeconds; tte == nil {
+		t.Error("time_to_fd_limit_seconds null, want under a minute")
+	} else if *tte > 60 {
+		t.Errorf("time_to_fd_limit_seconds = %v, want under a minute", *tte)
 	}
 }
 
