@@ -1,6 +1,7 @@
-/* Shared by every concern's BPF object: the tracked-process filter and the
- * error counters. Each object gets its own copy of these maps; the Go side
- * fills tracked_pids and reads errors for each object it loads. */
+/* Shared by every BPF object: the error counters, the kernel's features,
+ * per-thread state and the kernel reads several objects make. Each object
+ * gets its own errors map, which the Go side reads for each object it
+ * loads; the processes watched are in tracked.h. */
 #pragma once
 
 #include "vmlinux.h"
@@ -18,15 +19,6 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
  * bpf_task_pt_regs (5.15) needs it. */
 const volatile bool have_task_storage = true;
 const volatile bool have_task_pt_regs = true;
-
-/* Processes we watch, by tgid. Every program checks this before any work, so
- * untracked processes pay only one hash lookup. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, u32);
-	__type(value, u8);
-} tracked_pids SEC(".maps");
 
 /* Reasons an event or update was lost; one per-CPU slot each, read by Go as
  * monotonic counters and never reset. */
@@ -54,11 +46,6 @@ static __always_inline void count_err(u32 kind)
 	u64 *n = bpf_map_lookup_elem(&errors, &kind);
 	if (n)
 		*n += 1;
-}
-
-static __always_inline bool is_tracked(u32 tgid)
-{
-	return bpf_map_lookup_elem(&tracked_pids, &tgid) != NULL;
 }
 
 /* The current task, for CO-RE reads (bpf_probe_read_kernel): works on every
@@ -92,9 +79,54 @@ static __always_inline void *thread_state(void *task_map, void *tid_map, const v
 	return st;
 }
 
-/* Returns the current tgid if it is tracked, 0 otherwise. */
-static __always_inline u32 tracked_tgid(void)
+/* Syscall numbers and registers here are the x86_64 ABI's (the objects are
+ * built for amd64): a 32-bit task's syscalls are numbered otherwise and
+ * are skipped. */
+#define TS_COMPAT 0x0002
+
+static __always_inline bool compat_task(struct task_struct *task)
 {
-	u32 tgid = bpf_get_current_pid_tgid() >> 32;
-	return is_tracked(tgid) ? tgid : 0;
+	return BPF_CORE_READ(task, thread_info.status) & TS_COMPAT;
+}
+
+/* The file behind fd in task's table; NULL for a number out of the table or
+ * not open, and for a failed read, which is counted. */
+static __always_inline struct file *fd_file(struct task_struct *task, u64 fd)
+{
+	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	if (!fdt || fd >= BPF_CORE_READ(fdt, max_fds))
+		return NULL;
+	struct file **fds = BPF_CORE_READ(fdt, fd);
+	struct file *f = NULL;
+	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd])) {
+		count_err(ERR_READ_KERNEL);
+		return NULL;
+	}
+	return f;
+}
+
+/* floor(log2(v)), 0 for 0: histogram buckets without a loop. */
+static __always_inline u32 log2_u32(u32 v)
+{
+	u32 r, shift;
+
+	r = (v > 0xFFFF) << 4;
+	v >>= r;
+	shift = (v > 0xFF) << 3;
+	v >>= shift;
+	r |= shift;
+	shift = (v > 0xF) << 2;
+	v >>= shift;
+	r |= shift;
+	shift = (v > 0x3) << 1;
+	v >>= shift;
+	r |= shift;
+	r |= (v >> 1);
+	return r;
+}
+
+static __always_inline u32 log2_u64(u64 v)
+{
+	u32 hi = v >> 32;
+	return hi ? log2_u32(hi) + 32 : log2_u32(v);
 }

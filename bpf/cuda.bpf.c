@@ -24,7 +24,7 @@
  * with its API built in; user space loads one set. Returns need no cookie:
  * the state saved at entry says what the call was, and there is one return
  * program per layer. */
-#include "common.h"
+#include "tracked.h"
 #include "pyframes.h"
 #include "sites.h"
 #include "unwind.h"

@@ -14,7 +14,6 @@
 
 #define NR_mmap 9
 #define PROT_EXEC 0x4
-#define TS_COMPAT 0x0002
 
 enum discover_why {
 	WHY_CUDA_MAPPED = 1, /* mapped a libcuda* / libcudart* file executable */
@@ -60,17 +59,11 @@ static __always_inline void mmap_enter(u64 prot, s64 fd)
 	if (!(prot & PROT_EXEC) || fd < 0)
 		return;
 	struct task_struct *task = current_task();
-	if (BPF_CORE_READ(task, thread_info.status) & TS_COMPAT)
+	if (compat_task(task))
 		return;
-	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
-	if (!fdt || fd >= BPF_CORE_READ(fdt, max_fds))
+	struct file *f = fd_file(task, fd);
+	if (!f)
 		return;
-	struct file **fds = BPF_CORE_READ(fdt, fd);
-	struct file *f = NULL;
-	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]) || !f) {
-		count_err(ERR_READ_KERNEL);
-		return;
-	}
 	const unsigned char *name = BPF_CORE_READ(f, f_path.dentry, d_name.name);
 	char n[12] = {};
 	if (bpf_probe_read_kernel_str(n, sizeof(n), name) < 0) {

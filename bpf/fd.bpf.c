@@ -23,8 +23,8 @@
  * Per call site (bpf/sites.h), fds opened and closed, a close credited to
  * the site that opened the fd.
  *
- * Children of a process user space follows (tracked_pids value
- * TRACK_FOLLOW) are tracked from fork, before their first instruction: the
+ * Children of a process user space follows (TRACK_FOLLOW in its
+ * tracked_pids value, tracked.h) are tracked from fork, before their first instruction: the
  * fork marks them in forks (parent, when) and makes their counters, so that
  * user space takes what they inherited from the parent's table as it knows
  * it and reads from /proc only what changed since (pkg/fdtrack). Until then
@@ -34,7 +34,7 @@
  * open-fd bitmap is copied at fork and again at exec (fork_fds), which
  * closes its close-on-exec fds without a syscall each: user space learns
  * which fds it holds without listing /proc/PID/fd. */
-#include "common.h"
+#include "tracked.h"
 #include "pyframes.h"
 #include "sites.h"
 #include "unwind.h"
@@ -126,14 +126,6 @@ struct {
 	__type(value, struct fd_info);
 } fail_sites SEC(".maps");
 
-/* tracked_pids values: followed processes' children are tracked from fork,
- * as TRACK_FORKED until user space takes them (their children too). */
-enum track_how {
-	TRACK_ONLY = 1,
-	TRACK_FOLLOW = 2,
-	TRACK_FORKED = 3,
-};
-
 /* A child marked at fork: which process it came from and when
  * (bpf_ktime_get_ns), so that user space takes the parent's entries older
  * than that as its inherited fds. */
@@ -182,12 +174,12 @@ struct {
 /* Force the shared structs into BTF so bpf2go can generate them. */
 const struct fd_bitmap *unused_fd_bitmap __attribute__((unused));
 const struct fork_info *unused_fork_info __attribute__((unused));
-const enum track_how *unused_track_how __attribute__((unused));
 const struct fd_info *unused_fd_info __attribute__((unused));
 const struct fd_counts *unused_fd_counts __attribute__((unused));
 const struct fd_key *unused_fd_key __attribute__((unused));
 const enum fd_kind *unused_fd_kind __attribute__((unused));
 const enum err_kind *unused_err_kind __attribute__((unused));
+const enum track_flag *unused_track_flag __attribute__((unused));
 const enum fd_fail *unused_fd_fail __attribute__((unused));
 
 static __always_inline void count_fd(u32 tgid, u8 kind, bool opened)
@@ -227,7 +219,7 @@ static __always_inline void capture_site(struct pt_regs *regs, u32 tgid, struct 
 	 * such children exit before a poll: its fds have no site, as those
 	 * seeded from /proc. */
 	u8 *how = bpf_map_lookup_elem(&tracked_pids, &tgid);
-	if (how && *how == TRACK_FORKED) {
+	if (how && (*how & TRACK_FORKED)) {
 		info->stack_id = -1;
 		info->py_stack = 0;
 		return;
@@ -317,7 +309,6 @@ static __always_inline u8 kind_of(u32 tgid, s32 fd)
 
 #define EMFILE 24
 #define ENFILE 23
-#define TS_COMPAT 0x0002
 
 /* What a syscall's exit does with its result. */
 enum exit_how {
@@ -391,12 +382,6 @@ static __always_inline enum exit_how exit_how(long id, u8 *kind)
 		return EXIT_RESYNC;
 	}
 	return EXIT_NONE;
-}
-
-/* 32-bit syscalls use other numbers: not ours to decode. */
-static __always_inline bool compat_syscall(void)
-{
-	return BPF_CORE_READ(current_task(), thread_info.status) & TS_COMPAT;
 }
 
 static __always_inline void request_resync(u32 tgid)
@@ -491,7 +476,7 @@ static __always_inline void on_enter(long id, u64 a0, u64 a1, u64 a3)
 		return;
 	}
 	u32 tgid = tracked_tgid();
-	if (!tgid || compat_syscall())
+	if (!tgid || compat_task(current_task()))
 		return;
 	switch (id) {
 	case NR_close:
@@ -527,7 +512,7 @@ static __always_inline void on_exit(struct pt_regs *regs, long id, long ret)
 	 * verifier state through everything below. */
 	asm volatile("" : "+r"(kind));
 	u32 tgid = tracked_tgid();
-	if (!tgid || compat_syscall())
+	if (!tgid || compat_task(current_task()))
 		return;
 	struct fd_entry e = { .fd = -1 };
 	if ((how == EXIT_DUP || how == EXIT_PAIR) && !take_entry(&e))
@@ -623,9 +608,9 @@ static __always_inline void execed(void)
 {
 	u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	u8 *how = bpf_map_lookup_elem(&tracked_pids, &tgid);
-	if (!how)
+	if (!how || !(*how & view_bit))
 		return;
-	if (*how == TRACK_FORKED)
+	if (*how & TRACK_FORKED)
 		snapshot_fds(current_task(), tgid);
 	else
 		request_resync(tgid);
@@ -654,7 +639,7 @@ static __always_inline void forked(struct task_struct *task, u32 child, u64 clon
 		return;
 	u32 parent = bpf_get_current_pid_tgid() >> 32;
 	u8 *how = bpf_map_lookup_elem(&tracked_pids, &parent);
-	if (!how || (*how != TRACK_FOLLOW && *how != TRACK_FORKED))
+	if (!how || !(*how & view_bit) || !(*how & (TRACK_FOLLOW | TRACK_FORKED)))
 		return;
 	struct fd_counts zero = {};
 	if (bpf_map_update_elem(&fd_counters, &child, &zero, BPF_ANY)) {
@@ -662,7 +647,7 @@ static __always_inline void forked(struct task_struct *task, u32 child, u64 clon
 		return;
 	}
 	struct fork_info fi = { .parent = parent, .fork_ns = bpf_ktime_get_ns() };
-	u8 forked = TRACK_FORKED;
+	u8 forked = view_bit | TRACK_FORKED;
 	if (bpf_map_update_elem(&forks, &child, &fi, BPF_ANY) ||
 	    bpf_map_update_elem(&tracked_pids, &child, &forked, BPF_ANY)) {
 		count_err(ERR_TABLE_FULL);

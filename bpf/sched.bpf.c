@@ -9,7 +9,7 @@
  * These run on every context switch and wake-up of the machine, so the
  * untracked path is kept to a bit test, and the tracked one to lookups and
  * stores into entries that live as long as their thread. */
-#include "common.h"
+#include "tracked.h"
 
 #define TASK_RUNNING 0
 /* What the classic sched_switch record shows as prev_state for a preempted
@@ -80,31 +80,6 @@ struct {
 const struct thread_sched *unused_thread_sched __attribute__((unused));
 const struct proc_sched *unused_proc_sched __attribute__((unused));
 const enum err_kind *unused_err_kind __attribute__((unused));
-
-static __always_inline u32 log2_u32(u32 v)
-{
-	u32 r, shift;
-
-	r = (v > 0xFFFF) << 4;
-	v >>= r;
-	shift = (v > 0xFF) << 3;
-	v >>= shift;
-	r |= shift;
-	shift = (v > 0xF) << 2;
-	v >>= shift;
-	r |= shift;
-	shift = (v > 0x3) << 1;
-	v >>= shift;
-	r |= shift;
-	r |= (v >> 1);
-	return r;
-}
-
-static __always_inline u32 log2_u64(u64 v)
-{
-	u32 hi = v >> 32;
-	return hi ? log2_u32(hi) + 32 : log2_u32(v);
-}
 
 static __always_inline bool maybe_tracked(u32 tgid)
 {

@@ -24,7 +24,7 @@
  * /proc/PID/net/tcp{,6} for the inodes the process holds, which is exact
  * whatever the kernel saw. This table supplies the time of each transition,
  * joined with /proc by inode. */
-#include "common.h"
+#include "tracked.h"
 
 #define AF_INET 2
 #define AF_INET6 10
@@ -119,16 +119,9 @@ static __always_inline int accepted(struct syscall_trace_exit *ctx)
 	u32 tgid = tracked_tgid();
 	if (!tgid || ctx->ret < 0)
 		return 0;
-	u32 fd = (u32)ctx->ret;
-	struct fdtable *fdt = BPF_CORE_READ(current_task(), files, fdt);
-	if (!fdt || fd >= BPF_CORE_READ(fdt, max_fds))
+	struct file *f = fd_file(current_task(), (u32)ctx->ret);
+	if (!f)
 		return 0;
-	struct file **fds = BPF_CORE_READ(fdt, fd);
-	struct file *f = NULL;
-	if (bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]) || !f) {
-		count_err(ERR_READ_KERNEL);
-		return 0;
-	}
 	struct socket *sock = BPF_CORE_READ(f, private_data);
 	struct sock *sk = BPF_CORE_READ(sock, sk);
 	if (!sk)

@@ -24,6 +24,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/pipeline"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/podinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/tracked"
 )
 
 type daemonFlags struct {
@@ -100,6 +101,9 @@ func (f *daemonFlags) rules() (daemon.Rules, error) {
 	r := daemon.Rules{All: f.all, Max: f.maxProcs}
 	if f.maxProcs <= 0 {
 		return r, usagef("--max-processes must be positive, got %d", f.maxProcs)
+	}
+	if f.maxProcs > tracked.Capacity {
+		return r, usagef("--max-processes %d is over what the kernel maps hold (%d processes)", f.maxProcs, tracked.Capacity)
 	}
 	if f.interval <= 0 || f.resync <= 0 {
 		return r, usagef("--interval and --resync must be positive")
@@ -182,7 +186,7 @@ func runDaemon(f *daemonFlags, rules daemon.Rules) error {
 
 	cfg := pipeline.DefaultConfig()
 	cfg.Interval, cfg.MaxFDs, cfg.MaxAllocs, cfg.GPUInterval = f.interval, f.maxFDs, f.maxAllocs, f.gpuEvery
-	cfg.FDReadsPerPoll = f.fdReads
+	cfg.FDReadsPerPoll, cfg.MaxProcesses = f.fdReads, f.maxProcs
 	cfg.CtxStorm.Floor = f.ctxFloor
 	cfg.GPUAlloc.MemoryBudget = uint64(f.gpuBudget)
 	cfg.Daemon, cfg.Source, cfg.Cache = true, finder, maps

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/tracked"
 )
 
 // daemonProc is a running `autoglm-ebpf daemon` on a loopback port.
@@ -277,13 +278,19 @@ func TestDaemonBadInput(t *testing.T) {
 			t.Errorf("%v: exit %d, want %d; output %q", args, code, exitUsage, out)
 		}
 	}
+	// A cap over what the kernel maps hold names both numbers.
+	over := strconv.Itoa(tracked.Capacity + 1)
+	out, code := cli(t, nil, "daemon", "--max-processes", over)
+	if code != exitUsage || !strings.Contains(out, over) || !strings.Contains(out, strconv.Itoa(tracked.Capacity)) {
+		t.Errorf("--max-processes %s: exit %d, output %q", over, code, out)
+	}
 	testutil.RequireRoot(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	out, code := cli(t, nil, "daemon", "--listen", ln.Addr().String())
+	out, code = cli(t, nil, "daemon", "--listen", ln.Addr().String())
 	if code != exitRuntime || !strings.Contains(out, "address already in use") {
 		t.Errorf("port in use: exit %d, output %q", code, out)
 	}
@@ -312,7 +319,7 @@ func TestDaemonViewDown(t *testing.T) {
 			}
 		}
 		// The kernel memory of each loaded view; none for the one refused.
-		for _, view := range []string{"fd", "sched", "sock"} {
+		for _, view := range []string{"fd", "sched", "sock", "tracked", "stacks"} {
 			if s := series(mf, "autoglm_bpf_memory_bytes", map[string]string{"view": view}); len(s) != 1 || s[0].GetGauge().GetValue() <= 0 {
 				t.Errorf("autoglm_bpf_memory_bytes{view=%q} = %v", view, s)
 			}

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/tracefs"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/tracked"
 )
 
 // Tracepoint returns the group and event of a tracepoint program, from its
@@ -205,6 +206,10 @@ type Options struct {
 	// Replace are maps the object is loaded with in place of its own of
 	// those names (LoadCollection).
 	Replace map[string]*ebpf.Map
+	// Tracked is the view's part of the shared map of tracked processes:
+	// the object is loaded with it, its PerProcess maps sized as it is.
+	Tracked    *tracked.View
+	PerProcess []string
 }
 
 // Object is a loaded collection whose programs sit on tracepoints of one mode.
@@ -275,17 +280,24 @@ func (obj *Object) open(spec *ebpf.CollectionSpec, mode, root string, o Options)
 		obj.Skipped = skipped
 	}
 	what := fmt.Sprintf("%s (%s)", o.What, mode)
+	replace := o.Replace
+	if o.Tracked != nil {
+		if err := o.Tracked.Prepare(spec, o.PerProcess...); err != nil {
+			return fmt.Errorf("loading %s: %w", what, err)
+		}
+		replace = o.Tracked.With(replace)
+	}
 	if o.Tune != nil {
 		if err := o.Tune(spec); err != nil {
 			return fmt.Errorf("loading %s: %w", what, err)
 		}
 	}
-	coll, err := LoadCollection(spec, what, o.Replace)
+	coll, err := LoadCollection(spec, what, replace)
 	if err != nil {
 		return err
 	}
 	obj.coll = coll
-	obj.members = MembersOf(coll, o.Replace)
+	obj.members = MembersOf(coll, replace)
 	if err := coll.Assign(o.Maps); err != nil {
 		obj.Close()
 		return err

@@ -31,6 +31,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/stacks"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/tracked"
 )
 
 // Config sizes the kernel side.
@@ -47,6 +48,9 @@ type Config struct {
 	// Stacks is the stack service shared with the other objects; nil: one
 	// of the tracker's own (with Symbolizer), closed with it.
 	Stacks *stacks.Service
+	// Tracked is the map of tracked processes shared with the other
+	// objects; nil: one of the tracker's own, closed with it.
+	Tracked *tracked.Set
 }
 
 // Tracker owns the loaded CUDA BPF object and the uprobe links of the
@@ -95,6 +99,7 @@ type Tracker struct {
 	stacks    *stacks.Service
 	ownStacks bool // made by NewTracker: closed by Close
 	view      *stacks.View
+	member    *tracked.View
 }
 
 // procState is what one tracked process has attached.
@@ -157,11 +162,18 @@ func NewTracker(cfg Config) (*Tracker, error) {
 		return nil, err
 	}
 	t := &Tracker{procRoot: cfg.ProcRoot, proc: proc.WithPollCache(cfg.Cache), multi: multi, procs: map[int]*procState{}, hooks: map[inodeKey]*attached{}, files: map[fileKey]*Library{}, failStacks: map[uint32]bool{}}
-	if t.stacks, t.ownStacks, err = stacks.SharedOr(cfg.Stacks, t.proc, cfg.Symbolizer, cfg.ProcRoot); err != nil {
+	if t.member, err = tracked.Join(cfg.Tracked); err != nil {
 		return nil, err
 	}
-	replace := t.stacks.Replacements()
-	if err = t.stacks.Prepare(spec); err == nil {
+	if t.stacks, t.ownStacks, err = stacks.SharedOr(cfg.Stacks, t.proc, cfg.Symbolizer, cfg.ProcRoot); err != nil {
+		_ = t.member.Close()
+		return nil, err
+	}
+	replace := t.member.With(t.stacks.Replacements())
+	if err = t.member.Prepare(spec, cudaMapCudaCounters, cudaMapLiveBytes, cudaMapPeakBytes); err == nil {
+		err = t.stacks.Prepare(spec)
+	}
+	if err == nil {
 		t.coll, err = bpfobj.LoadCollection(spec, "cuda BPF programs", replace)
 	}
 	if err != nil {
@@ -233,7 +245,7 @@ func (t *Tracker) count(pid int) error {
 	if err := t.maps.PeakBytes.Update(tgid, peaks, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
-	if err := t.maps.TrackedPids.Update(tgid, uint8(1), ebpf.UpdateAny); err != nil {
+	if err := t.member.Track(tgid, 0, 0); err != nil {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
 	return nil
@@ -492,7 +504,7 @@ func (t *Tracker) Untrack(pid int) {
 
 // uncount deletes what count made, the filter first.
 func (t *Tracker) uncount(tgid uint32) {
-	_ = t.maps.TrackedPids.Delete(tgid)
+	t.member.Untrack(tgid, 0)
 	_ = t.maps.CudaCounters.Delete(tgid)
 	_ = t.maps.LiveBytes.Delete(tgid)
 	_ = t.maps.PeakBytes.Delete(tgid)
@@ -696,7 +708,7 @@ func (t *Tracker) Close() error {
 		errs = append(errs, t.stacks.Close())
 		t.ownStacks = false
 	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, t.member.Close())...)
 }
 
 // closeLinks closes links concurrently: each uprobe waits for an RCU grace

@@ -14,6 +14,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/stacks"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/tracked"
 )
 
 // Config sizes the kernel maps.
@@ -32,6 +33,9 @@ type Config struct {
 	// Stacks is the stack service shared with the other objects; nil: one
 	// of the tracker's own (with Symbolizer), closed with it.
 	Stacks *stacks.Service
+	// Tracked is the map of tracked processes shared with the other
+	// objects; nil: one of the tracker's own, closed with it.
+	Tracked *tracked.Set
 	// Follow tracks the children of tracked processes from their fork
 	// (Forked offers them): their inherited fds are taken from the
 	// parent's table, not read from /proc.
@@ -85,6 +89,7 @@ type Tracker struct {
 	stacks    *stacks.Service
 	ownStacks bool // made by New: closed by Close
 	view      *stacks.View
+	member    *tracked.View
 }
 
 // New loads the fd object and attaches it: tp_btf where the kernel allows,
@@ -117,7 +122,11 @@ func New(cfg Config) (*Tracker, error) {
 		t.reads.PerPoll = DefaultReadsPerPoll
 	}
 	t.budget = t.reads.PerPoll
+	if t.member, err = tracked.Join(cfg.Tracked); err != nil {
+		return nil, err
+	}
 	if t.stacks, t.ownStacks, err = stacks.SharedOr(cfg.Stacks, t.proc, cfg.Symbolizer, cfg.ProcRoot); err != nil {
+		t.closeShared()
 		return nil, err
 	}
 	t.obj, err = bpfobj.Open(loadFd, bpfobj.Options{
@@ -130,11 +139,10 @@ func New(cfg Config) (*Tracker, error) {
 			return t.stacks.Prepare(spec)
 		},
 		Replace: t.stacks.Replacements(),
+		Tracked: t.member, PerProcess: []string{fdMapFdCounters, fdMapFailSites, fdMapForks},
 	})
 	if err != nil {
-		if t.ownStacks {
-			_ = t.stacks.Close()
-		}
+		t.closeShared()
 		return nil, err
 	}
 	t.table = bpfobj.NewTable(t.maps.FdTable, func(k fdFdKey, _ fdFdInfo) uint32 { return k.Tgid })
@@ -158,11 +166,18 @@ func (t *Tracker) Close() error {
 		t.view = nil
 	}
 	errs = append(errs, t.obj.Close())
+	errs = append(errs, t.closeShared())
+	return errors.Join(errs...)
+}
+
+// closeShared closes the shared maps the tracker made itself.
+func (t *Tracker) closeShared() error {
+	var errs []error
 	if t.ownStacks {
 		errs = append(errs, t.stacks.Close())
 		t.ownStacks = false
 	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, t.member.Close())...)
 }
 
 // Stacks is the stack service the tracker's stacks are in.

@@ -52,6 +52,13 @@ type Sample struct {
 	Sites map[stacks.Site]stacks.Counts
 }
 
+// The fd view's bits in a tracked process's value (bpf/tracked.h): its
+// children are tracked from fork; a child so marked, not taken yet.
+const (
+	trackFollow = uint8(fdTrackFlagTRACK_FOLLOW)
+	trackForked = uint8(fdTrackFlagTRACK_FORKED)
+)
+
 // nFails is the number of errnos the BPF side counts failures by.
 const nFails = len(fdFdCounts{}.Failed)
 
@@ -93,11 +100,11 @@ func (t *Tracker) Track(pid int) error {
 			return fmt.Errorf("tracking pid %d: %w", pid, err)
 		}
 	}
-	how := uint8(fdTrackHowTRACK_ONLY)
+	var follow uint8
 	if t.follow {
-		how = uint8(fdTrackHowTRACK_FOLLOW)
+		follow = trackFollow
 	}
-	if err := t.maps.TrackedPids.Update(tgid, how, ebpf.UpdateAny); err != nil {
+	if err := t.member.Track(tgid, follow, trackForked); err != nil {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
 	t.started[tgid] = time.Now()
@@ -277,7 +284,7 @@ func (t *Tracker) Untrack(pid int) {
 			return
 		}
 	}
-	_ = t.maps.TrackedPids.Delete(tgid)
+	t.member.Untrack(tgid, trackFollow|trackForked)
 	_ = t.maps.FdCounters.Delete(tgid)
 	_ = t.maps.Forks.Delete(tgid)
 	_ = t.maps.ForkFds.Delete(tgid)
@@ -384,7 +391,7 @@ func (t *Tracker) release(child uint32) {
 			}
 		}
 	}
-	_ = t.maps.TrackedPids.Delete(child)
+	t.member.Untrack(child, trackFollow|trackForked)
 	_ = t.maps.FdCounters.Delete(child)
 	_ = t.maps.Forks.Delete(child)
 	_ = t.maps.ForkFds.Delete(child)

@@ -32,6 +32,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/stacks"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/tracked"
 )
 
 // Sink receives a snapshot every interval and the final one at the end.
@@ -87,6 +88,10 @@ type Config struct {
 	// FDReadsPerPoll bounds the fds described from /proc per poll, all
 	// processes together (0: fdtrack.DefaultReadsPerPoll).
 	FDReadsPerPoll int
+	// MaxProcesses is the most processes watched at once, which sizes the
+	// kernel's maps kept per process (0: tracked.DefaultProcesses); over
+	// tracked.Capacity New fails.
+	MaxProcesses int
 	// Children also watches the descendants of the targets: those forked
 	// while their parent is watched are tracked from their fork (the fd
 	// view's kernel side), others are found every interval and seeded
@@ -134,6 +139,7 @@ type Pipeline struct {
 	proc     procinfo.FS
 	sym      *symbolize.Symbolizer
 	stacks   *stacks.Service     // the call stacks of every view
+	tracked  *tracked.Set        // the processes each view tracks
 	cache    *procinfo.PollCache // one read of /proc/PID/maps and fd per process per poll
 	sinks    []Sink
 	gpu      *nvml.Sampler
@@ -210,8 +216,13 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 	for _, v := range model.Views {
 		p.status[v] = "loading"
 	}
-	// Made before the views that share it; the fd view cannot do without.
-	if p.stacks, err = stacks.New(stacks.Config{Proc: proc.WithPollCache(cache), Symbolizer: p.sym}); err != nil {
+	// Made before the views that share them: the processes tracked, and
+	// the stack service the fd view cannot do without.
+	if p.tracked, err = tracked.New(cfg.MaxProcesses); err != nil {
+		return nil, err
+	}
+	if p.stacks, err = stacks.New(stacks.Config{Proc: proc.WithPollCache(cache), Symbolizer: p.sym, Processes: p.tracked.Entries()}); err != nil {
+		p.tracked.Close()
 		return nil, err
 	}
 
@@ -691,6 +702,10 @@ func (p *Pipeline) snapshot(now time.Time) *model.Snapshot {
 			// The maps the fd and cuda objects share, counted once.
 			p.memory["stacks"] = p.stacks.Memory()
 		}
+		if p.tracked != nil {
+			// The processes every view tracks, one map.
+			p.memory["tracked"] = p.tracked.Memory()
+		}
 	}
 	s.BPFMemory = maps.Clone(p.memory)
 	if fd, ok := p.fd(); ok {
@@ -766,6 +781,10 @@ func (p *Pipeline) Close() error {
 		// After the objects that use its maps.
 		errs = append(errs, p.stacks.Close())
 		p.stacks = nil
+	}
+	if p.tracked != nil {
+		errs = append(errs, p.tracked.Close())
+		p.tracked = nil
 	}
 	return errors.Join(errs...)
 }

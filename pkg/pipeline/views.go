@@ -40,18 +40,18 @@ func (p *Pipeline) views() []view {
 			// Children are tracked from their fork where they are
 			// watched: their inherited fds come from the parent's table.
 			return fdtrack.NewConcern(fdtrack.Config{MaxFDs: cfg.MaxFDs, ProcRoot: cfg.ProcRoot, Cache: p.cache, Stacks: p.stacks,
-				Follow: cfg.Children || cfg.Daemon, ReadsPerPoll: cfg.FDReadsPerPoll}, p.sym, cfg.TopSites)
+				Follow: cfg.Children || cfg.Daemon, ReadsPerPoll: cfg.FDReadsPerPoll, Tracked: p.tracked}, p.sym, cfg.TopSites)
 		}},
 		{name: "sched", load: func() (Concern, error) {
-			return schedtrack.NewConcern(schedtrack.Config{ProcRoot: cfg.ProcRoot})
+			return schedtrack.NewConcern(schedtrack.Config{ProcRoot: cfg.ProcRoot, Tracked: p.tracked})
 		}},
 		// The fd view's socket counts and opening stacks name what a
 		// socket leak holds.
 		{name: "sock", after: []string{"fd"}, load: func() (Concern, error) {
-			return socktrack.NewConcern(socktrack.Config{ProcRoot: cfg.ProcRoot, Cache: p.cache, ProcTables: cfg.SockProcTables})
+			return socktrack.NewConcern(socktrack.Config{ProcRoot: cfg.ProcRoot, Cache: p.cache, ProcTables: cfg.SockProcTables, Tracked: p.tracked})
 		}},
 		{name: "cuda", load: func() (Concern, error) {
-			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites, Cache: p.cache, Symbolizer: p.sym, Stacks: p.stacks}, p.sym)
+			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites, Cache: p.cache, Symbolizer: p.sym, Stacks: p.stacks, Tracked: p.tracked}, p.sym)
 		}},
 	})
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/tracked"
 )
 
 // How the programs attach (see bpfobj).
@@ -36,13 +37,17 @@ type Config struct {
 	// Tracepoint uses the classic tracepoints even where tp_btf works, so
 	// that tests and benchmarks cover the fallback on any kernel.
 	Tracepoint bool
+	// Tracked is the map of tracked processes shared with the other
+	// objects; nil: one of the tracker's own, closed with it.
+	Tracked *tracked.Set
 }
 
 // Tracker owns the loaded scheduler BPF object and its links.
 type Tracker struct {
-	obj  *bpfobj.Object
-	maps schedMaps
-	pids map[uint32]bool // tracked tgids, from which tracked_bits is computed
+	obj    *bpfobj.Object
+	maps   schedMaps
+	member *tracked.View
+	pids   map[uint32]bool // tracked tgids, from which tracked_bits is computed
 	// The threads' counts, by tid, each a tracked process's.
 	threads *bpfobj.Table[uint32, schedThreadSched]
 }
@@ -52,8 +57,13 @@ type Tracker struct {
 func New(cfg Config) (*Tracker, error) {
 	t := &Tracker{pids: map[uint32]bool{}}
 	var err error
-	t.obj, err = bpfobj.Open(loadSched, bpfobj.Options{What: "sched BPF programs", Maps: &t.maps, Tracepoint: cfg.Tracepoint})
+	if t.member, err = tracked.Join(cfg.Tracked); err != nil {
+		return nil, err
+	}
+	t.obj, err = bpfobj.Open(loadSched, bpfobj.Options{What: "sched BPF programs", Maps: &t.maps, Tracepoint: cfg.Tracepoint,
+		Tracked: t.member, PerProcess: []string{schedMapProcCounts}})
 	if err != nil {
+		_ = t.member.Close()
 		return nil, err
 	}
 	t.threads = bpfobj.NewTable(t.maps.ThreadCounts, func(_ uint32, th schedThreadSched) uint32 { return th.Tgid })
@@ -73,7 +83,7 @@ func (t *Tracker) Events() []string {
 
 // Close detaches and unloads everything; safe to call more than once.
 func (t *Tracker) Close() error {
-	return t.obj.Close()
+	return errors.Join(t.obj.Close(), t.member.Close())
 }
 
 // Track starts counting pid: its counters first (the BPF side only updates
@@ -87,7 +97,7 @@ func (t *Tracker) Track(pid int) error {
 	if err := t.maps.ProcCounts.Update(tgid, zero, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
-	if err := t.maps.TrackedPids.Update(tgid, uint8(1), ebpf.UpdateAny); err != nil {
+	if err := t.member.Track(tgid, 0, 0); err != nil {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
 	t.pids[tgid] = true
@@ -123,7 +133,7 @@ func (t *Tracker) Untrack(pid int) {
 	tgid := uint32(pid)
 	delete(t.pids, tgid)
 	_ = t.updateBits(tgid)
-	_ = t.maps.TrackedPids.Delete(tgid)
+	t.member.Untrack(tgid, 0)
 	_ = t.maps.ProcCounts.Delete(tgid)
 	t.threads.Forget(tgid)
 }

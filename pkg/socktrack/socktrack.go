@@ -14,6 +14,7 @@
 package socktrack
 
 import (
+	"errors"
 	"log/slog"
 	"strings"
 
@@ -21,6 +22,7 @@ import (
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/tracked"
 )
 
 // Tracepoint is the one tracepoint the object cannot do without.
@@ -37,6 +39,9 @@ type Config struct {
 	// sock_diag works: the benchmark's baseline. Without sock_diag they
 	// are read from there anyway.
 	ProcTables bool
+	// Tracked is the map of tracked processes shared with the other
+	// objects; nil: one of the tracker's own, closed with it.
+	Tracked *tracked.Set
 }
 
 // Tracker owns the loaded socket BPF object and its links, and what user space
@@ -44,6 +49,7 @@ type Config struct {
 type Tracker struct {
 	obj      *bpfobj.Object
 	maps     sockMaps
+	member   *tracked.View
 	proc     procinfo.FS
 	procRoot string
 
@@ -81,6 +87,9 @@ func New(cfg Config) (*Tracker, error) {
 		return nil, err
 	}
 	t := &Tracker{proc: proc.WithPollCache(cfg.Cache), procRoot: cfg.ProcRoot, pids: map[int]*procState{}}
+	if t.member, err = tracked.Join(cfg.Tracked); err != nil {
+		return nil, err
+	}
 	// Missing accept tracepoints only cost accepted sockets their exact
 	// dates until the next poll lists them; those programs are dropped from
 	// the spec so they are neither loaded nor fatal.
@@ -94,8 +103,10 @@ func New(cfg Config) (*Tracker, error) {
 			}
 			return nil
 		},
+		Tracked: t.member,
 	})
 	if err != nil {
+		_ = t.member.Close()
 		return nil, err
 	}
 	t.table = bpfobj.NewTable(t.maps.SockTable, func(_ uint64, info sockSockInfo) uint32 { return info.Tgid })
@@ -115,5 +126,5 @@ func (t *Tracker) Close() error {
 	if t.diag != nil {
 		t.diag.close()
 	}
-	return t.obj.Close()
+	return errors.Join(t.obj.Close(), t.member.Close())
 }

@@ -73,7 +73,7 @@ func (t *Tracker) Track(pid int) error {
 	if err := t.table.Claim(uint32(pid), t.tracked); err != nil {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
-	if err := t.maps.TrackedPids.Update(uint32(pid), uint8(1), ebpf.UpdateAny); err != nil {
+	if err := t.member.Track(uint32(pid), 0, 0); err != nil {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
 	st := &procState{seen: map[uint64]seen{}, inodes: map[uint64]bool{}}
@@ -88,7 +88,7 @@ func (t *Tracker) Track(pid int) error {
 // Untrack stops tracking pid and drops its kernel state, the sockets
 // claimed since the last poll at the next (see bpfobj.Table).
 func (t *Tracker) Untrack(pid int) {
-	_ = t.maps.TrackedPids.Delete(uint32(pid))
+	t.member.Untrack(uint32(pid), 0)
 	if st := t.pids[pid]; st != nil {
 		for ino := range st.inodes {
 			_ = t.maps.SockInodes.Delete(ino)

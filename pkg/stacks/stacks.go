@@ -52,6 +52,9 @@ type Config struct {
 	// MaxSitesPerProc caps the site entries of one process in each
 	// object (0: DefaultMaxSitesPerProc).
 	MaxSitesPerProc uint32
+	// Processes sizes the maps kept per process (py_procs) as the views'
+	// tracked processes are (0: as built).
+	Processes uint32
 }
 
 // Service owns the shared maps and what serves them.
@@ -80,6 +83,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	if err := bpfobj.Probe().Adapt(spec); err != nil {
 		return nil, fmt.Errorf("creating the stack maps: %w", err)
+	}
+	if cfg.Processes > 0 {
+		spec.Maps[stacksMapPyProcs].MaxEntries = cfg.Processes
 	}
 	s := &Service{maps: map[string]*ebpf.Map{}, sym: cfg.Symbolizer, maxSites: cfg.MaxSitesPerProc,
 		views: map[*View]bool{}, tracked: map[int]int{}, refreshed: map[int]time.Time{}}
@@ -120,11 +126,17 @@ func SharedOr(svc *Service, proc procinfo.FS, sym *symbolize.Symbolizer, procRoo
 }
 
 // Prepare fits an object's spec to the service before it is loaded: its
-// sites cap. Load it with Replacements.
+// sites cap, and the size of the shared maps it declares (py_procs is
+// sized for the processes tracked). Load it with Replacements.
 func (s *Service) Prepare(spec *ebpf.CollectionSpec) error {
 	if v := spec.Variables["max_sites_per_proc"]; v != nil {
 		if err := v.Set(s.maxSites); err != nil {
 			return fmt.Errorf("setting max_sites_per_proc: %w", err)
+		}
+	}
+	for name, m := range s.maps {
+		if ms := spec.Maps[name]; ms != nil {
+			ms.MaxEntries = m.MaxEntries()
 		}
 	}
 	return nil
