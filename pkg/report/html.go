@@ -152,7 +152,7 @@ type findingView struct {
 	Span     string // "+12s → +25s"
 	Summary  string
 	Stack    []string
-	Evidence []kv
+	Evidence []evRow
 	first    time.Time
 	last     time.Time
 }
@@ -197,7 +197,7 @@ func buildPage(r *Report, data []byte) *page {
 			Span:  "+" + elapsed(f.FirstSeen.Sub(r.Start)) + " → +" + elapsed(f.LastSeen.Sub(r.Start)),
 			first: f.FirstSeen, last: f.LastSeen,
 		}
-		fv.Evidence = evidenceRows(f.Evidence)
+		fv.Evidence = evidenceRows(f.Evidence, clock)
 		pg.Findings = append(pg.Findings, fv)
 	}
 	for gi, g := range r.GPUs {

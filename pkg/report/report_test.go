@@ -169,7 +169,7 @@ func TestStackFrames(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, s := range []string{"<li>c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::alloc_block&#43;0x40 (libc10_cuda.so)</li>",
-		"<li>0x7ffd0000</li>", "<li>main (trainer)</li>", `[{&#34;stack&#34;:[&#34;__open64&#43;0x51 (libc.so.6)&#34;],&#34;unclosed_fds&#34;:3}]`} {
+		"<li>0x7ffd0000</li>", "<li>main (trainer)</li>", `<tr><td>3</td>`, `<div>__open64&#43;0x51 (libc.so.6)</div>`} {
 		if !strings.Contains(page.String(), s) {
 			t.Errorf("page lacks %s", s)
 		}
@@ -201,7 +201,7 @@ func TestReadSchema2(t *testing.T) {
 		t.Fatal(err)
 	}
 	// As the template escapes them.
-	for _, s := range []string{"<li>cache_tokenizer (/srv/app/leak.py:16)</li>", "<li>libfoo.so&#43;0x1234</li>", `[{&#34;stack&#34;:[&#34;__open64&#43;0x51 (libc.so.6)&#34;]`} {
+	for _, s := range []string{"<li>cache_tokenizer (/srv/app/leak.py:16)</li>", "<li>libfoo.so&#43;0x1234</li>", `<tr><td>3</td>`, `<div>__open64&#43;0x51 (libc.so.6)</div>`} {
 		if !strings.Contains(page.String(), s) {
 			t.Errorf("page lacks %s", s)
 		}
