@@ -3,6 +3,7 @@ package model
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"time"
 )
 
@@ -335,13 +336,63 @@ var evidenceDecoders = map[string]func([]byte) (Evidence, error){
 }
 
 // decodeEvidence reads evidence of type T. A key T lacks is an error: the
-// evidence is then not T's, and would lose it.
+// evidence is then not T's, and would lose it; so is a key T always writes
+// that the evidence lacks (one from an older release): T would show it as
+// a zero it never had.
 func decodeEvidence[T Evidence](data []byte) (Evidence, error) {
 	var ev T
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
-	err := dec.Decode(&ev)
-	return ev, err
+	if err := dec.Decode(&ev); err != nil {
+		return nil, err
+	}
+	var read, written any
+	again, err := json.Marshal(ev)
+	if err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(data, &read); err != nil {
+		return nil, err
+	}
+	if err := json.Unmarshal(again, &written); err != nil {
+		return nil, err
+	}
+	if key := invented(read, written); key != "" {
+		return nil, fmt.Errorf("evidence lacks %q", key)
+	}
+	return ev, nil
+}
+
+// invented returns a key written has and read lacks, looking into objects
+// and lists alike but not into stacks (frames read from text are objects
+// written); "" for none.
+func invented(read, written any) string {
+	switch w := written.(type) {
+	case map[string]any:
+		r, _ := read.(map[string]any)
+		for k, v := range w {
+			rv, ok := r[k]
+			if !ok {
+				return k
+			}
+			if k == "stack" {
+				continue
+			}
+			if key := invented(rv, v); key != "" {
+				return k + "." + key
+			}
+		}
+	case []any:
+		r, _ := read.([]any)
+		for i, v := range w {
+			if i < len(r) {
+				if key := invented(r[i], v); key != "" {
+					return key
+				}
+			}
+		}
+	}
+	return ""
 }
 
 // readEvidence reads the evidence of a finding of kind: nil for none (null,

@@ -200,8 +200,9 @@ func TestReadSchema2(t *testing.T) {
 	if err := WriteHTML(&page, r); err != nil {
 		t.Fatal(err)
 	}
-	// As the template escapes them.
-	for _, s := range []string{"<li>cache_tokenizer (/srv/app/leak.py:16)</li>", "<li>libfoo.so&#43;0x1234</li>", `<tr><td>3</td>`, `<div>__open64&#43;0x51 (libc.so.6)</div>`} {
+	// As the template escapes them. The evidence lacks keys this release
+	// writes: it is shown key by key, not with zeros it never had.
+	for _, s := range []string{"<li>cache_tokenizer (/srv/app/leak.py:16)</li>", "<li>libfoo.so&#43;0x1234</li>", `[{&#34;stack&#34;:[&#34;__open64&#43;0x51 (libc.so.6)&#34;]`} {
 		if !strings.Contains(page.String(), s) {
 			t.Errorf("page lacks %s", s)
 		}
