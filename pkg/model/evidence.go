@@ -346,18 +346,11 @@ func decodeEvidence[T Evidence](data []byte) (Evidence, error) {
 	if err := dec.Decode(&ev); err != nil {
 		return nil, err
 	}
-	var read, written any
 	again, err := json.Marshal(ev)
 	if err != nil {
 		return nil, err
 	}
-	if err := json.Unmarshal(data, &read); err != nil {
-		return nil, err
-	}
-	if err := json.Unmarshal(again, &written); err != nil {
-		return nil, err
-	}
-	if key := invented(read, written); key != "" {
+	if key := invented(data, again); key != "" {
 		return nil, fmt.Errorf("evidence lacks %q", key)
 	}
 	return ev, nil
@@ -366,12 +359,20 @@ func decodeEvidence[T Evidence](data []byte) (Evidence, error) {
 // invented returns a key written has and read lacks, looking into objects
 // and lists alike but not into stacks (frames read from text are objects
 // written); "" for none.
-func invented(read, written any) string {
-	switch w := written.(type) {
-	case map[string]any:
-		r, _ := read.(map[string]any)
-		for k, v := range w {
-			rv, ok := r[k]
+func invented(read, written json.RawMessage) string {
+	w := bytes.TrimSpace(written)
+	if len(w) == 0 {
+		return ""
+	}
+	switch w[0] {
+	case '{':
+		var wm, rm map[string]json.RawMessage
+		if json.Unmarshal(w, &wm) != nil {
+			return ""
+		}
+		_ = json.Unmarshal(read, &rm) // not an object: every key is missing
+		for k, v := range wm {
+			rv, ok := rm[k]
 			if !ok {
 				return k
 			}
@@ -382,11 +383,15 @@ func invented(read, written any) string {
 				return k + "." + key
 			}
 		}
-	case []any:
-		r, _ := read.([]any)
-		for i, v := range w {
-			if i < len(r) {
-				if key := invented(r[i], v); key != "" {
+	case '[':
+		var wl, rl []json.RawMessage
+		if json.Unmarshal(w, &wl) != nil {
+			return ""
+		}
+		_ = json.Unmarshal(read, &rl)
+		for i, v := range wl {
+			if i < len(rl) {
+				if key := invented(rl[i], v); key != "" {
 					return key
 				}
 			}
