@@ -13,6 +13,7 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/rlimit"
 	"golang.org/x/sys/unix"
 )
 
@@ -58,6 +59,10 @@ func New(processes int) (*Set, error) {
 		return nil, fmt.Errorf("%d processes: %w (%d)", processes, ErrOverCapacity, Capacity)
 	}
 	entries := uint32(processes + ForkHeadroom)
+	// Made before any object: before 5.11 maps are charged to
+	// RLIMIT_MEMLOCK, raised here as bpfobj.Probe does (a no-op where
+	// memcg charges them; where it cannot be raised the map's EPERM says so).
+	_ = rlimit.RemoveMemlock()
 	m, err := ebpf.NewMap(&ebpf.MapSpec{Name: MapName, Type: ebpf.Hash, KeySize: 4, ValueSize: 1, MaxEntries: entries})
 	if err != nil {
 		return nil, fmt.Errorf("creating the map of tracked processes: %w", err)
