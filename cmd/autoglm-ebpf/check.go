@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/features"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/pipeline"
 )
 
 func newCheck() *cobra.Command {
@@ -18,6 +19,8 @@ func newCheck() *cobra.Command {
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			rs := features.Check()
+			viewResults, finds := pipeline.Checks()
+			rs = append(rs, viewResults...)
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(w, "CHECK\tRESULT\tDETAIL")
 			for _, r := range rs {
@@ -35,20 +38,12 @@ func newCheck() *cobra.Command {
 				fmt.Fprintln(cmd.OutOrStdout(), "verdict: NOT READY: a required feature is missing (see MISSING above)")
 				return errors.New("this machine cannot run autoglm-ebpf")
 			}
-			views := []string{"fd leaks"}
-			for _, v := range []struct{ probe, view string }{
-				{"view sched: sched_switch", "context-switch storms"},
-				{"view sock (TCP socket states)", "socket leaks"},
-				{"view cuda (allocation hooks)", "GPU allocations"},
-				{"NVML (GPU metrics)", "GPU metrics (NVML)"},
-			} {
-				for _, r := range rs {
-					if r.Name == v.probe && r.OK {
-						views = append(views, v.view)
-					}
+			for _, r := range rs {
+				if r.Name == features.NVML && r.OK {
+					finds = append(finds, "GPU metrics (NVML)")
 				}
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "verdict: ready: %s\n", strings.Join(views, ", "))
+			fmt.Fprintf(cmd.OutOrStdout(), "verdict: ready: %s\n", strings.Join(finds, ", "))
 			return nil
 		},
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/stacks"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/topk"
 )
 
 // maxFailures bounds the failures kept per process: the most recent ones.
@@ -200,18 +201,24 @@ func (c *Concern) fill(p *model.Process, s *Sample) {
 // measure: a burst's sites may hold nothing by the time of the poll.
 func (c *Concern) symbolizeTop(pid int, sites []model.CUDASite) {
 	slices.SortFunc(sites, func(a, b model.CUDASite) int {
-		return cmp.Or(cmp.Compare(b.RecentBytes, a.RecentBytes), cmp.Compare(a.StackID, b.StackID))
-	})
-	for i := range sites[:min(len(sites), c.topSites)] {
-		if sites[i].RecentBytes > 0 {
-			sites[i].Stack = c.stack(pid, stacks.SiteOf(sites[i].StackID))
-		}
-	}
-	slices.SortStableFunc(sites, func(a, b model.CUDASite) int {
-		return cmp.Compare(b.Bytes, a.Bytes)
+		return cmp.Or(cmp.Compare(b.Bytes, a.Bytes), cmp.Compare(b.RecentBytes, a.RecentBytes), cmp.Compare(a.StackID, b.StackID))
 	})
 	for i := range sites[:min(len(sites), c.topSites)] {
 		sites[i].Stack = c.stack(pid, stacks.SiteOf(sites[i].StackID))
+	}
+	// The most allocated since the previous poll, picked without a second
+	// sort; those among the first are symbolized already.
+	at := make([]int, len(sites))
+	for i := range at {
+		at[i] = i
+	}
+	recent := topk.Of(at, c.topSites, func(a, b int) int {
+		return cmp.Or(cmp.Compare(sites[b].RecentBytes, sites[a].RecentBytes), cmp.Compare(sites[a].StackID, sites[b].StackID))
+	})
+	for _, i := range recent {
+		if sites[i].RecentBytes > 0 && sites[i].Stack == nil {
+			sites[i].Stack = c.stack(pid, stacks.SiteOf(sites[i].StackID))
+		}
 	}
 }
 

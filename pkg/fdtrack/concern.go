@@ -8,6 +8,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/stacks"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/topk"
 )
 
 // Concern is the fd concern as the pipeline sees it: the tracker, the
@@ -149,8 +150,10 @@ func (c *Concern) fill(pr *model.Process, s *Sample) {
 	pr.FD.PastSites = c.past(pr.PID, s.Sites, held)
 }
 
-// past returns the sites of pid that opened fds and hold none, most opened
-// first, the first topSites symbolized.
+// past returns the sites of pid that opened fds and hold none: the
+// topSites most opened first, in that order and symbolized, then the others
+// as they come. Its readers (the report, the profiles) rank what they
+// need; sorting them all each poll would cost what they grow to.
 func (c *Concern) past(pid int, counts map[stacks.Site]stacks.Counts, held map[stacks.Site]bool) []model.FDSite {
 	type pastSite struct {
 		st *site
@@ -162,14 +165,18 @@ func (c *Concern) past(pid int, counts map[stacks.Site]stacks.Counts, held map[s
 			ps = append(ps, pastSite{c.site(pid, key), n})
 		}
 	}
-	slices.SortFunc(ps, func(a, b pastSite) int {
+	top := topk.Of(ps, c.topSites, func(a, b pastSite) int {
 		return cmp.Or(cmp.Compare(b.n.Made, a.n.Made), cmp.Compare(a.st.id, b.st.id))
 	})
-	out := make([]model.FDSite, len(ps))
-	for i, p := range ps {
-		out[i] = model.FDSite{StackID: p.st.id, OpenedTotal: p.n.Made, ClosedTotal: p.n.Released}
-		if i < c.topSites {
-			out[i].Stack = c.frames(pid, p.st)
+	out := make([]model.FDSite, 0, len(ps))
+	named := make(map[*site]bool, len(top))
+	for _, p := range top {
+		named[p.st] = true
+		out = append(out, model.FDSite{StackID: p.st.id, OpenedTotal: p.n.Made, ClosedTotal: p.n.Released, Stack: c.frames(pid, p.st)})
+	}
+	for _, p := range ps {
+		if !named[p.st] {
+			out = append(out, model.FDSite{StackID: p.st.id, OpenedTotal: p.n.Made, ClosedTotal: p.n.Released})
 		}
 	}
 	return out

@@ -90,7 +90,9 @@ type FDStats struct {
 	Closed      map[string]uint64 // fds released since attach, by kind (monotonic)
 	Sites       []FDSite          // live fds by opening stack; sites with a known stack only
 	// PastSites are the sites that opened fds since attach and hold none
-	// now, most opened first (OpenedTotal and ClosedTotal only).
+	// now (OpenedTotal and ClosedTotal only): the most opened first, in
+	// that order and with their stacks, as many as the pipeline symbolizes
+	// (Config.TopSites), then the others in no order.
 	PastSites []FDSite
 	// Failed counts the fd-creating calls that failed because the process
 	// (EMFILE) or the system (ENFILE) was out of fds, since attach, by

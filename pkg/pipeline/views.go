@@ -13,6 +13,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpuxid"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/sockleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/fdtrack"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/features"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/schedtrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/socktrack"
@@ -30,30 +31,49 @@ type view struct {
 	// carries names the views its BPF object carries: up and down with it.
 	carries []string
 	load    func() (Concern, error)
+	// check runs the view's probes for `check`, loading its object as a
+	// run would; up: it would run. finds is what check's verdict says the
+	// view finds when it is up.
+	check func() (rs []features.Result, up bool)
+	finds string
 }
 
 // views are the kernel-side views, in the order they fill each poll.
 func (p *Pipeline) views() []view {
 	cfg := p.cfg
 	return ordered([]view{
-		{name: "fd", required: true, carries: []string{"python"}, load: func() (Concern, error) {
+		{name: "fd", required: true, carries: []string{"python"}, check: fdtrack.Check, finds: "fd leaks", load: func() (Concern, error) {
 			// Children are tracked from their fork where they are
 			// watched: their inherited fds come from the parent's table.
 			return fdtrack.NewConcern(fdtrack.Config{MaxFDs: cfg.MaxFDs, ProcRoot: cfg.ProcRoot, Cache: p.cache, Stacks: p.stacks,
 				Follow: cfg.Children || cfg.Daemon, ReadsPerPoll: cfg.FDReadsPerPoll, Tracked: p.tracked}, p.sym, cfg.TopSites)
 		}},
-		{name: "sched", load: func() (Concern, error) {
+		{name: "sched", check: schedtrack.Check, finds: "context-switch storms", load: func() (Concern, error) {
 			return schedtrack.NewConcern(schedtrack.Config{ProcRoot: cfg.ProcRoot, Tracked: p.tracked})
 		}},
 		// The fd view's socket counts and opening stacks name what a
 		// socket leak holds.
-		{name: "sock", after: []string{"fd"}, load: func() (Concern, error) {
+		{name: "sock", after: []string{"fd"}, check: socktrack.Check, finds: "socket leaks", load: func() (Concern, error) {
 			return socktrack.NewConcern(socktrack.Config{ProcRoot: cfg.ProcRoot, Cache: p.cache, ProcTables: cfg.SockProcTables, Tracked: p.tracked})
 		}},
-		{name: "cuda", load: func() (Concern, error) {
+		{name: "cuda", check: cudatrack.Check, finds: "GPU allocations", load: func() (Concern, error) {
 			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites, Cache: p.cache, Symbolizer: p.sym, Stacks: p.stacks, Tracked: p.tracked}, p.sym)
 		}},
 	})
+}
+
+// Checks runs each view's probes for `check`, in the order the views fill,
+// and lists what the views that would run find.
+func Checks() (rs []features.Result, finds []string) {
+	var p Pipeline // the views' descriptors only: none is loaded
+	for _, v := range p.views() {
+		got, up := v.check()
+		rs = append(rs, got...)
+		if up {
+			finds = append(finds, v.finds)
+		}
+	}
+	return rs, finds
 }
 
 // ordered returns vs with each view after those it names in after, in
