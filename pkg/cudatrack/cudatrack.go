@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -25,7 +24,6 @@ import (
 	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/ringbuf"
-	"golang.org/x/sys/unix"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
@@ -96,10 +94,9 @@ type Tracker struct {
 	polls      int             // for the stack map's garbage collection
 	failStacks map[uint32]bool // stacks of failures drained, not yet symbolized
 
-	stacks    *stacks.Service
-	ownStacks bool // made by NewTracker: closed by Close
-	view      *stacks.View
-	member    *tracked.View
+	stacks stacks.Handle // closed by Close where it is the tracker's own
+	view   *stacks.View
+	member *tracked.View
 }
 
 // procState is what one tracked process has attached.
@@ -165,7 +162,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	if t.member, err = tracked.Join(cfg.Tracked); err != nil {
 		return nil, err
 	}
-	if t.stacks, t.ownStacks, err = stacks.SharedOr(cfg.Stacks, t.proc, cfg.Symbolizer, cfg.ProcRoot); err != nil {
+	if t.stacks, err = stacks.Hold(cfg.Stacks, t.proc, cfg.Symbolizer, cfg.ProcRoot); err != nil {
 		_ = t.member.Close()
 		return nil, err
 	}
@@ -669,15 +666,7 @@ func (t *Tracker) Lost() (map[string]uint64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading error counters: %w", err)
 	}
-	if t.ownStacks {
-		// Else the owner of the shared service counts its losses.
-		shared, err := t.stacks.Lost()
-		if err != nil {
-			return nil, err
-		}
-		maps.Copy(out, shared)
-	}
-	return out, nil
+	return out, t.stacks.AddLost(out)
 }
 
 // Memory is the kernel memory of the object's maps and programs now.
@@ -704,10 +693,7 @@ func (t *Tracker) Close() error {
 		t.coll.Close()
 		t.coll = nil
 	}
-	if t.ownStacks {
-		errs = append(errs, t.stacks.Close())
-		t.ownStacks = false
-	}
+	errs = append(errs, t.stacks.Release())
 	return errors.Join(append(errs, t.member.Close())...)
 }
 
@@ -730,8 +716,6 @@ func (t *Tracker) rootPath(pid int, path string) string {
 // wallClock returns a converter from bpf_ktime_get_ns (CLOCK_MONOTONIC) to
 // wall-clock time, anchored now.
 func wallClock() func(uint64) time.Time {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	wall, mono := time.Now(), uint64(ts.Nano())
+	wall, mono := time.Now(), bpfobj.KtimeNow()
 	return func(ns uint64) time.Time { return wall.Add(-time.Duration(mono - ns)) }
 }

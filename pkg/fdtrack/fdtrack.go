@@ -86,10 +86,9 @@ type Tracker struct {
 	budget    int           // descriptions left this poll
 	reads     model.FDReads // reads.PerPoll: the budget of each poll
 
-	stacks    *stacks.Service
-	ownStacks bool // made by New: closed by Close
-	view      *stacks.View
-	member    *tracked.View
+	stacks stacks.Handle // closed by Close where it is the tracker's own
+	view   *stacks.View
+	member *tracked.View
 }
 
 // New loads the fd object and attaches it: tp_btf where the kernel allows,
@@ -125,7 +124,7 @@ func New(cfg Config) (*Tracker, error) {
 	if t.member, err = tracked.Join(cfg.Tracked); err != nil {
 		return nil, err
 	}
-	if t.stacks, t.ownStacks, err = stacks.SharedOr(cfg.Stacks, t.proc, cfg.Symbolizer, cfg.ProcRoot); err != nil {
+	if t.stacks, err = stacks.Hold(cfg.Stacks, t.proc, cfg.Symbolizer, cfg.ProcRoot); err != nil {
 		t.closeShared()
 		return nil, err
 	}
@@ -172,13 +171,8 @@ func (t *Tracker) Close() error {
 
 // closeShared closes the shared maps the tracker made itself.
 func (t *Tracker) closeShared() error {
-	var errs []error
-	if t.ownStacks {
-		errs = append(errs, t.stacks.Close())
-		t.ownStacks = false
-	}
-	return errors.Join(append(errs, t.member.Close())...)
+	return errors.Join(t.stacks.Release(), t.member.Close())
 }
 
 // Stacks is the stack service the tracker's stacks are in.
-func (t *Tracker) Stacks() *stacks.Service { return t.stacks }
+func (t *Tracker) Stacks() *stacks.Service { return t.stacks.Service }

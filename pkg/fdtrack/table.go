@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"math/bits"
 	"os"
 	"slices"
@@ -414,7 +413,7 @@ func (t *Tracker) Reads() model.FDReads { return t.reads }
 // the kernel saw and given anew where it cannot see (SCM_RIGHTS) has none.
 // It returns how many fds /proc listed.
 func (t *Tracker) reconcile(tgid uint32, thorough bool) (int, error) {
-	before := monoNow()
+	before := bpfobj.KtimeNow()
 	nums, err := t.proc.FDNumsNow(int(tgid))
 	if err != nil {
 		return 0, err
@@ -521,7 +520,7 @@ func (t *Tracker) reconcileWith(tgid uint32, thorough bool, nums []int, before u
 // A process whose fds vanished without close() since the last poll (exec,
 // close_range) is reconciled with /proc first.
 func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
-	nowWall, nowMono := time.Now(), monoNow()
+	nowWall, nowMono := time.Now(), bpfobj.KtimeNow()
 	defer func() { t.budget = t.reads.PerPoll }() // for the next poll's Tracks and Poll
 	live := t.liveOwners()
 	// The suspects of drift: their counters before the table is read, so
@@ -834,20 +833,5 @@ func (t *Tracker) Lost() (map[string]uint64, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading error counters: %w", err)
 	}
-	if t.ownStacks {
-		// Else the owner of the shared service counts its losses.
-		shared, err := t.stacks.Lost()
-		if err != nil {
-			return nil, err
-		}
-		maps.Copy(out, shared)
-	}
-	return out, nil
-}
-
-// monoNow reads CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
-func monoNow() uint64 {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return uint64(ts.Nano())
+	return out, t.stacks.AddLost(out)
 }

@@ -291,10 +291,10 @@ func TestUntrackAndClose(t *testing.T) {
 		if _, err := c.Poll([]int{pid}, nil); err != nil {
 			t.Fatal(err)
 		}
-		return entries(t, c.maps.SockTable)+entries(t, c.maps.SockInodes) > 0
+		return testutil.Entries(t, c.maps.SockTable)+testutil.Entries(t, c.maps.SockInodes) > 0
 	})
 	c.Untrack(pid)
-	if n := entries(t, c.maps.SockTable) + entries(t, c.maps.SockInodes) + entries(t, c.maps.TrackedPids); n != 0 {
+	if n := testutil.Entries(t, c.maps.SockTable) + testutil.Entries(t, c.maps.SockInodes) + testutil.Entries(t, c.maps.TrackedPids); n != 0 {
 		t.Errorf("%d kernel entries left after Untrack", n)
 	}
 
@@ -318,20 +318,6 @@ func TestUntrackAndClose(t *testing.T) {
 			t.Errorf("program %d still loaded after Close (err %v)", id, err)
 		}
 	}
-}
-
-func entries(t *testing.T, m *ebpf.Map) int {
-	t.Helper()
-	n := 0
-	var k, v []byte
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		n++
-	}
-	if err := it.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
 
 // sock_diag and /proc/PID/net/tcp agree on the sockets a process holds,

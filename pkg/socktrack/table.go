@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
-	"golang.org/x/sys/unix"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
@@ -158,7 +157,7 @@ func (t *Tracker) sample(pid int, st *procState, kernel map[uint64]sockSockInfo,
 			return nil, err
 		}
 	}
-	nowWall, nowMono := time.Now(), monoNow()
+	nowWall, nowMono := time.Now(), bpfobj.KtimeNow()
 	s := &Sample{ByKind: map[string]int{}}
 	held := map[uint64]bool{}
 	for _, sfd := range st.socks {
@@ -292,11 +291,4 @@ func (t *Tracker) Lost() (map[string]uint64, error) {
 	}
 	out["sock_inodes_update"] = t.inodesFailed
 	return out, nil
-}
-
-// monoNow reads CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns.
-func monoNow() uint64 {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return uint64(ts.Nano())
 }

@@ -110,19 +110,49 @@ func New(cfg Config) (*Service, error) {
 	return s, nil
 }
 
-// SharedOr returns svc, or where it is nil a service of the caller's own
-// (own is true: the caller closes it), symbolizing with sym or, if nil, a
-// symbolizer of its own over procRoot: what a tracker loaded alone (tests,
-// tools) does.
-func SharedOr(svc *Service, proc procinfo.FS, sym *symbolize.Symbolizer, procRoot string) (_ *Service, own bool, _ error) {
+// Handle is a tracker's hold on a stack service: the pipeline's, shared,
+// or one of its own, whose losses it alone counts and which it closes.
+type Handle struct {
+	*Service
+	own bool
+}
+
+// Hold returns a hold on svc, or where it is nil on a service of the
+// caller's own, symbolizing with sym or, if nil, a symbolizer of its own
+// over procRoot: what a tracker loaded alone (tests, tools) does.
+func Hold(svc *Service, proc procinfo.FS, sym *symbolize.Symbolizer, procRoot string) (Handle, error) {
 	if svc != nil {
-		return svc, false, nil
+		return Handle{Service: svc}, nil
 	}
 	if sym == nil {
 		sym = symbolize.New(procRoot)
 	}
 	svc, err := New(Config{Proc: proc, Symbolizer: sym})
-	return svc, err == nil, err
+	return Handle{Service: svc, own: err == nil}, err
+}
+
+// AddLost adds the service's losses to out where it is the holder's own:
+// the owner of a shared one counts them once.
+func (h *Handle) AddLost(out map[string]uint64) error {
+	if !h.own {
+		return nil
+	}
+	lost, err := h.Lost()
+	if err != nil {
+		return err
+	}
+	maps.Copy(out, lost)
+	return nil
+}
+
+// Release closes the service if it is the holder's own; safe to call more
+// than once.
+func (h *Handle) Release() error {
+	if !h.own {
+		return nil
+	}
+	h.own = false
+	return h.Close()
 }
 
 // Prepare fits an object's spec to the service before it is loaded: its

@@ -56,7 +56,7 @@ func TestViewsShareOneEntry(t *testing.T) {
 			t.Fatalf("tracking the %dth process in a second view: %v", pid, err)
 		}
 	}
-	if got := entries(t, s.m); got != n {
+	if got := testutil.Entries(t, s.m); got != n {
 		t.Errorf("%d entries for %d processes in two views", got, n)
 	}
 	fd.Untrack(7, 0)
@@ -85,7 +85,7 @@ func TestViewsShareOneEntry(t *testing.T) {
 	for range s.Entries() - (n - 1) {
 		pid++
 		if err := fd.Track(pid, 0, 0); err != nil {
-			t.Fatalf("entry %d of %d: %v", entries(t, s.m)+1, s.Entries(), err)
+			t.Fatalf("entry %d of %d: %v", testutil.Entries(t, s.m)+1, s.Entries(), err)
 		}
 	}
 	if err := fd.Track(pid+1, 0, 0); err == nil || !strings.Contains(err.Error(), "full ("+strconv.Itoa(int(s.Entries()))) {
@@ -115,21 +115,4 @@ func TestViewBits(t *testing.T) {
 	if _, err := Join(s); err == nil {
 		t.Error("a seventh view joined")
 	}
-}
-
-func entries(t *testing.T, m *ebpf.Map) int {
-	t.Helper()
-	var (
-		k uint32
-		v uint8
-		n int
-	)
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		n++
-	}
-	if err := it.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
