@@ -161,3 +161,30 @@ func compact(t *testing.T, data []byte) string {
 	}
 	return b.String()
 }
+
+// A report file is outside input: whatever it holds, reading a finding
+// neither panics nor yields evidence that cannot be written back, and what
+// is written back reads the same again.
+func FuzzFindingJSON(f *testing.F) {
+	f.Add([]byte(`{"kind":"fd_leak","evidence":{"open_fds":3,"top_sites":[{"stack":["a+0x1 (b)"],"unclosed_fds":3}]}}`))
+	f.Add([]byte(`{"kind":"gpu_xid","evidence":{}}`))
+	f.Add([]byte(`{"kind":"socket_leak","evidence":{"fd_growth":null,"top_pairs":[{}]}}`))
+	f.Add([]byte(`{"kind":"nccl","evidence":[1,2]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var fi Finding
+		if json.Unmarshal(data, &fi) != nil {
+			return
+		}
+		out, err := json.Marshal(fi)
+		if err != nil {
+			t.Fatalf("read %q, cannot write it back: %v", data, err)
+		}
+		var again Finding
+		if err := json.Unmarshal(out, &again); err != nil {
+			t.Fatalf("wrote %q, cannot read it: %v", out, err)
+		}
+		if out2, err := json.Marshal(again); err != nil || !bytes.Equal(out, out2) {
+			t.Fatalf("written %q, then %q (%v)", out, out2, err)
+		}
+	})
+}
