@@ -8,6 +8,15 @@
 # every block): the per-process utilization we report is printed next to
 # what `nvidia-smi pmon` saw for the same pid at the same time.
 #
+# Then, where PyTorch with CUDA is installed (PYTHON, default python3), a
+# real PyTorch loop (testdata/python/torchleak.py) leaks device memory
+# from one line through the caching allocator: the run must report a
+# gpu_memory_leak whose stack names that line, and the HTML report is
+# written next to the JSON one (OUT).
+#
+# A GPU box without Go or gcc (the device machine) runs the binary and
+# fixture built beforehand: bin/autoglm-ebpf and testdata/bin/gpuhold.
+#
 # usage: sudo scripts/gpu-check.sh [LIBCUDART]
 #   LIBCUDART defaults to the first libcudart.so* found by ldconfig or under
 #   a PyTorch/pip install (site-packages/nvidia/cuda_runtime/lib).
@@ -28,8 +37,15 @@ fi
 [ -n "$lib" ] || { echo "gpu-check: no libcudart.so found; pass its path" >&2; exit 1; }
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv || true
 
-make -s build
-gcc -O1 -g -fno-omit-frame-pointer -o "$out/gpuhold" testdata/gpuhold.c
+if command -v go >/dev/null; then
+	make -s build
+fi
+[ -x bin/autoglm-ebpf ] || { echo "gpu-check: no bin/autoglm-ebpf and no Go to build it" >&2; exit 1; }
+if command -v gcc >/dev/null; then
+	gcc -O1 -g -fno-omit-frame-pointer -o "$out/gpuhold" testdata/gpuhold.c
+else
+	cp testdata/bin/gpuhold "$out/gpuhold"
+fi
 # Keep the runtime dlopen'ed after attach starts: gpuhold waits 3 s before
 # allocating, so this also checks that a late-loaded runtime is hooked.
 GPUHOLD_BUSY=1 "$out/gpuhold" "$lib" "$COUNT" "$MIB" 25 >"$out/gpuhold.log" 2>&1 &
@@ -45,7 +61,8 @@ fi
 cat "$out/attach.log" | tail -20
 [ -z "$pmon" ] || wait "$pmon" || true
 
-python3 - "$out/report.json" "$COUNT" "$MIB" "$out/pmon.log" "$pid" <<'PY'
+held=0
+python3 - "$out/report.json" "$COUNT" "$MIB" "$out/pmon.log" "$pid" <<'PY' || held=$?
 import json, os, sys
 r = json.load(open(sys.argv[1]))
 want = int(sys.argv[2]) * int(sys.argv[3]) << 20
@@ -77,3 +94,28 @@ if nvml is not None:
 print("gpu-check:", "PASS" if ok else "FAIL")
 sys.exit(0 if ok else 1)
 PY
+
+py=${PYTHON:-python3}
+if ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+	echo "gpu-check: no PyTorch with CUDA for $py; the PyTorch part is skipped"
+	exit $held
+fi
+./bin/autoglm-ebpf run --json "$out/torch.json" --html "$out/torch.html" --pprof "$out/pprof" -- \
+	"$py" testdata/python/torchleak.py 50 >"$out/torch.log" 2>&1 || true
+tail -5 "$out/torch.log"
+torch=0
+"$py" - "$out/torch.json" testdata/python/torchleak.py <<'PY' || torch=$?
+import json, sys
+r = json.load(open(sys.argv[1]))
+line = next(i for i, l in enumerate(open(sys.argv[2]), 1) if "alloc: leak" in l)
+leaks = [f for f in r["findings"] if f["kind"] == "gpu_memory_leak"]
+for f in r["findings"]:
+    print(f"{f['kind']} ({f['severity']}): {f['summary']}")
+named = [f for f in leaks if any(fr.get("kind") == "python" and fr.get("function") == "cache_activations" and fr.get("line") == line for fr in f.get("stack") or [])]
+if leaks:
+    print("leak stack:", [fr.get("function") for fr in leaks[0].get("stack") or []][:12])
+ok = bool(named)
+print(f"gpu-check (PyTorch): gpu_memory_leak naming cache_activations (torchleak.py:{line}):", "PASS" if ok else "FAIL")
+sys.exit(0 if ok else 1)
+PY
+[ "$held" = 0 ] && [ "$torch" = 0 ]

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/open-autoglm/autoglm-ebpf/pkg/history"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/report"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
@@ -57,7 +57,7 @@ func TestDemoReport(t *testing.T) {
 		t.Fatalf("%d log lines about the worker:\n%s", len(lines), stdout.Bytes())
 	}
 	label := func(i int) string { return time.UnixMilli(h.Time[i]).Format(time.TimeOnly) }
-	open := h.Series[history.OpenFDs].Last
+	open := h.Series[model.SeriesOpenFDs].Last
 	printed := map[string]bool{}
 	j := 0
 	for _, l := range lines {
@@ -82,7 +82,7 @@ func TestDemoReport(t *testing.T) {
 
 	// The burst (48 x 64 MiB, held a second) at its peak, whether or not
 	// a poll fell while it was held.
-	gpu := h.Series[history.GPULiveBytes]
+	gpu := h.Series[model.SeriesGPULiveBytes]
 	if gpu == nil {
 		t.Fatalf("no GPU series: %v", h.Series)
 	}

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"math"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -102,6 +101,7 @@ func (t *track) export() *History {
 	}
 	for si, name := range t.names {
 		unit, rate := Unit(name)
+		f, _ := figure(name)
 		s := &Series{Unit: unit, Min: make(Values, len(points)), Max: make(Values, len(points))}
 		col := make(Values, len(points))
 		if rate {
@@ -114,8 +114,8 @@ func (t *track) export() *History {
 			if si < len(x.vals) {
 				a = x.vals[si]
 			}
-			if !a.set && strings.HasPrefix(name, TCPPrefix) {
-				a = gauge(0) // no socket in that state then
+			if !a.set && f.Members != nil {
+				a = gauge(0) // a member of a family, absent then
 				a.set = true
 			}
 			if !a.set {

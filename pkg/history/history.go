@@ -1,8 +1,10 @@
 // Package history keeps the series behind the findings: for every watched
-// process and every GPU, what the tool measured at each interval (open fds,
-// fd and context-switch rates, run-queue p99, TCP sockets by state, live GPU
-// bytes with their high-water mark, NVML's figures). It is a pipeline sink
-// fed by snapshots; the JSON and HTML reports show what it kept.
+// process and every GPU, what the tool measured at each interval: the
+// figures each view declares (model.Shows: open fds, fd and context-switch
+// rates, run-queue p99, TCP sockets by state, live GPU bytes with their
+// high-water mark, NVML's figures) and each GPU's used memory. It is a
+// pipeline sink fed by snapshots; the JSON and HTML reports show what it
+// kept.
 //
 // Memory is bounded whatever the run's length: the most recent points are
 // kept at full resolution, older ones merged into coarser points that keep
@@ -13,60 +15,37 @@ package history
 import (
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
-// Series names, as they appear in History.Series.
-const (
-	OpenFDs             = "open_fds"                        // gauge, fds
-	FDsOpened           = "fds_opened_per_second"           // rate, fds/s, all kinds together
-	FDsClosed           = "fds_closed_per_second"           // rate, fds/s
-	VoluntarySwitches   = "voluntary_switches_per_second"   // rate, switches/s
-	InvoluntarySwitches = "involuntary_switches_per_second" // rate, switches/s
-	RunqueueP99         = "runqueue_p99_seconds"            // gauge: the p99 of the waits within each interval
-	GPULiveBytes        = "gpu_live_bytes"                  // gauge: live device bytes; max is the kernel's high-water mark
-	NVMLUsedBytes       = "nvml_used_bytes"                 // gauge: NVML's figure for the process, every --gpu-interval
-	MemoryUsedBytes     = "memory_used_bytes"               // gauge: a GPU's used memory, per NVML
-	// Gauges: how busy the process kept its GPUs over the interval (the
-	// mean over the devices it used), per NVML.
-	GPUSMUtil  = "gpu_sm_utilization_ratio"
-	GPUMemUtil = "gpu_memory_controller_utilization_ratio"
-	// TCPPrefix + a state as the kernel names it (TCP_CLOSE_WAIT is
-	// "tcp_CLOSE_WAIT"): sockets the process holds in that state.
-	TCPPrefix = "tcp_"
-)
-
-// Units of the series.
-const (
-	UnitFDs      = "fds"
-	UnitFDRate   = "fds/s"
-	UnitSwitches = "switches/s"
-	UnitSeconds  = "seconds"
-	UnitBytes    = "bytes"
-	UnitSockets  = "sockets"
-	UnitRatio    = "ratio" // 0..1
-)
+// MemoryUsedBytes is a GPU's used memory, per NVML: the series of a GPU's
+// history. A process's series are the views' figures (model.Shows).
+const MemoryUsedBytes = "memory_used_bytes"
 
 // Unit returns the unit of a series, and whether it is a rate (a mean over
 // each point's span) rather than a gauge (a value at its end).
 func Unit(name string) (unit string, rate bool) {
-	switch name {
-	case OpenFDs:
-		return UnitFDs, false
-	case FDsOpened, FDsClosed:
-		return UnitFDRate, true
-	case VoluntarySwitches, InvoluntarySwitches:
-		return UnitSwitches, true
-	case RunqueueP99:
-		return UnitSeconds, false
-	case GPULiveBytes, NVMLUsedBytes, MemoryUsedBytes:
-		return UnitBytes, false
-	case GPUSMUtil, GPUMemUtil:
-		return UnitRatio, false
+	if name == MemoryUsedBytes {
+		return model.UnitBytes, false
 	}
-	return UnitSockets, false // TCPPrefix + state
+	if f, ok := figure(name); ok {
+		return f.Unit, f.Kind == model.Rate
+	}
+	return "", false
+}
+
+// figure returns the figure that records series name: the figure of that
+// name, or the family it is a member of.
+func figure(name string) (model.Figure, bool) {
+	for _, f := range model.Figures() {
+		if f.Name == name || f.Members != nil && strings.HasPrefix(name, f.Name) {
+			return f, true
+		}
+	}
+	return model.Figure{}, false
 }
 
 // Config bounds what is kept per process and per GPU.
@@ -88,9 +67,10 @@ func DefaultConfig() Config { return Config{Recent: 600, Coarse: 1200} }
 // Recorder is a pipeline sink that records the history of every process and
 // GPU in the snapshots it is given.
 type Recorder struct {
-	cfg   Config
-	procs map[procKey]*procTrack
-	gpus  map[string]*gpuTrack // by UUID, or index when NVML gives none
+	cfg     Config
+	figures []model.Figure // every view's (model.Figures)
+	procs   map[procKey]*procTrack
+	gpus    map[string]*gpuTrack // by UUID, or index when NVML gives none
 }
 
 // gpuTrack is one GPU's history.
@@ -109,18 +89,17 @@ type procKey struct {
 // against.
 type procTrack struct {
 	track
-	last           time.Time // end of the previous point
-	rated          time.Time // when the counts below were taken
-	opened, closed uint64    // fds, all kinds, at rated
-	vol, invol     uint64
-	runq           model.Histogram
-	exited         bool            // the exit was recorded: nothing comes after it
-	tcp            map[string]bool // TCP states the process has had a socket in
+	last   time.Time // end of the previous point
+	rated  time.Time // when the counts below were taken
+	counts []uint64  // each Rate figure's count at rated, by figures' index
+	hists  []model.Histogram
+	exited bool            // the exit was recorded: nothing comes after it
+	seen   map[string]bool // members of families the process has had
 }
 
 // New returns an empty Recorder.
 func New(cfg Config) *Recorder {
-	return &Recorder{cfg: cfg, procs: map[procKey]*procTrack{}, gpus: map[string]*gpuTrack{}}
+	return &Recorder{cfg: cfg, figures: model.Figures(), procs: map[procKey]*procTrack{}, gpus: map[string]*gpuTrack{}}
 }
 
 // Update records one point per live process and GPU of s: the state at
@@ -130,13 +109,14 @@ func (r *Recorder) Update(s *model.Snapshot) {
 		k := procKey{p.PID, p.Started.UnixNano()}
 		pt := r.procs[k]
 		if pt == nil {
-			pt = &procTrack{track: newTrack(r.cfg), last: p.Started, rated: p.Started, tcp: map[string]bool{}}
+			pt = &procTrack{track: newTrack(r.cfg), last: p.Started, rated: p.Started, seen: map[string]bool{},
+				counts: make([]uint64, len(r.figures)), hists: make([]model.Histogram, len(r.figures))}
 			r.procs[k] = pt
 		}
 		if pt.exited {
 			continue
 		}
-		pt.observe(s.Time, p)
+		pt.observe(s.Time, p, r.figures)
 	}
 	for _, g := range s.GPUs {
 		id := gpuID(g.UUID, g.Index)
@@ -156,63 +136,55 @@ func (r *Recorder) Update(s *model.Snapshot) {
 // later time, and a point for it would show a pause as a flat stretch.
 func (r *Recorder) Close(*model.Snapshot) error { return nil }
 
-// observe adds the point of p at now.
-func (pt *procTrack) observe(now time.Time, p *model.Process) {
+// observe adds the point of p at now, a value of each of figures.
+func (pt *procTrack) observe(now time.Time, p *model.Process, figures []model.Figure) {
 	first := len(pt.recent)+len(pt.coarse) == 0
 	x := newPoint(now, now.Sub(pt.last))
 	pt.last = now
-	x.set(&pt.track, OpenFDs, gauge(float64(p.FD.Open)))
-
-	// The first poll comes right after the process is watched: a rate
-	// over those few milliseconds would dwarf the rest. Its events count in
-	// the second point's rates, over the time since watching began.
+	span := now.Sub(pt.rated)
+	for i, f := range figures {
+		switch {
+		case f.Members != nil:
+			members := f.Members(p)
+			for m, n := range members {
+				if n > 0 {
+					pt.seen[f.Name+m] = true
+				}
+			}
+			for name := range pt.seen {
+				if m, ok := strings.CutPrefix(name, f.Name); ok {
+					x.set(&pt.track, name, gauge(float64(members[m])))
+				}
+			}
+		case f.Kind == model.Quantile:
+			// The histogram is cumulative: the quantile of this
+			// interval's waits comes from what was added since the
+			// previous point.
+			h := f.Histogram(p)
+			if q, ok := h.Sub(pt.hists[i]).Quantile(f.Q); ok {
+				x.set(&pt.track, f.Name, gauge(q))
+			}
+			pt.hists[i] = h
+		case f.Kind == model.Rate:
+			// The first poll comes right after the process is watched:
+			// a rate over those few milliseconds would dwarf the rest.
+			// Its events count in the second point's rates, over the
+			// time since watching began.
+			v, ok := f.Value(p)
+			if !ok || first {
+				continue
+			}
+			n := uint64(v.Last)
+			x.rate(&pt.track, f.Name, delta(n, pt.counts[i]), span)
+			pt.counts[i] = n
+		default:
+			if v, ok := f.Value(p); ok {
+				x.set(&pt.track, f.Name, acc{min: v.Min, max: v.Max, last: v.Last})
+			}
+		}
+	}
 	if !first {
-		span := now.Sub(pt.rated)
-		opened, closed := sum(p.FD.Opened), sum(p.FD.Closed)
-		x.rate(&pt.track, FDsOpened, delta(opened, pt.opened), span)
-		x.rate(&pt.track, FDsClosed, delta(closed, pt.closed), span)
-		x.rate(&pt.track, VoluntarySwitches, delta(p.Sched.Voluntary, pt.vol), span)
-		x.rate(&pt.track, InvoluntarySwitches, delta(p.Sched.Involuntary, pt.invol), span)
-		pt.rated, pt.opened, pt.closed = now, opened, closed
-		pt.vol, pt.invol = p.Sched.Voluntary, p.Sched.Involuntary
-	}
-
-	// The histogram is cumulative: the p99 of this interval's waits comes
-	// from what was added since the previous point.
-	if q, ok := p.Sched.RunqLatency.Sub(pt.runq).Quantile(0.99); ok {
-		x.set(&pt.track, RunqueueP99, gauge(q))
-	}
-	pt.runq = p.Sched.RunqLatency
-
-	// A state seen once stays a series: 0 when no socket is in it.
-	for st, n := range p.Sock.TCPByState {
-		if n > 0 {
-			pt.tcp[st] = true
-		}
-	}
-	for st := range pt.tcp {
-		x.set(&pt.track, TCPPrefix+st, gauge(float64(p.Sock.TCPByState[st])))
-	}
-
-	c := &p.CUDA
-	if c.Active() {
-		// The kernel's mark is at least the live bytes at this poll; the
-		// least is known at polls only.
-		live := float64(c.LiveBytes)
-		x.set(&pt.track, GPULiveBytes, acc{min: live, max: float64(max(c.LivePeakBytes, c.LiveBytes)), last: live})
-	}
-	if c.HasNVML {
-		used := c.NVMLUsedBytes
-		x.set(&pt.track, NVMLUsedBytes, acc{min: float64(min(c.NVMLMinBytes, used)), max: float64(max(c.NVMLMaxBytes, used)), last: float64(used)})
-	}
-	if n := len(c.GPUUtil); n > 0 {
-		var sm, mem float64
-		for _, u := range c.GPUUtil {
-			sm += u.SM
-			mem += u.Memory
-		}
-		x.set(&pt.track, GPUSMUtil, gauge(sm/float64(n)))
-		x.set(&pt.track, GPUMemUtil, gauge(mem/float64(n)))
+		pt.rated = now
 	}
 	pt.add(x)
 	if p.Exited {
@@ -234,14 +206,6 @@ func delta(now, before uint64) uint64 {
 		return now
 	}
 	return now - before
-}
-
-func sum(m map[string]uint64) uint64 {
-	var n uint64
-	for _, v := range m {
-		n += v
-	}
-	return n
 }
 
 // acc is one series within one point: for a gauge the least, the greatest

@@ -106,22 +106,22 @@ func TestSeries(t *testing.T) {
 		col  func(*Series) Values
 		want Values
 	}{
-		{OpenFDs, last, Values{10, 20, 30, 35}},
+		{model.SeriesOpenFDs, last, Values{10, 20, 30, 35}},
 		// The first poll's events count in the second point, over the
 		// second since watching began.
-		{FDsOpened, mean, Values{nan, 25, 20, 5}},
-		{FDsClosed, mean, Values{nan, 5, 0, 5}},
-		{VoluntarySwitches, mean, Values{nan, 300, 200, 0}},
-		{InvoluntarySwitches, mean, Values{nan, 10, 0, 20}},
-		{RunqueueP99, last, Values{1e-6, 1e-3, nan, nan}},
-		{TCPPrefix + "ESTABLISHED", last, Values{0, 2, 1, 0}},
-		{TCPPrefix + "CLOSE_WAIT", last, Values{0, 0, 3, 0}},
-		{GPULiveBytes, last, Values{nan, 1 * gib, 0, nan}},
-		{GPULiveBytes, greatest, Values{nan, 3 * gib, 1 * gib, nan}},
-		{GPULiveBytes, least, Values{nan, 1 * gib, 0, nan}},
-		{NVMLUsedBytes, last, Values{nan, 2 * gib, nan, nan}},
-		{NVMLUsedBytes, least, Values{nan, 1 * gib, nan, nan}},
-		{NVMLUsedBytes, greatest, Values{nan, 4 * gib, nan, nan}},
+		{model.SeriesFDsOpened, mean, Values{nan, 25, 20, 5}},
+		{model.SeriesFDsClosed, mean, Values{nan, 5, 0, 5}},
+		{model.SeriesVoluntarySwitches, mean, Values{nan, 300, 200, 0}},
+		{model.SeriesInvoluntarySwitches, mean, Values{nan, 10, 0, 20}},
+		{model.SeriesRunqueueP99, last, Values{1e-6, 1e-3, nan, nan}},
+		{model.SeriesTCPPrefix + "ESTABLISHED", last, Values{0, 2, 1, 0}},
+		{model.SeriesTCPPrefix + "CLOSE_WAIT", last, Values{0, 0, 3, 0}},
+		{model.SeriesGPULiveBytes, last, Values{nan, 1 * gib, 0, nan}},
+		{model.SeriesGPULiveBytes, greatest, Values{nan, 3 * gib, 1 * gib, nan}},
+		{model.SeriesGPULiveBytes, least, Values{nan, 1 * gib, 0, nan}},
+		{model.SeriesNVMLUsedBytes, last, Values{nan, 2 * gib, nan, nan}},
+		{model.SeriesNVMLUsedBytes, least, Values{nan, 1 * gib, nan, nan}},
+		{model.SeriesNVMLUsedBytes, greatest, Values{nan, 4 * gib, nan, nan}},
 	} {
 		s := h.Series[c.name]
 		if s == nil {
@@ -132,8 +132,8 @@ func TestSeries(t *testing.T) {
 			t.Errorf("%s = %v, want %v", c.name, got, c.want)
 		}
 	}
-	if u := h.Series[FDsOpened]; u.Unit != UnitFDRate || u.Last != nil {
-		t.Errorf("%s: unit %q, last %v; want fds/s, a rate without last", FDsOpened, u.Unit, u.Last)
+	if u := h.Series[model.SeriesFDsOpened]; u.Unit != model.UnitFDRate || u.Last != nil {
+		t.Errorf("%s: unit %q, last %v; want fds/s, a rate without last", model.SeriesFDsOpened, u.Unit, u.Last)
 	}
 	if len(h.Series) != 10 {
 		t.Errorf("%d series, want 10", len(h.Series))
@@ -155,7 +155,7 @@ func TestReusedPID(t *testing.T) {
 	later := t0.Add(2 * time.Second)
 	r.Update(at(3*time.Second, state{open: 7}.process(100, later)))
 	if a, b := r.Process(100, t0), r.Process(100, later); len(a.Time) != 1 || len(b.Time) != 1 ||
-		a.Series[OpenFDs].Last[0] != 3 || b.Series[OpenFDs].Last[0] != 7 {
+		a.Series[model.SeriesOpenFDs].Last[0] != 3 || b.Series[model.SeriesOpenFDs].Last[0] != 7 {
 		t.Errorf("histories %+v and %+v", a, b)
 	}
 }
@@ -193,7 +193,7 @@ func TestDownsample(t *testing.T) {
 		}
 	}
 	h := r.Process(100, t0)
-	fds, rate := h.Series[OpenFDs], h.Series[FDsOpened]
+	fds, rate := h.Series[model.SeriesOpenFDs], h.Series[model.SeriesFDsOpened]
 	if got := slices.Max(fds.Max); got != 1000 {
 		t.Errorf("greatest open fds kept %v, want 1000", got)
 	}
@@ -268,7 +268,7 @@ func TestDay(t *testing.T) {
 			t.Errorf("%s: first point spans %d ms, last %d; want 128000 and 1000", name, h.Span[0], h.Span[len(h.Span)-1])
 		}
 	}
-	if got := slices.Max(r.Process(100, t0).Series[OpenFDs].Max); got != 5000 {
+	if got := slices.Max(r.Process(100, t0).Series[model.SeriesOpenFDs].Max); got != 5000 {
 		t.Errorf("spike at 3 h: greatest open fds kept %v, want 5000", got)
 	}
 	if s := r.GPU("GPU-1", 0).Series[MemoryUsedBytes]; slices.Max(s.Max) != 2*gib || slices.Min(s.Min) != gib/2 {

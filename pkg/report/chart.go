@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/history"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
 // Chart geometry, in SVG user units (pixels at 100 % zoom).
@@ -163,18 +164,18 @@ type scale struct {
 func newScale(unit string, top float64) scale {
 	sc := scale{max: top, div: 1, unit: unit}
 	switch unit {
-	case history.UnitBytes:
+	case model.UnitBytes:
 		sc.div, sc.unit = 1, "bytes"
 		for i, u := range []string{"KiB", "MiB", "GiB", "TiB"} {
 			if d := math.Pow(1024, float64(i+1)); top >= d {
 				sc.div, sc.unit = d, u
 			}
 		}
-	case history.UnitRatio:
+	case model.UnitRatio:
 		// Shown in percent, on the whole 0-100 range: an idle GPU must
 		// look idle, not fill the chart.
 		sc.div, sc.unit, top = 0.01, "%", 1
-	case history.UnitSeconds:
+	case model.UnitSeconds:
 		sc.div, sc.unit = 1e-6, "µs"
 		if top >= 1e-3 {
 			sc.div, sc.unit = 1e-3, "ms"

@@ -29,39 +29,30 @@ var pageSource string
 
 var pageTemplate = template.Must(template.New("report").Parse(pageSource))
 
-// Chart ids, the DOM's data-chart: one chart per figure per process.
-const (
-	ChartOpenFDs         = "open_fds"
-	ChartFDRates         = "fd_rates"
-	ChartContextSwitches = "context_switches"
-	ChartRunqueue        = "runqueue_p99"
-	ChartTCP             = "tcp_sockets"
-	ChartGPUMemory       = "gpu_memory"      // processes with CUDA activity only
-	ChartGPUUtil         = "gpu_utilization" // processes NVML saw on a GPU only
-	ChartDeviceMemory    = "gpu_device_memory"
-)
+// ChartDeviceMemory is the chart of a GPU's memory; a process's charts
+// are its views' (model.Shows), their ids the DOM's data-chart.
+const ChartDeviceMemory = "gpu_device_memory"
 
-// ProcessCharts are the charts every process has, in page order; a process
-// with CUDA activity has ChartGPUMemory after the first, and one NVML saw
-// on a GPU ChartGPUUtil after that.
-var ProcessCharts = []string{ChartOpenFDs, ChartFDRates, ChartContextSwitches, ChartRunqueue, ChartTCP}
+// charts are every view's charts of a process, in page order.
+var charts = func() []model.Chart {
+	var out []model.Chart
+	for _, s := range model.Shows {
+		out = append(out, s.Charts...)
+	}
+	slices.SortStableFunc(out, func(a, b model.Chart) int { return a.Rank - b.Rank })
+	return out
+}()
 
 // chartOf is the chart on which a finding of each kind is marked.
-var chartOf = map[string]string{
-	model.KindFDLeak:          ChartOpenFDs,
-	model.KindFDExhausted:     ChartOpenFDs,
-	model.KindSocketLeak:      ChartTCP,
-	model.KindCtxSwitchStorm:  ChartContextSwitches,
-	model.KindGPUAllocBurst:   ChartGPUMemory,
-	model.KindGPUMemoryLeak:   ChartGPUMemory,
-	model.KindGPUAllocFailure: ChartGPUMemory,
-	model.KindGPUAllocChurn:   ChartGPUMemory,
-	// Every process on a GPU has the memory chart; not every GPU keeps
-	// per-process utilization.
-	model.KindGPUXID:        ChartGPUMemory,
-	model.KindGPUECCError:   ChartGPUMemory,
-	model.KindGPUInputBound: ChartGPUUtil, // it needs the utilization that chart shows
-}
+var chartOf = func() map[string]string {
+	out := map[string]string{}
+	for _, c := range charts {
+		for _, k := range c.Marks {
+			out[k] = c.ID
+		}
+	}
+	return out
+}()
 
 // Colours of the series, readable on white and told apart by most colour
 // vision deficiencies when paired as used here.
@@ -76,6 +67,9 @@ const (
 	pink   = "#db2777"
 	brown  = "#a16207"
 )
+
+// colors are those of model.Colors' names.
+var colors = map[string]string{"blue": blue, "orange": orange, "green": green, "purple": purple, "teal": teal, "red": red, "grey": grey, "pink": pink, "brown": brown}
 
 // WriteHTMLFile renders r into path, replaced atomically.
 func WriteHTMLFile(path string, r *Report) error {
@@ -214,7 +208,7 @@ func buildPage(r *Report, data []byte) *page {
 			refs = append(refs, ref{float64(g.MemoryTotalBytes), "total " + bytesText(g.MemoryTotalBytes)})
 		}
 		title := fmt.Sprintf("GPU %s %s: device memory used", model.DeviceLabel(g.Index, g.MIGDevice), g.Name)
-		c := newChart(ChartDeviceMemory, 0, title, history.UnitBytes, "no samples", ax, h.Time,
+		c := newChart(ChartDeviceMemory, 0, title, model.UnitBytes, "no samples", ax, h.Time,
 			[]plot{{name: history.MemoryUsedBytes, label: "used (NVML)", color: teal, vals: s.Last, min: s.Min, max: s.Max, bandLabel: "least–most of the samples"}},
 			refs)
 		c.Source = fmt.Sprintf("g%d", gi)
@@ -299,60 +293,42 @@ func processCharts(p *Process, ax axis, findings []findingView) []chart {
 	if h == nil {
 		h = &history.History{}
 	}
-	get := func(name, label, color, bandLabel string) []plot {
-		s := h.Series[name]
+	get := func(l model.Line) []plot {
+		s := h.Series[l.Series]
 		if s == nil {
 			return nil
 		}
 		vals := s.Last
-		if _, rate := history.Unit(name); rate {
+		if _, rate := history.Unit(l.Series); rate {
 			vals = s.Mean
 		}
-		return []plot{{name: name, label: label, color: color, bandLabel: bandLabel, vals: vals, min: s.Min, max: s.Max}}
+		return []plot{{name: l.Series, label: l.Label, color: colors[l.Color], bandLabel: l.Band, vals: vals, min: s.Min, max: s.Max}}
 	}
 	none := "no data"
 	if p.History == nil {
 		none = "no history in this report"
 	}
-	var refs []ref
-	if p.FDLimit > 0 {
-		refs = append(refs, ref{float64(p.FDLimit), fmt.Sprintf("fd limit %d", p.FDLimit)})
-	}
-	charts := []chart{
-		newChart(ChartOpenFDs, p.PID, "Open file descriptors", history.UnitFDs, none, ax, h.Time,
-			get(history.OpenFDs, "open fds", blue, ""), refs),
-	}
-	// GPU memory next, for the processes that use it: what this tool is
-	// mostly pointed at.
-	if h.Series[history.GPULiveBytes] != nil || h.Series[history.NVMLUsedBytes] != nil {
-		gpu := append(get(history.GPULiveBytes, "tracked live (eBPF)", blue, "peak between polls"),
-			get(history.NVMLUsedBytes, "NVML per process", orange, "least–most of NVML samples")...)
-		charts = append(charts, newChart(ChartGPUMemory, p.PID, "GPU memory: tracked allocations vs NVML", history.UnitBytes, none, ax, h.Time, gpu, nil))
-	}
-	if h.Series[history.GPUSMUtil] != nil {
-		util := append(get(history.GPUSMUtil, "SM (kernels running)", green, ""),
-			get(history.GPUMemUtil, "memory controller", purple, "")...)
-		charts = append(charts, newChart(ChartGPUUtil, p.PID, "GPU utilization (NVML, per process)", history.UnitRatio, none, ax, h.Time, util, nil))
-	}
-	charts = append(charts,
-		newChart(ChartFDRates, p.PID, "File descriptors opened and closed", history.UnitFDRate, none, ax, h.Time,
-			append(get(history.FDsOpened, "opened", green, ""), get(history.FDsClosed, "closed", grey, "")...), nil),
-		newChart(ChartContextSwitches, p.PID, "Context switches", history.UnitSwitches, none, ax, h.Time,
-			append(get(history.VoluntarySwitches, "voluntary", purple, ""), get(history.InvoluntarySwitches, "involuntary", orange, "")...), nil),
-		newChart(ChartRunqueue, p.PID, "Run-queue latency, p99 of each interval", history.UnitSeconds, "no run-queue waits seen", ax, h.Time,
-			get(history.RunqueueP99, "p99 wait", teal, ""), nil))
-	var tcp []plot
-	palette := []string{blue, green, purple, brown, pink, teal, orange, grey}
-	for i, st := range model.TCPStates {
-		color := palette[i%len(palette)]
-		if st == "CLOSE_WAIT" {
-			color = red // the state a socket leak piles up in
+	var out []chart
+	for _, c := range charts {
+		var plots []plot
+		for _, l := range c.Lines {
+			plots = append(plots, get(l)...)
 		}
-		tcp = append(tcp, get(history.TCPPrefix+st, st, color, "")...)
+		if c.Optional && len(plots) == 0 {
+			continue
+		}
+		var refs []ref
+		if c.FDLimit && p.FDLimit > 0 {
+			refs = append(refs, ref{float64(p.FDLimit), fmt.Sprintf("fd limit %d", p.FDLimit)})
+		}
+		empty := none
+		if c.Empty != "" {
+			empty = c.Empty
+		}
+		out = append(out, newChart(c.ID, p.PID, c.Title, c.Unit, empty, ax, h.Time, plots, refs))
 	}
-	charts = append(charts, newChart(ChartTCP, p.PID, "TCP sockets by state", history.UnitSockets, "no TCP sockets", ax, h.Time, tcp, nil))
-	for i := range charts {
-		c := &charts[i]
+	for i := range out {
+		c := &out[i]
 		for _, f := range findings {
 			if chartOf[f.Kind] != c.ID {
 				continue
@@ -361,7 +337,7 @@ func processCharts(p *Process, ax axis, findings []findingView) []chart {
 				Title: fmt.Sprintf("#%d %s (%s) %s: %s", f.N, f.Kind, f.Severity, f.Span, f.Summary)}, ax.x(f.first), ax.x(f.last))
 		}
 	}
-	return charts
+	return out
 }
 
 // readStack reads a stack as read from JSON into frames, as a finding's

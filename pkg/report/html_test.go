@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/history"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
@@ -141,8 +142,8 @@ func TestHTMLInBrowser(t *testing.T) {
 	}
 	charts := chartsIn(dom)
 	want := map[string][]string{
-		"100": slices.Insert(slices.Clone(ProcessCharts), 1, ChartGPUMemory, ChartGPUUtil),
-		"200": ProcessCharts,
+		"100": {model.ChartOpenFDs, model.ChartGPUMemory, model.ChartGPUUtil, model.ChartFDRates, model.ChartContextSwitches, model.ChartRunqueue, model.ChartTCP},
+		"200": {model.ChartOpenFDs, model.ChartFDRates, model.ChartContextSwitches, model.ChartRunqueue, model.ChartTCP},
 		"0":   {ChartDeviceMemory},
 	}
 	for pid, ids := range want {
@@ -192,7 +193,7 @@ func TestHTMLDaySize(t *testing.T) {
 	}
 	browser := testutil.Chromium(t)
 	dom := string(testutil.Headless(t, browser, page, "--dump-dom"))
-	if !strings.Contains(dom, `data-script="ok"`) || len(chartsIn(dom)["100"]) != len(ProcessCharts)+2 {
+	if !strings.Contains(dom, `data-script="ok"`) || len(chartsIn(dom)["100"]) != len(charts) {
 		t.Errorf("the 24 h page did not render: script %v, charts %v", strings.Contains(dom, `data-script="ok"`), chartsIn(dom))
 	}
 }
@@ -257,7 +258,7 @@ func TestReadErrors(t *testing.T) {
 	if err := WriteHTML(&b, r); err != nil {
 		t.Fatal(err)
 	}
-	if s := b.String(); !strings.Contains(s, "no history in this report") || strings.Count(s, `data-chart=`) != len(ProcessCharts) {
+	if s := b.String(); !strings.Contains(s, "no history in this report") || strings.Count(s, `data-chart=`) != 5 { // those not Optional
 		t.Errorf("schema 1 page: %d charts, no-history note %v", strings.Count(s, `data-chart=`), strings.Contains(s, "no history in this report"))
 	}
 }
@@ -319,11 +320,37 @@ func near(c color.RGBA, hex string) bool {
 	return r*r+g*g+b*b < 20*20
 }
 
-// Every finding kind is marked on some chart.
+// Every finding kind is marked on one chart.
 func TestEveryKindHasAChart(t *testing.T) {
+	marked := map[string]int{}
+	for _, c := range charts {
+		for _, k := range c.Marks {
+			marked[k]++
+		}
+	}
 	for _, k := range model.Kinds {
-		if chartOf[k] == "" {
-			t.Errorf("finding kind %s is marked on no chart", k)
+		if marked[k] != 1 {
+			t.Errorf("finding kind %s is marked on %d charts, want 1", k, marked[k])
+		}
+	}
+}
+
+// The views' charts draw series their figures record, in colours the page
+// has, and no two charts share an id.
+func TestChartsDrawFigures(t *testing.T) {
+	ids := map[string]bool{}
+	for _, c := range charts {
+		if ids[c.ID] {
+			t.Errorf("chart id %s twice", c.ID)
+		}
+		ids[c.ID] = true
+		for _, l := range c.Lines {
+			if unit, _ := history.Unit(l.Series); unit != c.Unit {
+				t.Errorf("chart %s: line %s is in %q, the chart in %q (no figure records it?)", c.ID, l.Series, unit, c.Unit)
+			}
+			if colors[l.Color] == "" || !slices.Contains(model.Colors, l.Color) {
+				t.Errorf("chart %s: line %s has colour %q, not one of %v", c.ID, l.Series, l.Color, model.Colors)
+			}
 		}
 	}
 }

@@ -41,11 +41,20 @@ type View struct {
 }
 
 type sample struct {
-	open     int
-	at       time.Time
-	switches uint64 // context switches since attach
-	events   uint64 // not live: every process's Events, summed
+	open   int
+	at     time.Time
+	counts []uint64 // the views' columns' counts (columns)
+	events uint64   // not live: every process's Events, summed
 }
+
+// columns are the views' columns of the live table, after the fd view's.
+var columns = func() []model.Column {
+	var out []model.Column
+	for _, s := range model.Shows {
+		out = append(out, s.Columns...)
+	}
+	return out
+}()
 
 // findingID identifies one finding across snapshots, as detectors do.
 type findingID struct {
@@ -89,7 +98,11 @@ func (v *View) Update(s *model.Snapshot) {
 	prev := make(map[int]sample, len(s.Processes))
 	for _, p := range s.Processes {
 		if !p.Exited {
-			prev[p.PID] = sample{open: p.FD.Open, at: s.Time, switches: p.Sched.Voluntary + p.Sched.Involuntary}
+			counts := make([]uint64, len(columns))
+			for i, c := range columns {
+				counts[i] = c.Count(p)
+			}
+			prev[p.PID] = sample{open: p.FD.Open, at: s.Time, counts: counts}
 		}
 	}
 	v.prev = prev
@@ -137,19 +150,25 @@ func (v *View) draw(s *model.Snapshot, counts map[int]int) {
 	}
 	b.WriteString("\n")
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PID\tCOMM\tOPEN-FDS\tRATE\tCS/S\tFINDINGS")
+	fmt.Fprint(tw, "PID\tCOMM\tOPEN-FDS\tRATE\t")
+	for _, c := range columns {
+		fmt.Fprint(tw, c.Head+"\t")
+	}
+	fmt.Fprintln(tw, "FINDINGS")
 	for _, p := range byPID(s.Processes) {
 		rate := v.rate(p, s.Time)
 		if p.Exited {
 			rate = "exited"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%d\n", p.PID, p.Comm, p.FD.Open, rate, v.switchRate(p, s.Time), counts[p.PID])
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t", p.PID, p.Comm, p.FD.Open, rate)
+		for i := range columns {
+			fmt.Fprint(tw, v.columnRate(p, i, s.Time)+"\t")
+		}
+		fmt.Fprintf(tw, "%d\n", counts[p.PID])
 	}
 	tw.Flush()
 	for _, p := range byPID(s.Processes) {
-		if line := gpuLine(p); line != "" {
-			fmt.Fprintln(&b, line)
-		}
+		writeLines(&b, p)
 	}
 	v.drawn = bytes.Count(b.Bytes(), []byte("\n"))
 	v.w.Write(b.Bytes())
@@ -161,7 +180,11 @@ func (v *View) log(s *model.Snapshot, counts map[int]int) {
 	printed := false
 	for _, p := range byPID(s.Processes) {
 		state := fmt.Sprintf("pid=%d (%s) open=%d findings=%d", p.PID, p.Comm, p.FD.Open, counts[p.PID])
-		state += gpuState(p)
+		for _, sh := range model.Shows {
+			if sh.State != nil {
+				state += sh.State(p)
+			}
+		}
 		if p.Exited {
 			state += " exited"
 		}
@@ -203,6 +226,31 @@ func (v *View) rate(p *model.Process, now time.Time) string {
 	return fmt.Sprintf("%+.1f/s", float64(p.FD.Open-prev.open)/dt)
 }
 
+// columnRate is the per-second rate of p's count in columns[i] since the
+// previous snapshot: "-" when unknown (no previous, p exited, or a count
+// that went back).
+func (v *View) columnRate(p *model.Process, i int, now time.Time) string {
+	prev, ok := v.prev[p.PID]
+	dt := now.Sub(prev.at).Seconds()
+	n := columns[i].Count(p)
+	if !ok || dt <= 0 || p.Exited || n < prev.counts[i] {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", float64(n-prev.counts[i])/dt)
+}
+
+// writeLines writes the views' lines about p (a GPU's memory) to w.
+func writeLines(w io.Writer, p *model.Process) {
+	for _, sh := range model.Shows {
+		if sh.Line == nil {
+			continue
+		}
+		if line := sh.Line(p); line != "" {
+			fmt.Fprintln(w, line)
+		}
+	}
+}
+
 func (v *View) summary() {
 	var findings []model.Finding
 	var lost map[string]uint64
@@ -225,9 +273,7 @@ func (v *View) summary() {
 	tw.Flush()
 	for _, pid := range slices.Sorted(maps.Keys(v.procs)) {
 		p := v.procs[pid]
-		if line := gpuLine(&p); line != "" {
-			fmt.Fprintln(v.w, line)
-		}
+		writeLines(v.w, &p)
 	}
 
 	if len(findings) == 0 {

@@ -1,3 +1,5 @@
+// The views' parts of the terminal view (model.Shows): the CUDA view's
+// state and line, the sched view's column.
 package tui
 
 import (
@@ -52,10 +54,20 @@ func TestGPUInBlockAndSummary(t *testing.T) {
 	}
 }
 
-func TestIEC(t *testing.T) {
-	for b, want := range map[uint64]string{0: "0 B", 1023: "1023 B", 1536: "1.5 KiB", 3 << 30: "3.0 GiB", 5 << 40: "5.0 TiB"} {
-		if got := iec(b); got != want {
-			t.Errorf("iec(%d) = %q, want %q", b, got, want)
-		}
+func TestSwitchRate(t *testing.T) {
+	var buf bytes.Buffer
+	v := New(&buf, true)
+	p := proc(100, "schedwork", 10, false)
+	p.Sched.Voluntary, p.Sched.Involuntary = 1000, 200
+	v.Update(snap(1, []*model.Process{p}, nil, nil))
+	if !strings.Contains(buf.String(), "CS/S") {
+		t.Fatalf("no CS/S column:\n%s", buf.String())
+	}
+	q := *p
+	q.Sched.Voluntary, q.Sched.Involuntary = 61000, 10200 // +70000 in 2 s
+	buf.Reset()
+	v.Update(snap(3, []*model.Process{&q}, nil, nil))
+	if !strings.Contains(buf.String(), " 35000 ") {
+		t.Errorf("block lacks 35000 switches/s:\n%s", buf.String())
 	}
 }
