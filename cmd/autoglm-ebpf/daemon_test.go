@@ -484,6 +484,53 @@ done`, dir, bin, rt)
 	}
 }
 
+// More matching processes than --max-processes: as many as the cap are
+// watched, each of the others is counted once as over the cap (never a
+// silent track failure), and a slot freed by an exit is taken by one of
+// them.
+func TestDaemonOverCap(t *testing.T) {
+	testutil.RequireRoot(t)
+	const procs, max = 20, 8
+	dir := testCgroup(t, "autoglm-cap-"+strconv.Itoa(os.Getpid()))
+	d := startDaemon(t, "--all", "--match-cgroup", "*autoglm-cap*", "--max-processes", strconv.Itoa(max), "--interval", "200ms", "--resync", "1s")
+	var sleepers []*exec.Cmd
+	for range procs {
+		c := exec.Command("/bin/sh", append(inCgroup(dir), "sleep", "600")...)
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		sleepers = append(sleepers, c)
+		t.Cleanup(func() { _ = c.Process.Kill(); _ = c.Wait() })
+	}
+	gauge := func(fams map[string]*dto.MetricFamily, name string) float64 {
+		var v float64
+		for _, m := range series(fams, name, nil) {
+			v += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+		return v
+	}
+	state := func() (watched, over, failed float64) {
+		fams := d.scrape(t)
+		return gauge(fams, "autoglm_watched_processes"), gauge(fams, "autoglm_processes_over_cap_total"), gauge(fams, "autoglm_track_failures_total")
+	}
+	testutil.Eventually(t, 30*time.Second, fmt.Sprintf("%d of %d processes watched, %d counted over the cap", max, procs, procs-max), func() bool {
+		w, o, _ := state()
+		return w == max && o == procs-max
+	})
+	// Five exit: the cap's slots they held, if any, go to those waiting.
+	for _, c := range sleepers[:5] {
+		_ = c.Process.Kill()
+		_ = c.Wait()
+	}
+	testutil.Eventually(t, 30*time.Second, fmt.Sprintf("%d watched again after 5 exits", max), func() bool {
+		w, _, _ := state()
+		return w == max
+	})
+	if w, o, f := state(); o != procs-max || f != 0 {
+		t.Errorf("watched %v, over the cap %v (want %d: each counted once), track failures %v (want 0)", w, o, procs-max, f)
+	}
+}
+
 // The exporter conventions: /metrics negotiates its format as client_golang
 // does, and --web.config.file turns on basic auth (and TLS) as node_exporter
 // does. Killed with SIGKILL and started again, the daemon comes back with
