@@ -1,5 +1,14 @@
 package model
 
+// Histogram is a cumulative histogram: Counts[i] observations fell at or
+// below Bounds[i] (seconds) and above Bounds[i-1]; Count and Sum cover all.
+type Histogram struct {
+	Bounds []float64
+	Counts []uint64
+	Count  uint64
+	Sum    float64 // seconds
+}
+
 // Quantile returns the upper bound of the bucket that holds the q-quantile
 // (0 < q <= 1), and false for an empty histogram. Observations above the last
 // bound are counted in Count only, so a quantile that falls among them reads

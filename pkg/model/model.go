@@ -5,22 +5,8 @@ package model
 
 import "time"
 
-// Finding kinds, as they appear in reports, metrics and --fail-on.
-const (
-	KindFDLeak          = "fd_leak"
-	KindFDExhausted     = "fd_exhausted"
-	KindSocketLeak      = "socket_leak"
-	KindCtxSwitchStorm  = "ctx_switch_storm"
-	KindGPUAllocBurst   = "gpu_alloc_burst"
-	KindGPUMemoryLeak   = "gpu_memory_leak"
-	KindGPUAllocFailure = "gpu_alloc_failure"
-	KindGPUAllocChurn   = "gpu_alloc_churn"
-	KindGPUXID          = "gpu_xid"
-	KindGPUECCError     = "gpu_ecc_error"
-	KindGPUInputBound   = "gpu_input_bound"
-)
-
-// Kinds lists every finding kind, for flag validation and metric pre-creation.
+// Kinds lists every finding kind, for flag validation and metric pre-creation;
+// each view's file (fd.go, sock.go, ...) declares its own.
 var Kinds = []string{KindFDLeak, KindFDExhausted, KindSocketLeak, KindCtxSwitchStorm, KindGPUAllocBurst, KindGPUMemoryLeak, KindGPUAllocFailure, KindGPUAllocChurn, KindGPUXID, KindGPUECCError, KindGPUInputBound}
 
 // Severities, lowest first.
@@ -29,9 +15,6 @@ const (
 	SeverityWarning  = "warning"
 	SeverityCritical = "critical"
 )
-
-// FD kinds as reported by the fd source; the order matches the BPF enum fd_kind.
-var FDKinds = []string{"other", "file", "socket", "pipe", "eventfd", "epoll", "timerfd", "signalfd", "inotify", "pidfd", "memfd"}
 
 // Finding is one detector verdict about one process.
 type Finding struct {
@@ -44,7 +27,7 @@ type Finding struct {
 	Active    bool      `json:"active"`
 	Summary   string    `json:"summary"`
 	Stack     []Frame   `json:"stack"`
-	// Evidence is the struct of Kind (evidence.go), held by value: what
+	// Evidence is the struct of Kind (its view's file), held by value: what
 	// adds to it sets a changed copy, as a finding's evidence may be
 	// shared with an earlier snapshot's.
 	Evidence Evidence `json:"evidence"`
@@ -67,55 +50,6 @@ type FindingRef struct {
 // Ref returns the reference to f.
 func (f *Finding) Ref() FindingRef {
 	return FindingRef{Kind: f.Kind, PID: f.PID, FirstSeen: f.FirstSeen}
-}
-
-// FDSite groups the live fds of a process by the user stack that opened them.
-type FDSite struct {
-	StackID int64       // BPF stack id; negative when unknown (seeded from /proc, or stack map full)
-	Stack   []Frame     // symbolized frames, innermost first
-	Opened  []time.Time // open time of each live fd opened here
-	FDs     []int32     // the fd numbers, in the order of Opened
-	// Since tracking began (monotonic), from the kernel's per-site
-	// counters; a close counts for the site that opened the fd.
-	OpenedTotal, ClosedTotal uint64
-}
-
-// FDStats is the fd view of one process at one instant.
-type FDStats struct {
-	Open int // live fds in the kernel table
-	// OpenSockets is how many of them are sockets.
-	OpenSockets int
-	Limit       uint64            // soft RLIMIT_NOFILE
-	Opened      map[string]uint64 // fds created since attach, by kind (monotonic)
-	Closed      map[string]uint64 // fds released since attach, by kind (monotonic)
-	Sites       []FDSite          // live fds by opening stack; sites with a known stack only
-	// PastSites are the sites that opened fds since attach and hold none
-	// now (OpenedTotal and ClosedTotal only): the most opened first, in
-	// that order and with their stacks, as many as the pipeline symbolizes
-	// (Config.TopSites), then the others in no order.
-	PastSites []FDSite
-	// Failed counts the fd-creating calls that failed because the process
-	// (EMFILE) or the system (ENFILE) was out of fds, since attach, by
-	// errno name (FDErrnos; monotonic).
-	Failed map[string]uint64
-	// LastFailure is the latest of those calls; nil when there was none.
-	LastFailure *FDFailure
-	// OpenAtAttach is how many fds the process held when watching began
-	// (from /proc): one at its limit then was out of fds before any call
-	// could be seen failing.
-	OpenAtAttach int
-}
-
-// FDErrnos name the errnos of FDStats.Failed; the order matches the BPF
-// enum fd_fail.
-var FDErrnos = []string{"EMFILE", "ENFILE"}
-
-// FDFailure is an fd-creating call that failed for want of fds.
-type FDFailure struct {
-	Time    time.Time
-	Kind    string  // the kind of fd it tried to create (FDKinds)
-	StackID int64   // its call site, numbered as FDSite.StackID
-	Stack   []Frame // symbolized frames, innermost first
 }
 
 // Pod says where a process runs in Kubernetes; empty outside a pod.
@@ -186,23 +120,6 @@ type Snapshot struct {
 	BPFMemory map[string]uint64
 	// FDReads is what the fd view read from /proc to learn fd tables.
 	FDReads FDReads
-}
-
-// FDReads counts, since the start, how the fd view learnt the fds of the
-// processes it watches (monotonic): listings of /proc/PID/fd, fds described
-// one by one (a readlink each), fds taken from the parent's table by a
-// child tracked from its fork, and descriptions put off to a later poll by
-// the per-poll bound (an fd put off at two polls counts twice). Children
-// tracked from fork that were gone before any poll took them are counted
-// with the fds they opened, and cost no /proc read.
-type FDReads struct {
-	Listings, Described, Inherited, Deferred uint64
-	// Copied counts children whose fds came from the kernel's copy of
-	// their open-fd bitmap (taken at fork and at exec), not a listing.
-	Copied uint64
-	// PerPoll is the bound on descriptions a poll, node-wide.
-	PerPoll                     int
-	ShortLived, ShortLivedOpens uint64
 }
 
 // Views are the parts of the tool that can be up or down on their own: the

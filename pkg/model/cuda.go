@@ -1,0 +1,198 @@
+package model
+
+import "time"
+
+// Finding kinds of the CUDA view, as they appear in reports, metrics and
+// --fail-on.
+const (
+	KindGPUAllocBurst   = "gpu_alloc_burst"
+	KindGPUMemoryLeak   = "gpu_memory_leak"
+	KindGPUAllocFailure = "gpu_alloc_failure"
+	KindGPUAllocChurn   = "gpu_alloc_churn"
+)
+
+// CUDAStats is the GPU-allocation view of one process at one instant.
+type CUDAStats struct {
+	LiveBytes  uint64 // device bytes allocated and not freed, from the kernel's live map
+	LiveAllocs int    // live device allocations
+	// LivePeakBytes is the most device bytes live at any instant since the
+	// previous poll (that poll's and this one's values included): a
+	// high-water mark the kernel keeps at every allocation, so a spike
+	// between two polls is not lost.
+	LivePeakBytes  uint64
+	HostLiveBytes  uint64            // pinned host bytes (cudaMallocHost, cudaHostAlloc, ...) allocated and not freed; not in LiveBytes or Sites
+	AllocBytes     map[string]uint64 // bytes allocated since attach, by API (monotonic)
+	HostAllocBytes uint64            // pinned host bytes allocated since attach (monotonic); included in AllocBytes
+	FreeBytes      map[string]uint64 // bytes freed since attach, by API (monotonic)
+	AllocCalls     map[string]uint64 // allocation calls since attach, by API (monotonic)
+	Calls          map[string]uint64 // every hooked call since attach, frees and cuMemMap/cuMemUnmap included, by API (monotonic)
+	Failures       []CUDAFailure     // failed allocation calls since attach
+	Sites          []CUDASite        // call sites: most live bytes first, then most allocated since the previous poll
+	NVMLUsedBytes  uint64            // the GPU's own figure for this process (0 when NVML is absent)
+	// The least and most of NVML's samples (every --gpu-interval) since
+	// the previous poll, NVMLUsedBytes among them.
+	NVMLMinBytes, NVMLMaxBytes uint64
+	HasNVML                    bool
+	UntrackedBytes             int64    // NVMLUsedBytes - LiveBytes: contexts, caching, paths not hooked
+	Libraries                  []string // CUDA libraries hooked in this process
+	// GPUUtil is how busy the process kept each device it ran on since the
+	// previous poll, by device index; nil without NVML or any device.
+	GPUUtil []GPUUtil
+	// GPUEvents are the driver faults (XID errors, uncorrectable ECC
+	// errors) reported since the previous poll by the devices the process
+	// uses; on MIG, those of its own GPU instance and the whole device's.
+	GPUEvents []GPUEvent
+	// Verdict says what held its GPU back over the last window
+	// (detect/inputbound): "gpu_bound" (the GPU, busy), "input_bound"
+	// (the CPU side, while the GPU idled), "" (neither, or not known yet).
+	Verdict string
+}
+
+// Active reports whether the process shows any CUDA activity; sinks show
+// CUDA figures only for those.
+func (c *CUDAStats) Active() bool {
+	var n uint64
+	for _, m := range []map[string]uint64{c.AllocBytes, c.FreeBytes, c.AllocCalls} {
+		for _, v := range m {
+			n += v
+		}
+	}
+	return len(c.Libraries) > 0 || c.LiveBytes > 0 || len(c.Failures) > 0 || n > 0 || len(c.GPUUtil) > 0
+}
+
+// CUDAFailure is one failed allocation.
+type CUDAFailure struct {
+	Time  time.Time
+	API   string
+	Size  uint64
+	Code  int    // the return code
+	Error string // its name, e.g. cudaErrorMemoryAllocation
+	Stack []Frame
+}
+
+// CUDASite is one call site of device memory: the live allocations it
+// made, and what went through it, from the kernel's per-site counters.
+type CUDASite struct {
+	StackID int64
+	Stack   []Frame
+	Bytes   uint64
+	Allocs  []time.Time // allocation time of each live allocation made here
+	// Since tracking began (monotonic); a free counts for the site of the
+	// block it frees, so that memory allocated and freed between two
+	// polls still has a site.
+	AllocBytes, AllocCalls, FreeBytes, FreeCalls uint64
+	// Allocated here since the previous poll.
+	RecentBytes, RecentCalls uint64
+}
+
+// GPUAllocBurstEvidence is a gpu_alloc_burst's evidence.
+type GPUAllocBurstEvidence struct {
+	BaselineBytesMean    float64 `json:"baseline_bytes_mean"`
+	BaselineBytesStddev  float64 `json:"baseline_bytes_stddev"`
+	BurstBytes           uint64  `json:"burst_bytes"`
+	BytesInWindow        uint64  `json:"bytes_in_window"`
+	CallsInWindow        uint64  `json:"calls_in_window"`
+	LargestBurstBytes    uint64  `json:"largest_burst_bytes"`
+	LargestPeakLiveBytes uint64  `json:"largest_peak_live_bytes"`
+	LiveBytes            uint64  `json:"live_bytes"`
+	// NearFull is what the peak came close to; nil for nothing.
+	NearFull      *string `json:"near_full"`
+	Occurrences   int     `json:"occurrences"`
+	PeakLiveBytes uint64  `json:"peak_live_bytes"`
+	// PeriodSeconds is nil until a burst recurs.
+	PeriodSeconds *float64    `json:"period_seconds"`
+	StartupStep   bool        `json:"startup_step"`
+	TopSites      []BurstSite `json:"top_sites"`
+	WindowSeconds float64     `json:"window_seconds"`
+}
+
+// BurstSite is a call site that allocated in a burst's interval.
+type BurstSite struct {
+	Bytes uint64  `json:"bytes"`
+	Share float64 `json:"share"` // of the interval's bytes
+	Stack []Frame `json:"stack"`
+}
+
+func (e GPUAllocBurstEvidence) EvidenceKind() string { return KindGPUAllocBurst }
+
+// GPUMemoryLeakEvidence is a gpu_memory_leak's evidence.
+type GPUMemoryLeakEvidence struct {
+	AllocBytesSinceAttach uint64  `json:"alloc_bytes_since_attach"`
+	FreeBytesSinceAttach  uint64  `json:"free_bytes_since_attach"`
+	GrowthBytesPerSecond  float64 `json:"growth_bytes_per_second"`
+	// HeadroomBytes and HeadroomOf are nil without NVML or a budget.
+	HeadroomBytes   *uint64 `json:"headroom_bytes"`
+	HeadroomOf      *string `json:"headroom_of"`
+	LiveAllocations int     `json:"live_allocations"`
+	LiveBytes       uint64  `json:"live_bytes"`
+	// MinAgeSeconds and OldBytesAtTopSite are set on the classic window
+	// only, NVMLUsedBytes and UntrackedBytes with NVML only.
+	MinAgeSeconds     *float64 `json:"min_age_seconds,omitempty"`
+	NVMLUsedBytes     *uint64  `json:"nvml_used_bytes,omitempty"`
+	OldBytesAtTopSite *int64   `json:"old_bytes_at_top_site,omitempty"`
+	TimeScaleSeconds  float64  `json:"time_scale_seconds"`
+	// TimeToExhaustionSeconds is nil when no bound is known or the bytes
+	// do not grow.
+	TimeToExhaustionSeconds *float64      `json:"time_to_exhaustion_seconds"`
+	TopSites                []GPULeakSite `json:"top_sites"`
+	UntrackedBytes          *int64        `json:"untracked_bytes,omitempty"`
+	WindowSeconds           float64       `json:"window_seconds"`
+}
+
+// GPULeakSite is a call site whose device allocations stay live.
+type GPULeakSite struct {
+	Allocations int    `json:"allocations"`
+	Bytes       uint64 `json:"bytes"`
+	// KeptAllocations and KeptBytes are set on the fast and slow scales,
+	// OldBytesGrowth on the classic window.
+	KeptAllocations  *int    `json:"kept_allocations,omitempty"`
+	KeptBytes        *uint64 `json:"kept_bytes,omitempty"`
+	OldBytes         int64   `json:"old_bytes"`
+	OldBytesGrowth   *int64  `json:"old_bytes_growth,omitempty"`
+	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
+	Stack            []Frame `json:"stack"`
+}
+
+func (e GPUMemoryLeakEvidence) EvidenceKind() string { return KindGPUMemoryLeak }
+
+// GPUAllocFailureEvidence is a gpu_alloc_failure's evidence.
+type GPUAllocFailureEvidence struct {
+	API          string    `json:"api"`
+	Code         int       `json:"code"`
+	Count        int       `json:"count"`
+	Error        string    `json:"error"`
+	FirstFailure time.Time `json:"first_failure"`
+	LastFailure  time.Time `json:"last_failure"`
+	LiveBytes    uint64    `json:"live_bytes"`
+	MaxSizeBytes uint64    `json:"max_size_bytes"`
+	SizeBytes    uint64    `json:"size_bytes"` // the latest
+}
+
+func (e GPUAllocFailureEvidence) EvidenceKind() string { return KindGPUAllocFailure }
+
+// GPUAllocChurnEvidence is a gpu_alloc_churn's evidence.
+type GPUAllocChurnEvidence struct {
+	BytesPerSecond     float64           `json:"bytes_per_second"`
+	HeldBytes          uint64            `json:"held_bytes"`
+	LiveBytes          uint64            `json:"live_bytes"`
+	MaxPairsPerSecond  float64           `json:"max_pairs_per_second"`
+	PairsPerSecond     float64           `json:"pairs_per_second"`
+	SynchronizingFrees map[string]uint64 `json:"synchronizing_frees"`
+	TopSites           []ChurnSite       `json:"top_sites"`
+}
+
+// ChurnSite is a call site of a churning loop.
+type ChurnSite struct {
+	CaughtLive int     `json:"caught_live"`
+	Stack      []Frame `json:"stack"`
+}
+
+func (e GPUAllocChurnEvidence) EvidenceKind() string { return KindGPUAllocChurn }
+
+// The evidence of the view's kinds reads into their structs.
+func init() {
+	registerEvidence[GPUAllocBurstEvidence]()
+	registerEvidence[GPUMemoryLeakEvidence]()
+	registerEvidence[GPUAllocFailureEvidence]()
+	registerEvidence[GPUAllocChurnEvidence]()
+}

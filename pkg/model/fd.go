@@ -1,0 +1,150 @@
+package model
+
+import "time"
+
+// Finding kinds of the fd view, as they appear in reports, metrics and
+// --fail-on.
+const (
+	KindFDLeak      = "fd_leak"
+	KindFDExhausted = "fd_exhausted"
+)
+
+// FD kinds as reported by the fd source; the order matches the BPF enum fd_kind.
+var FDKinds = []string{"other", "file", "socket", "pipe", "eventfd", "epoll", "timerfd", "signalfd", "inotify", "pidfd", "memfd"}
+
+// FDSite groups the live fds of a process by the user stack that opened them.
+type FDSite struct {
+	StackID int64       // BPF stack id; negative when unknown (seeded from /proc, or stack map full)
+	Stack   []Frame     // symbolized frames, innermost first
+	Opened  []time.Time // open time of each live fd opened here
+	FDs     []int32     // the fd numbers, in the order of Opened
+	// Since tracking began (monotonic), from the kernel's per-site
+	// counters; a close counts for the site that opened the fd.
+	OpenedTotal, ClosedTotal uint64
+}
+
+// FDStats is the fd view of one process at one instant.
+type FDStats struct {
+	Open int // live fds in the kernel table
+	// OpenSockets is how many of them are sockets.
+	OpenSockets int
+	Limit       uint64            // soft RLIMIT_NOFILE
+	Opened      map[string]uint64 // fds created since attach, by kind (monotonic)
+	Closed      map[string]uint64 // fds released since attach, by kind (monotonic)
+	Sites       []FDSite          // live fds by opening stack; sites with a known stack only
+	// PastSites are the sites that opened fds since attach and hold none
+	// now (OpenedTotal and ClosedTotal only): the most opened first, in
+	// that order and with their stacks, as many as the pipeline symbolizes
+	// (Config.TopSites), then the others in no order.
+	PastSites []FDSite
+	// Failed counts the fd-creating calls that failed because the process
+	// (EMFILE) or the system (ENFILE) was out of fds, since attach, by
+	// errno name (FDErrnos; monotonic).
+	Failed map[string]uint64
+	// LastFailure is the latest of those calls; nil when there was none.
+	LastFailure *FDFailure
+	// OpenAtAttach is how many fds the process held when watching began
+	// (from /proc): one at its limit then was out of fds before any call
+	// could be seen failing.
+	OpenAtAttach int
+}
+
+// FDErrnos name the errnos of FDStats.Failed; the order matches the BPF
+// enum fd_fail.
+var FDErrnos = []string{"EMFILE", "ENFILE"}
+
+// FDFailure is an fd-creating call that failed for want of fds.
+type FDFailure struct {
+	Time    time.Time
+	Kind    string  // the kind of fd it tried to create (FDKinds)
+	StackID int64   // its call site, numbered as FDSite.StackID
+	Stack   []Frame // symbolized frames, innermost first
+}
+
+// FDReads counts, since the start, how the fd view learnt the fds of the
+// processes it watches (monotonic): listings of /proc/PID/fd, fds described
+// one by one (a readlink each), fds taken from the parent's table by a
+// child tracked from its fork, and descriptions put off to a later poll by
+// the per-poll bound (an fd put off at two polls counts twice). Children
+// tracked from fork that were gone before any poll took them are counted
+// with the fds they opened, and cost no /proc read.
+type FDReads struct {
+	Listings, Described, Inherited, Deferred uint64
+	// Copied counts children whose fds came from the kernel's copy of
+	// their open-fd bitmap (taken at fork and at exec), not a listing.
+	Copied uint64
+	// PerPoll is the bound on descriptions a poll, node-wide.
+	PerPoll                     int
+	ShortLived, ShortLivedOpens uint64
+}
+
+// FDLeakEvidence is an fd_leak's evidence.
+type FDLeakEvidence struct {
+	ClosedByKind    map[string]uint64 `json:"closed_by_kind"`
+	GrowthPerSecond float64           `json:"growth_fds_per_second"`
+	// LeakedTargets is what the top site's fds point at, set by the fd
+	// view (fdtrack's Annotate) once it has read them.
+	LeakedTargets    []LeakedTarget    `json:"leaked_targets,omitempty"`
+	Limit            uint64            `json:"limit"`
+	OpenFDs          int               `json:"open_fds"`
+	OpenedByKind     map[string]uint64 `json:"opened_by_kind"`
+	TimeScaleSeconds float64           `json:"time_scale_seconds"`
+	// TimeToExhaustionSeconds is nil when the fds do not grow towards a
+	// known limit.
+	TimeToExhaustionSeconds *float64     `json:"time_to_exhaustion_seconds"`
+	TopSites                []FDLeakSite `json:"top_sites"`
+	WindowSeconds           float64      `json:"window_seconds"`
+}
+
+// FDLeakSite is a call site whose fds stay open.
+type FDLeakSite struct {
+	OldestAgeSeconds  float64 `json:"oldest_age_seconds"`
+	Stack             []Frame `json:"stack"`
+	UnclosedFDs       int     `json:"unclosed_fds"`
+	UnclosedFDsGrowth int     `json:"unclosed_fds_growth"`
+}
+
+// LeakedTarget is a group of leaked fds by what they point at.
+type LeakedTarget struct {
+	FDs    int    `json:"fds"`
+	Target string `json:"target"`
+}
+
+func (e FDLeakEvidence) EvidenceKind() string { return KindFDLeak }
+
+// FDExhaustedEvidence is an fd_exhausted's evidence.
+type FDExhaustedEvidence struct {
+	AtLimit         bool   `json:"at_limit"`
+	AtLimitAtAttach bool   `json:"at_limit_at_attach"`
+	Errno           string `json:"errno"`
+	// FailingCall is nil until an fd-creating call failed.
+	FailingCall       *FailingCall      `json:"failing_call"`
+	FailuresPerSecond float64           `json:"failures_per_second"`
+	FailuresTotal     map[string]uint64 `json:"failures_total"`
+	Limit             uint64            `json:"limit"`
+	OpenFDs           int               `json:"open_fds"`
+	TopSites          []FDHoldingSite   `json:"top_sites"`
+	UnattributedFDs   int               `json:"unattributed_fds"`
+}
+
+// FailingCall is the latest fd-creating call that failed.
+type FailingCall struct {
+	Kind       string  `json:"kind"` // of fd it tried to create (FDKinds)
+	SecondsAgo float64 `json:"seconds_ago"`
+	Stack      []Frame `json:"stack"`
+}
+
+// FDHoldingSite is a call site holding fds.
+type FDHoldingSite struct {
+	FDs              int     `json:"fds"`
+	OldestAgeSeconds float64 `json:"oldest_age_seconds"`
+	Stack            []Frame `json:"stack"`
+}
+
+func (e FDExhaustedEvidence) EvidenceKind() string { return KindFDExhausted }
+
+// The evidence of the view's kinds reads into their structs.
+func init() {
+	registerEvidence[FDLeakEvidence]()
+	registerEvidence[FDExhaustedEvidence]()
+}

@@ -1,0 +1,197 @@
+package model
+
+import (
+	"strconv"
+	"time"
+)
+
+// Finding kinds of the NVML view, as they appear in reports, metrics and
+// --fail-on.
+const (
+	KindGPUXID        = "gpu_xid"
+	KindGPUECCError   = "gpu_ecc_error"
+	KindGPUInputBound = "gpu_input_bound"
+)
+
+// GPUUtil is how busy a process kept one device over a poll interval, the
+// mean of NVML's samples in it.
+type GPUUtil struct {
+	Device int     // NVML index; on MIG, the parent GPU's
+	MIG    *int    // on MIG, the instance's index on Device (GPU.MIG); nil on a whole GPU
+	UUID   string  // the device's (a MIG instance's own on MIG)
+	SM     float64 // 0..1: share of the time a kernel of the process ran
+	Memory float64 // 0..1: share of the time device memory was read or written for it
+	// Source says whose figure it is: UtilProcess, NVML's per-process
+	// samples; UtilDevice, the whole device's, for every process on it,
+	// where the device keeps no per-process samples (MIG, some vGPU).
+	Source string
+}
+
+// GPUEvent is an event a device's driver reported through NVML: a fault
+// (an XID error, an uncorrectable ECC error) or a change of state.
+type GPUEvent struct {
+	Time   time.Time
+	Device int    // NVML index
+	UUID   string // the device's
+	Kind   string // what happened: GPUEventXID, GPUEventPState, ...
+	XID    uint64 // the XID of a GPUEventXID; 0 for the other kinds
+	// The MIG instance it concerns; NoInstance when not one (or the
+	// whole device).
+	GPUInstance, ComputeInstance uint32
+}
+
+// NoInstance is NVML's GPU or compute instance id for "not a MIG
+// instance", or not known.
+const NoInstance = 0xFFFFFFFF
+
+// Kinds of GPUEvent, one per NVML event type watched; they are the type
+// label of autoglm_gpu_events_total.
+const (
+	GPUEventXID                   = "xid"                     // XID critical error
+	GPUEventDoubleBitECC          = "double_bit_ecc"          // uncorrectable device memory error
+	GPUEventSingleBitECC          = "single_bit_ecc"          // corrected device memory error
+	GPUEventSingleBitECCStorm     = "single_bit_ecc_storm"    // corrected errors at a high rate
+	GPUEventDRAMRetirement        = "dram_retirement"         // a memory page retired or row remapped
+	GPUEventDRAMRetirementFailure = "dram_retirement_failure" // retiring or remapping failed
+	GPUEventNonFatalPoison        = "nonfatal_poison"         // poisoned memory consumed, contained
+	GPUEventFatalPoison           = "fatal_poison"            // poisoned memory consumed, not contained
+	GPUEventUnavailable           = "gpu_unavailable"         // the GPU stopped answering
+	GPUEventRecoveryAction        = "gpu_recovery_action"     // the driver asks for a reset, reboot or drain
+	GPUEventPState                = "pstate"                  // performance state changed
+	GPUEventClock                 = "clock"                   // clocks changed
+	GPUEventPowerSourceChange     = "power_source_change"     // AC or battery
+	GPUEventMIGConfigChange       = "mig_config_change"       // MIG instances created or destroyed
+)
+
+// XIDKey is a device and an XID, to count the XID errors of each device.
+type XIDKey struct {
+	Device int
+	UUID   string
+	XID    uint64
+}
+
+// GPUEventKey is a device and a kind of GPUEvent, to count the events of
+// each device.
+type GPUEventKey struct {
+	Device int
+	UUID   string
+	Kind   string
+}
+
+// Sources of GPUUtil.
+const (
+	UtilProcess = "process"
+	UtilDevice  = "device"
+)
+
+// GPU is one device as NVML reports it.
+type GPU struct {
+	Index      int
+	UUID       string
+	Name       string
+	MemoryUsed uint64
+	// The least and most of the samples since the previous poll,
+	// MemoryUsed among them.
+	MemoryUsedMin, MemoryUsedMax uint64
+	MemoryTotal                  uint64
+	Utilization                  float64        // 0..1: share of the time a kernel ran
+	MemoryUtilization            float64        // 0..1: share of the time device memory was read or written
+	Processes                    map[int]uint64 // device memory used on this GPU, by pid
+	// PerProcessUtil says whether the device keeps per-process
+	// utilization samples (GPUUtil's UtilProcess); false on MIG and some
+	// vGPU setups, and before the first sample.
+	PerProcessUtil bool
+	// MIG is, on a MIG instance, its index among the MIG devices of its
+	// parent, the GPU Index; nil on a whole GPU. A MIG instance is a
+	// device of its own, with its memory and its processes: a parent in
+	// MIG mode lists none, lest a process count twice.
+	MIG *int
+	// GPUInstance is a MIG instance's GPU instance id, as nvidia-smi and
+	// the events that concern the instance name it; NoInstance when not
+	// known. Unset on a whole GPU.
+	GPUInstance uint32
+}
+
+// Label names g in metrics (the gpu label) and messages: see DeviceLabel.
+func (g GPU) Label() string { return DeviceLabel(g.Index, g.MIG) }
+
+// Label names the device of u as GPU.Label does.
+func (u GPUUtil) Label() string { return DeviceLabel(u.Device, u.MIG) }
+
+// DeviceLabel names a device: its NVML index, "0"; a MIG instance by its
+// parent's index and its own on it, "0/mig1". At most seven MIG devices
+// per GPU keep the label's values few.
+func DeviceLabel(index int, mig *int) string {
+	if mig == nil {
+		return strconv.Itoa(index)
+	}
+	return strconv.Itoa(index) + "/mig" + strconv.Itoa(*mig)
+}
+
+// GPUXIDEvidence is a gpu_xid's evidence.
+type GPUXIDEvidence struct {
+	Count        int           `json:"count"`
+	Device       int           `json:"device"`
+	FirstAt      time.Time     `json:"first_at"`
+	LastAt       time.Time     `json:"last_at"`
+	Meaning      string        `json:"meaning"`
+	MIGInstances []MIGInstance `json:"mig_instances,omitempty"`
+	UUID         string        `json:"uuid"`
+	XID          uint64        `json:"xid"`
+}
+
+func (e GPUXIDEvidence) EvidenceKind() string { return KindGPUXID }
+
+// GPUECCEvidence is a gpu_ecc_error's evidence.
+type GPUECCEvidence struct {
+	Count        int           `json:"count"`
+	Device       int           `json:"device"`
+	FirstAt      time.Time     `json:"first_at"`
+	LastAt       time.Time     `json:"last_at"`
+	MIGInstances []MIGInstance `json:"mig_instances,omitempty"`
+	UUID         string        `json:"uuid"`
+}
+
+// MIGInstance is a MIG instance a fault was reported on.
+type MIGInstance struct {
+	ComputeInstance uint32 `json:"compute_instance"`
+	GPUInstance     uint32 `json:"gpu_instance"`
+}
+
+func (e GPUECCEvidence) EvidenceKind() string { return KindGPUECCError }
+
+// GPUInputBoundEvidence is a gpu_input_bound's evidence.
+type GPUInputBoundEvidence struct {
+	SMUtilizationMean float64          `json:"sm_utilization_mean"`
+	StarvedShare      float64          `json:"starved_share"`
+	Verdict           string           `json:"verdict"`
+	Waiting           []WaitingProcess `json:"waiting"`
+	WindowSeconds     float64          `json:"window_seconds"`
+}
+
+// WaitingProcess is a process that waited for a CPU while the GPU idled.
+type WaitingProcess struct {
+	AllowedCPUs    int             `json:"allowed_cpus"`
+	Comm           string          `json:"comm"`
+	PID            int             `json:"pid"`
+	Role           string          `json:"role"` // "itself" or "child"
+	RunqP99Seconds float64         `json:"runq_p99_seconds"`
+	Threads        []WaitingThread `json:"threads"`
+}
+
+// WaitingThread is a thread of a waiting process, by how often it was
+// preempted.
+type WaitingThread struct {
+	Name      string `json:"name"`
+	Preempted uint64 `json:"preempted"`
+	TID       int    `json:"tid"`
+}
+
+func (e GPUInputBoundEvidence) EvidenceKind() string { return KindGPUInputBound }
+
+// The evidence of the view's kinds reads into their structs.
+func init() {
+	registerEvidence[GPUXIDEvidence]()
+	registerEvidence[GPUECCEvidence]()
+	registerEvidence[GPUInputBoundEvidence]()
+}

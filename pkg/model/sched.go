@@ -1,0 +1,56 @@
+package model
+
+// Finding kinds of the scheduler view, as they appear in reports, metrics and
+// --fail-on.
+const (
+	KindCtxSwitchStorm = "ctx_switch_storm"
+)
+
+// SchedStats is the scheduler view of one process at one instant.
+type SchedStats struct {
+	Voluntary   uint64        // context switches since attach, all threads (monotonic)
+	Involuntary uint64        // preemptions since attach, all threads (monotonic)
+	Threads     []ThreadSched // per-thread totals, busiest first
+	AllowedCPUs int           // CPUs in the process's affinity mask
+	RunqLatency Histogram     // wake-up to on-CPU latency, cumulative since attach
+}
+
+// ThreadSched is one thread's context switches since attach.
+type ThreadSched struct {
+	TID         int
+	Name        string
+	Voluntary   uint64
+	Involuntary uint64
+}
+
+// CtxSwitchStormEvidence is a ctx_switch_storm's evidence.
+type CtxSwitchStormEvidence struct {
+	AllowedCPUs int `json:"allowed_cpus"`
+	// BaselineMean is nil until an interval has been learnt.
+	BaselineMean         *float64 `json:"baseline_mean"`
+	Hint                 string   `json:"hint"`
+	InvoluntaryPerSecond float64  `json:"involuntary_per_second"`
+	RatePerSecond        float64  `json:"rate_per_second"`
+	// RunqueueP99Seconds is nil when nothing waited in the window.
+	RunqueueP99Seconds    *float64     `json:"runqueue_p99_seconds"`
+	RunqueueWindowSeconds float64      `json:"runqueue_window_seconds"`
+	Threads               int          `json:"threads"`
+	ThresholdPerSecond    float64      `json:"threshold_per_second"`
+	TopThreads            []ThreadRate `json:"top_threads"`
+	VoluntaryPerSecond    float64      `json:"voluntary_per_second"`
+	VoluntaryRatio        float64      `json:"voluntary_ratio"`
+}
+
+// ThreadRate is a thread's context switches per second.
+type ThreadRate struct {
+	Name string  `json:"name"`
+	Rate float64 `json:"rate"`
+	TID  int     `json:"tid"`
+}
+
+func (e CtxSwitchStormEvidence) EvidenceKind() string { return KindCtxSwitchStorm }
+
+// The evidence of the view's kinds reads into their structs.
+func init() {
+	registerEvidence[CtxSwitchStormEvidence]()
+}

@@ -1,0 +1,79 @@
+package model
+
+import "time"
+
+// Finding kinds of the socket view, as they appear in reports, metrics and
+// --fail-on.
+const (
+	KindSocketLeak = "socket_leak"
+)
+
+// SockStats is the socket view of one process at one instant.
+type SockStats struct {
+	TCPByState map[string]int // TCP sockets by state name (ESTABLISHED, CLOSE_WAIT, ...)
+	ByKind     map[string]int // live socket fds by kind (tcp, udp, unix, other) from the fd table
+	CloseWait  []SockConn     // sockets sitting in CLOSE_WAIT, oldest first
+}
+
+// TCPStates names the TCP states of SockStats.TCPByState, in the kernel's
+// order (include/net/tcp_states.h, from 1).
+var TCPStates = []string{"ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1", "FIN_WAIT2", "TIME_WAIT",
+	"CLOSE", "CLOSE_WAIT", "LAST_ACK", "LISTEN", "CLOSING", "NEW_SYN_RECV"}
+
+// SockKinds are the kinds of SockStats.ByKind.
+var SockKinds = []string{"tcp", "udp", "unix", "other"}
+
+// SockConn is one TCP connection of a process.
+type SockConn struct {
+	Local  string // ip:port
+	Remote string // ip:port
+	State  string
+	Since  time.Time // when it entered State
+	Stack  []Frame   // opening stack, from the fd table where known
+	FD     int       // the process's fd for the socket (its lowest, if several)
+}
+
+// SocketLeakEvidence is a socket_leak's evidence.
+type SocketLeakEvidence struct {
+	CloseWait             int `json:"close_wait"`
+	CloseWaitOlderThanMin int `json:"close_wait_older_than_min"`
+	// FDGrowth is that of the fd leak these sockets explain (pkg/detect/causes);
+	// nil when there is none.
+	FDGrowth               *FDGrowth      `json:"fd_growth,omitempty"`
+	FDLimit                uint64         `json:"fd_limit"`
+	GrowthPerSecond        float64        `json:"growth_per_second"`
+	MinAgeSeconds          float64        `json:"min_age_seconds"`
+	OldestCloseWaitSeconds float64        `json:"oldest_close_wait_seconds"`
+	OpeningStackSockets    int            `json:"opening_stack_sockets"`
+	TCPByState             map[string]int `json:"tcp_by_state"`
+	// TimeToFDLimitSeconds is nil when the sockets do not grow towards a
+	// known fd limit.
+	TimeToFDLimitSeconds *float64     `json:"time_to_fd_limit_seconds"`
+	TopPairs             []SocketPair `json:"top_pairs"`
+	WindowSeconds        float64      `json:"window_seconds"`
+}
+
+// SocketPair counts the CLOSE_WAIT sockets of one address pair, ephemeral
+// port masked.
+type SocketPair struct {
+	Count  int    `json:"count"`
+	Local  string `json:"local"`
+	Remote string `json:"remote"`
+}
+
+// FDGrowth is the growth of an fd leak, as its evidence had it.
+type FDGrowth struct {
+	FDLeakFirstSeen         time.Time `json:"fd_leak_first_seen"`
+	GrowthPerSecond         float64   `json:"growth_fds_per_second"`
+	Limit                   uint64    `json:"limit"`
+	OpenFDs                 int       `json:"open_fds"`
+	TimeToExhaustionSeconds *float64  `json:"time_to_exhaustion_seconds"`
+	WindowSeconds           float64   `json:"window_seconds"`
+}
+
+func (e SocketLeakEvidence) EvidenceKind() string { return KindSocketLeak }
+
+// The evidence of the view's kinds reads into their structs.
+func init() {
+	registerEvidence[SocketLeakEvidence]()
+}
