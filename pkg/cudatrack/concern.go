@@ -3,6 +3,7 @@ package cudatrack
 import (
 	"cmp"
 	"log/slog"
+	"maps"
 	"slices"
 	"time"
 
@@ -22,6 +23,7 @@ type Concern struct {
 	sym      *symbolize.Symbolizer
 	topSites int
 	failures map[int][]model.CUDAFailure
+	failed   map[int]map[model.CUDAFailureKind]uint64 // every failure, counted
 	frames   map[int]map[stacks.Site][]model.Frame // by pid: a process forgotten drops its own
 	counts   map[int]map[stacks.Site]stacks.Counts // by pid: as of the previous poll
 }
@@ -39,7 +41,7 @@ func New(cfg Config, sym *symbolize.Symbolizer) (*Concern, error) {
 	if top <= 0 {
 		top = 64
 	}
-	return &Concern{Tracker: t, sym: sym, topSites: top, failures: map[int][]model.CUDAFailure{}, frames: map[int]map[stacks.Site][]model.Frame{}, counts: map[int]map[stacks.Site]stacks.Counts{}}, nil
+	return &Concern{Tracker: t, sym: sym, topSites: top, failures: map[int][]model.CUDAFailure{}, failed: map[int]map[model.CUDAFailureKind]uint64{}, frames: map[int]map[stacks.Site][]model.Frame{}, counts: map[int]map[stacks.Site]stacks.Counts{}}, nil
 }
 
 // Name is the concern's name in logs and `check`.
@@ -59,6 +61,7 @@ func (c *Concern) Track(pid int) error {
 func (c *Concern) Untrack(pid int) {
 	c.Tracker.Untrack(pid)
 	delete(c.failures, pid)
+	delete(c.failed, pid)
 	delete(c.frames, pid)
 	delete(c.counts, pid)
 }
@@ -93,12 +96,17 @@ func (c *Concern) Fill(now time.Time, procs []*model.Process) ([]*model.Process,
 			continue
 		}
 		layer := APIs[f.API].Layer
+		kind := model.CUDAFailureKind{API: APIs[f.API].Name, Error: ErrorName(layer, f.Code)}
+		if c.failed[f.PID] == nil {
+			c.failed[f.PID] = map[model.CUDAFailureKind]uint64{}
+		}
+		c.failed[f.PID][kind]++
 		kept := append(c.failures[f.PID], model.CUDAFailure{
 			Time:  f.Time,
-			API:   APIs[f.API].Name,
+			API:   kind.API,
 			Size:  f.Size,
 			Code:  f.Code,
-			Error: ErrorName(layer, f.Code),
+			Error: kind.Error,
 			// Symbolized now: the library may be unloaded by the next poll.
 			Stack: c.stack(f.PID, stacks.Site{Stack: f.StackID, Py: f.PyStack}),
 		})
@@ -190,6 +198,7 @@ func (c *Concern) fill(p *model.Process, s *Sample) {
 	c.symbolizeTop(p.PID, sites)
 	cs.Sites = sites
 	cs.Failures = slices.Clone(c.failures[p.PID])
+	cs.FailedCalls = maps.Clone(c.failed[p.PID])
 	cs.Libraries = nil
 	for _, lib := range c.Libraries(p.PID) {
 		cs.Libraries = append(cs.Libraries, lib.Path)

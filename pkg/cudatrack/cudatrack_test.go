@@ -277,6 +277,9 @@ func TestPitchFailure(t *testing.T) {
 		if f.API != w.api || f.Code != 2 || f.Size != w.size {
 			t.Errorf("failure %d = %s code %d size %d; want %s code 2 size %d", i, f.API, f.Code, f.Size, w.api, w.size)
 		}
+		if n := cs.FailedCalls[model.CUDAFailureKind{API: f.API, Error: f.Error}]; n != 1 {
+			t.Errorf("failures of %s with %s counted %d times, want 1", f.API, f.Error, n)
+		}
 		if !stackHas(f.Stack, w.fn) {
 			t.Errorf("failure %d: %s not in stack %q", i, w.fn, f.Stack)
 		}

@@ -30,6 +30,13 @@ func cudaProc(pid int, comm string, exited bool, fails ...model.CUDAFailure) *mo
 		Failures:   fails,
 		Libraries:  []string{"/usr/lib/libcudart.so.12"},
 	}
+	// Counted as the source counts them.
+	for _, f := range fails {
+		if p.CUDA.FailedCalls == nil {
+			p.CUDA.FailedCalls = map[model.CUDAFailureKind]uint64{}
+		}
+		p.CUDA.FailedCalls[model.CUDAFailureKind{API: f.API, Error: f.Error}]++
+	}
 	return p
 }
 
@@ -157,13 +164,14 @@ func TestCUDAUntrackedOnlyWithNVML(t *testing.T) {
 	}
 }
 
-func TestCUDAFailuresCountedPastTheKeptList(t *testing.T) {
-	// The source keeps only its newest failures: a list of the same
-	// length with newer entries still counts them.
+// A count the source hands over lower than before is not served lower:
+// rate() would read that as a counter reset.
+func TestCUDAFailuresNeverGoDown(t *testing.T) {
 	m, reg := newMetrics(t)
-	oom := func(ms int) model.CUDAFailure { return failure(ms, "cudaMalloc", "cudaErrorMemoryAllocation") }
-	for i, list := range [][]model.CUDAFailure{{oom(1), oom(2)}, {oom(2), oom(3)}, {oom(2), oom(3)}, {oom(7), oom(8)}} {
-		m.Update(snap(i, []*model.Process{cudaProc(100, "trainer", false, list...)}, nil, nil))
+	for i, n := range []uint64{2, 5, 3} {
+		p := cudaProc(100, "trainer", false)
+		p.CUDA.FailedCalls = map[model.CUDAFailureKind]uint64{{API: "cudaMalloc", Error: "cudaErrorMemoryAllocation"}: n}
+		m.Update(snap(i, []*model.Process{p}, nil, nil))
 	}
 	if v, _ := value(t, reg, "autoglm_cuda_alloc_failures_total", map[string]string{"pid": "100"}); v != 5 {
 		t.Errorf("failures_total = %v, want 5", v)

@@ -9,6 +9,7 @@
 package metrics
 
 import (
+	"maps"
 	"net/http"
 	"runtime"
 	"runtime/debug"
@@ -30,13 +31,6 @@ import (
 // descs are the metric descriptions of one Metrics: the per-process label
 // set depends on whether pod labels are exported.
 type descs struct {
-	openFDsDesc        *prometheus.Desc
-	fdLimitDesc        *prometheus.Desc
-	openedDesc         *prometheus.Desc
-	closedDesc         *prometheus.Desc
-	fdFailuresDesc     *prometheus.Desc
-	socketsDesc        *prometheus.Desc
-	socketFDsDesc      *prometheus.Desc
 	findingDesc        *prometheus.Desc
 	findingCauseDesc   *prometheus.Desc
 	findingsTotalDesc  *prometheus.Desc
@@ -52,12 +46,9 @@ type descs struct {
 	shortLivedDesc     *prometheus.Desc
 	shortLivedFDsDesc  *prometheus.Desc
 	buildInfoDesc      *prometheus.Desc
-	cudaAllocBytesDesc *prometheus.Desc
-	cudaFreeBytesDesc  *prometheus.Desc
-	cudaAllocCallsDesc *prometheus.Desc
-	cudaLiveBytesDesc  *prometheus.Desc
-	cudaFailuresDesc   *prometheus.Desc
-	cudaUntrackedDesc  *prometheus.Desc
+	// views are the views' per-process metrics (model.Shows), each with
+	// its description.
+	views []viewMetric
 	gpuUsedDesc        *prometheus.Desc
 	gpuTotalDesc       *prometheus.Desc
 	gpuUtilDesc        *prometheus.Desc
@@ -66,27 +57,11 @@ type descs struct {
 	gpuMemUtilDesc     *prometheus.Desc
 	gpuXIDDesc         *prometheus.Desc
 	gpuEventsDesc      *prometheus.Desc
-	ctxSwitchesDesc    *prometheus.Desc
-	runqLatencyDesc    *prometheus.Desc
 }
 
 func newDescs(pods bool) *descs {
 	names := func(extra ...string) []string { return procNames(pods, extra...) }
 	d := &descs{}
-	d.openFDsDesc = prometheus.NewDesc("autoglm_open_fds",
-		"Live file descriptors of the process.", names(), nil)
-	d.fdLimitDesc = prometheus.NewDesc("autoglm_fd_limit",
-		"Soft RLIMIT_NOFILE of the process.", names(), nil)
-	d.openedDesc = prometheus.NewDesc("autoglm_fds_opened_total",
-		"File descriptors created since attach, by kind.", names("kind"), nil)
-	d.closedDesc = prometheus.NewDesc("autoglm_fds_closed_total",
-		"File descriptors released since attach, by kind.", names("kind"), nil)
-	d.fdFailuresDesc = prometheus.NewDesc("autoglm_fd_create_failures_total",
-		"fd-creating calls that failed since attach because the process (EMFILE) or the system (ENFILE) was out of fds.", names("errno"), nil)
-	d.socketsDesc = prometheus.NewDesc("autoglm_sockets",
-		"TCP sockets the process holds, by state; states it holds none in are left out.", names("state"), nil)
-	d.socketFDsDesc = prometheus.NewDesc("autoglm_socket_fds",
-		"Socket file descriptors of the process, by kind (tcp, udp, unix, other).", names("kind"), nil)
 	d.findingDesc = prometheus.NewDesc("autoglm_finding",
 		"1 while a finding is active, 0 once it no longer holds; site is the function at the finding's call site.",
 		append([]string{"kind", "severity", "site"}, names()...), nil)
@@ -124,18 +99,6 @@ func newDescs(pods bool) *descs {
 	d.buildInfoDesc = prometheus.NewDesc("autoglm_build_info",
 		"Always 1; labelled with the version of autoglm-ebpf, the VCS revision it was built from, and the Go version and architecture it was built with.",
 		[]string{"version", "revision", "goversion", "goarch"}, nil)
-	d.cudaAllocBytesDesc = prometheus.NewDesc("autoglm_cuda_alloc_bytes_total",
-		"Bytes allocated through hooked CUDA calls since attach, by API.", names("api"), nil)
-	d.cudaFreeBytesDesc = prometheus.NewDesc("autoglm_cuda_free_bytes_total",
-		"Bytes freed through hooked CUDA calls since attach, by API.", names("api"), nil)
-	d.cudaAllocCallsDesc = prometheus.NewDesc("autoglm_cuda_alloc_calls_total",
-		"Hooked CUDA allocation calls since attach, by API.", names("api"), nil)
-	d.cudaLiveBytesDesc = prometheus.NewDesc("autoglm_cuda_live_bytes",
-		"Bytes allocated through hooked CUDA calls and not freed.", names(), nil)
-	d.cudaFailuresDesc = prometheus.NewDesc("autoglm_cuda_alloc_failures_total",
-		"Failed CUDA allocation calls since attach, by API and error.", names("api", "error"), nil)
-	d.cudaUntrackedDesc = prometheus.NewDesc("autoglm_cuda_untracked_bytes",
-		"Device memory NVML reports for the process minus the bytes the CUDA hooks see live.", names(), nil)
 	d.gpuUsedDesc = prometheus.NewDesc("autoglm_gpu_memory_used_bytes",
 		"Device memory in use on the GPU, per NVML; gpu=\"0/mig1\" is MIG device 1 of GPU 0, a device of its own.", []string{"gpu", "uuid"}, nil)
 	d.gpuTotalDesc = prometheus.NewDesc("autoglm_gpu_memory_total_bytes",
@@ -155,18 +118,27 @@ func newDescs(pods bool) *descs {
 	d.gpuEventsDesc = prometheus.NewDesc("autoglm_gpu_events_total",
 		"NVML events per device and type since the start: faults (xid, double_bit_ecc, ...), corrected errors and changes of state (single_bit_ecc, pstate, clock, ...); XIDs by number are in autoglm_gpu_xid_errors_total.",
 		[]string{"gpu", "uuid", "type"}, nil)
-	d.ctxSwitchesDesc = prometheus.NewDesc("autoglm_context_switches_total",
-		"Context switches of the process's threads since attach, by type (voluntary: blocked; involuntary: preempted).",
-		names("type"), nil)
-	d.runqLatencyDesc = prometheus.NewDesc("autoglm_runqueue_latency_seconds",
-		"Time the process's threads waited runnable for a CPU, from wake-up or preemption, since attach.",
-		names(), nil)
+	for _, sh := range model.Shows {
+		for _, vm := range sh.Metrics {
+			d.views = append(d.views, viewMetric{vm, prometheus.NewDesc(vm.Name, vm.Help, names(vm.Labels...), nil)})
+		}
+	}
 	return d
+}
+
+// viewMetric is a view's metric and its description.
+type viewMetric struct {
+	model.Metric
+	desc *prometheus.Desc
 }
 
 // all lists every description, for Describe.
 func (d *descs) all() []*prometheus.Desc {
-	return []*prometheus.Desc{d.openFDsDesc, d.fdLimitDesc, d.openedDesc, d.closedDesc, d.fdFailuresDesc, d.socketsDesc, d.socketFDsDesc, d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.trackFailuresDesc, d.viewUpDesc, d.bpfMemoryDesc, d.fdListingsDesc, d.fdCopiesDesc, d.fdDescribedDesc, d.fdDeferredDesc, d.fdReadsBoundDesc, d.shortLivedDesc, d.shortLivedFDsDesc, d.buildInfoDesc, d.cudaAllocBytesDesc, d.cudaFreeBytesDesc, d.cudaAllocCallsDesc, d.cudaLiveBytesDesc, d.cudaFailuresDesc, d.cudaUntrackedDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.gpuSMUtilDesc, d.gpuMemUtilDesc, d.gpuXIDDesc, d.gpuEventsDesc, d.ctxSwitchesDesc, d.runqLatencyDesc}
+	out := []*prometheus.Desc{d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.trackFailuresDesc, d.viewUpDesc, d.bpfMemoryDesc, d.fdListingsDesc, d.fdCopiesDesc, d.fdDescribedDesc, d.fdDeferredDesc, d.fdReadsBoundDesc, d.shortLivedDesc, d.shortLivedFDsDesc, d.buildInfoDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.gpuSMUtilDesc, d.gpuMemUtilDesc, d.gpuXIDDesc, d.gpuEventsDesc}
+	for _, v := range d.views {
+		out = append(out, v.desc)
+	}
+	return out
 }
 
 // Metrics is a sink that serves the latest snapshot to Prometheus.
@@ -191,16 +163,26 @@ type Metrics struct {
 	gone map[int]time.Time
 }
 
-// procCounts are the high-water marks of one process's counters; a map is
-// nil where the process has no such series.
+// procCounts are the high-water marks of one process's counters, by
+// view metric and label values.
 type procCounts struct {
-	opened, closed map[string]uint64 // by fd kind
-	failed         map[string]uint64 // fd creation failures by errno
-	switches       map[string]uint64 // context switches by type
-	cuda           *cudaCounts
+	counters map[seriesKey]counter
 	// exited: served this once (see current); the state goes, so that a
 	// reused pid starts from its own counts.
 	exited bool
+}
+
+// seriesKey is one series of a process: a view metric (its index in
+// descs.views) and its label values joined by NUL.
+type seriesKey struct {
+	metric int
+	labels string
+}
+
+// counter is a counter series' label values and high-water mark.
+type counter struct {
+	labels []string
+	v      float64
 }
 
 // findingID identifies one finding across snapshots, as detectors do.
@@ -344,23 +326,18 @@ func (m *Metrics) account(s *model.Snapshot) {
 		if prev == nil || prev.exited {
 			prev = &procCounts{}
 		}
-		c := &procCounts{
-			opened: raise(prev.opened, p.FD.Opened),
-			closed: raise(prev.closed, p.FD.Closed),
-			exited: p.Exited,
+		c := &procCounts{counters: maps.Clone(prev.counters), exited: p.Exited}
+		if c.counters == nil {
+			c.counters = map[seriesKey]counter{}
 		}
-		// Set by the fd concern with every errno, zeros included.
-		if p.FD.Failed != nil {
-			c.failed = raise(prev.failed, p.FD.Failed)
-		}
-		// The sched concern always sets the bounds: without them it did
-		// not observe this process, and zeros would be made up.
-		if len(p.Sched.RunqLatency.Bounds) > 0 {
-			c.switches = raise(prev.switches, map[string]uint64{"voluntary": p.Sched.Voluntary, "involuntary": p.Sched.Involuntary})
-		}
-		// Only processes with CUDA activity get CUDA series: fewer series.
-		if p.CUDA.Active() {
-			c.cuda = raiseCUDA(prev.cuda, &p.CUDA)
+		for i, vm := range m.d.views {
+			if vm.Type != model.CounterMetric {
+				continue
+			}
+			vm.Samples(p, func(v float64, labels ...string) {
+				k := seriesKey{i, strings.Join(labels, "\x00")}
+				c.counters[k] = counter{labels, max(c.counters[k].v, v)}
+			})
 		}
 		counts[p.PID] = c
 	}
@@ -383,9 +360,8 @@ func (m *Metrics) render() []prometheus.Metric {
 	out := []prometheus.Metric{m.buildInfo}
 	s := m.latest
 	if s != nil {
-		out = m.processSeries(s, out)
-		out = m.cudaSeries(s, out)
-		out = m.schedSeries(s, out)
+		out = m.viewSeries(s, out)
+		out = m.gpuSeries(s, out)
 		out = m.findingSeries(s, out)
 	}
 	for src, n := range m.lost {
@@ -423,40 +399,25 @@ func (m *Metrics) render() []prometheus.Metric {
 	return out
 }
 
-func (m *Metrics) processSeries(s *model.Snapshot, out []prometheus.Metric) []prometheus.Metric {
+// viewSeries appends the views' series of s's processes. The caller holds
+// m.mu.
+func (m *Metrics) viewSeries(s *model.Snapshot, out []prometheus.Metric) []prometheus.Metric {
 	for _, p := range s.Processes {
 		id := m.procLabels(p)
-		out = append(out,
-			constMetric(m.d.openFDsDesc, prometheus.GaugeValue, float64(p.FD.Open), id...),
-			constMetric(m.d.fdLimitDesc, prometheus.GaugeValue, float64(p.FD.Limit), id...))
-		c := m.counts[p.PID]
-		for kind, n := range c.opened {
-			out = append(out, constMetric(m.d.openedDesc, prometheus.CounterValue, float64(n), with(id, label(kind))...))
+		for _, vm := range m.d.views {
+			switch vm.Type {
+			case model.GaugeMetric:
+				vm.Samples(p, func(v float64, labels ...string) {
+					out = append(out, constMetric(vm.desc, prometheus.GaugeValue, v, with(id, labels...)...))
+				})
+			case model.HistogramMetric:
+				if h, ok := vm.Histogram(p); ok {
+					out = append(out, runqHistogram(vm.desc, h, p.Started, m.classic, id...))
+				}
+			}
 		}
-		for kind, n := range c.closed {
-			out = append(out, constMetric(m.d.closedDesc, prometheus.CounterValue, float64(n), with(id, label(kind))...))
-		}
-		for errno, n := range c.failed {
-			out = append(out, constMetric(m.d.fdFailuresDesc, prometheus.CounterValue, float64(n), with(id, label(errno))...))
-		}
-		out = m.socketSeries(p, id, out)
-	}
-	return out
-}
-
-// socketSeries exports the socket view of p when the socket concern filled
-// it: the TCP states it holds sockets in (a process has a few of the twelve,
-// and zeros would be most of the node's series: a state it no longer holds
-// goes stale), and every socket kind, zeros included.
-func (m *Metrics) socketSeries(p *model.Process, id []string, out []prometheus.Metric) []prometheus.Metric {
-	for _, st := range model.TCPStates {
-		if n := p.Sock.TCPByState[st]; n > 0 {
-			out = append(out, constMetric(m.d.socketsDesc, prometheus.GaugeValue, float64(n), with(id, st)...))
-		}
-	}
-	if p.Sock.ByKind != nil {
-		for _, k := range model.SockKinds {
-			out = append(out, constMetric(m.d.socketFDsDesc, prometheus.GaugeValue, float64(p.Sock.ByKind[k]), with(id, k)...))
+		for k, c := range m.counts[p.PID].counters {
+			out = append(out, constMetric(m.d.views[k.metric].desc, prometheus.CounterValue, c.v, with(id, c.labels...)...))
 		}
 	}
 	return out
@@ -511,18 +472,6 @@ func (m *Metrics) findingSeries(s *model.Snapshot, out []prometheus.Metric) []pr
 	return out
 }
 
-// raise returns the element-wise maximum of prev and cur as a new map.
-func raise(prev, cur map[string]uint64) map[string]uint64 {
-	out := make(map[string]uint64, len(cur))
-	for k, v := range prev {
-		out[k] = v
-	}
-	for k, v := range cur {
-		out[k] = max(out[k], v)
-	}
-	return out
-}
-
 // procNames are the labels of every per-process series, then extra: the pid
 // and comm, and with pods, the pod's namespace, name, container name (from
 // the API server) and pod UID and container id (from the process's cgroup).
@@ -544,9 +493,14 @@ func (m *Metrics) procLabels(p *model.Process) []string {
 	return id
 }
 
-// with returns id followed by extra, in a new slice.
+// with returns id followed by extra, made valid label values, in a new
+// slice.
 func with(id []string, extra ...string) []string {
-	return append(slices.Clone(id), extra...)
+	out := slices.Clone(id)
+	for _, e := range extra {
+		out = append(out, label(e))
+	}
+	return out
 }
 
 func constMetric(d *prometheus.Desc, t prometheus.ValueType, v float64, labels ...string) prometheus.Metric {

@@ -26,7 +26,10 @@ type CUDAStats struct {
 	FreeBytes      map[string]uint64 // bytes freed since attach, by API (monotonic)
 	AllocCalls     map[string]uint64 // allocation calls since attach, by API (monotonic)
 	Calls          map[string]uint64 // every hooked call since attach, frees and cuMemMap/cuMemUnmap included, by API (monotonic)
-	Failures       []CUDAFailure     // failed allocation calls since attach
+	Failures       []CUDAFailure     // failed allocation calls since attach: the latest 1000
+	// FailedCalls counts every failed allocation call since attach, by
+	// API and error (monotonic).
+	FailedCalls map[CUDAFailureKind]uint64
 	Sites          []CUDASite        // call sites: most live bytes first, then most allocated since the previous poll
 	NVMLUsedBytes  uint64            // the GPU's own figure for this process (0 when NVML is absent)
 	// The least and most of NVML's samples (every --gpu-interval) since
@@ -59,6 +62,9 @@ func (c *CUDAStats) Active() bool {
 	}
 	return len(c.Libraries) > 0 || c.LiveBytes > 0 || len(c.Failures) > 0 || n > 0 || len(c.GPUUtil) > 0
 }
+
+// CUDAFailureKind is an API and the error one of its calls failed with.
+type CUDAFailureKind struct{ API, Error string }
 
 // CUDAFailure is one failed allocation.
 type CUDAFailure struct {

@@ -1,8 +1,8 @@
 package model
 
 // What a view shows of each process besides its findings, declared with
-// the view's data so that the sinks need no code of their own for it: the
-// figures pkg/history records at every poll, the charts the HTML report
+// the view's data so that the sinks need no code of their own for it: its
+// series on /metrics, the figures pkg/history records at every poll, the charts the HTML report
 // draws from them, and its part of the terminal view. Shows lists every
 // view's; a new view adds its Shown there.
 
@@ -103,6 +103,7 @@ type Column struct {
 // Shown is what one view shows of each process besides its findings.
 type Shown struct {
 	View    string // as in Views
+	Metrics []Metric
 	Figures []Figure
 	Charts  []Chart
 	Columns []Column
@@ -124,4 +125,31 @@ func Figures() []Figure {
 		out = append(out, s.Figures...)
 	}
 	return out
+}
+
+// MetricType is the type of a view's metric on /metrics.
+type MetricType int
+
+const (
+	// CounterMetric is monotonic: /metrics never shows it lower than it
+	// did for the process (a source handing over less is not a reset).
+	CounterMetric MetricType = iota
+	GaugeMetric
+	// HistogramMetric is a cumulative histogram whose bounds are powers
+	// of two of a second, exported as a native histogram.
+	HistogramMetric
+)
+
+// Metric is a per-process metric a view exports on /metrics: its series
+// carry the process's labels, then Labels.
+type Metric struct {
+	Name, Help string
+	Type       MetricType
+	Labels     []string
+	// Samples calls add with each of p's values and the values of Labels;
+	// nothing when the view did not observe p (p then has no series).
+	Samples func(p *Process, add func(v float64, labels ...string))
+	// Histogram is p's histogram, for a HistogramMetric; false when the
+	// view did not observe p.
+	Histogram func(p *Process) (Histogram, bool)
 }

@@ -37,6 +37,20 @@ const (
 
 var fdShown = Shown{
 	View: "fd",
+	Metrics: []Metric{
+		{Name: "autoglm_open_fds", Help: "Live file descriptors of the process.", Type: GaugeMetric,
+			Samples: func(p *Process, add func(float64, ...string)) { add(float64(p.FD.Open)) }},
+		{Name: "autoglm_fd_limit", Help: "Soft RLIMIT_NOFILE of the process.", Type: GaugeMetric,
+			Samples: func(p *Process, add func(float64, ...string)) { add(float64(p.FD.Limit)) }},
+		{Name: "autoglm_fds_opened_total", Help: "File descriptors created since attach, by kind.", Type: CounterMetric, Labels: []string{"kind"},
+			Samples: func(p *Process, add func(float64, ...string)) { each(p.FD.Opened, add) }},
+		{Name: "autoglm_fds_closed_total", Help: "File descriptors released since attach, by kind.", Type: CounterMetric, Labels: []string{"kind"},
+			Samples: func(p *Process, add func(float64, ...string)) { each(p.FD.Closed, add) }},
+		// Set by the fd view with every errno, zeros included.
+		{Name: "autoglm_fd_create_failures_total", Help: "fd-creating calls that failed since attach because the process (EMFILE) or the system (ENFILE) was out of fds.",
+			Type: CounterMetric, Labels: []string{"errno"},
+			Samples: func(p *Process, add func(float64, ...string)) { each(p.FD.Failed, add) }},
+	},
 	Figures: []Figure{
 		{Name: SeriesOpenFDs, Unit: UnitFDs, Kind: Gauge, Value: func(p *Process) (Range, bool) { return At(float64(p.FD.Open)), true }},
 		{Name: SeriesFDsOpened, Unit: UnitFDRate, Kind: Rate, Value: func(p *Process) (Range, bool) { return At(float64(Sum(p.FD.Opened))), true }},
@@ -51,8 +65,24 @@ var fdShown = Shown{
 	},
 }
 
+// observed says whether the sched view observed p: it always sets the
+// bounds, and without them zeros would be made up.
+func observed(p *Process) bool { return len(p.Sched.RunqLatency.Bounds) > 0 }
+
 var schedShown = Shown{
 	View: "sched",
+	Metrics: []Metric{
+		{Name: "autoglm_context_switches_total", Help: "Context switches of the process's threads since attach, by type (voluntary: blocked; involuntary: preempted).",
+			Type: CounterMetric, Labels: []string{"type"},
+			Samples: func(p *Process, add func(float64, ...string)) {
+				if observed(p) {
+					add(float64(p.Sched.Voluntary), "voluntary")
+					add(float64(p.Sched.Involuntary), "involuntary")
+				}
+			}},
+		{Name: "autoglm_runqueue_latency_seconds", Help: "Time the process's threads waited runnable for a CPU, from wake-up or preemption, since attach.",
+			Type: HistogramMetric, Histogram: func(p *Process) (Histogram, bool) { return p.Sched.RunqLatency, observed(p) }},
+	},
 	Figures: []Figure{
 		{Name: SeriesVoluntarySwitches, Unit: UnitSwitches, Kind: Rate, Value: func(p *Process) (Range, bool) { return At(float64(p.Sched.Voluntary)), true }},
 		{Name: SeriesInvoluntarySwitches, Unit: UnitSwitches, Kind: Rate, Value: func(p *Process) (Range, bool) { return At(float64(p.Sched.Involuntary)), true }},
@@ -70,6 +100,28 @@ var schedShown = Shown{
 
 var sockShown = Shown{
 	View: "sock",
+	Metrics: []Metric{
+		// The states it holds sockets in: a process has a few of the
+		// twelve, and zeros would be most of the node's series (a state it
+		// no longer holds goes stale).
+		{Name: "autoglm_sockets", Help: "TCP sockets the process holds, by state; states it holds none in are left out.", Type: GaugeMetric, Labels: []string{"state"},
+			Samples: func(p *Process, add func(float64, ...string)) {
+				for _, st := range TCPStates {
+					if n := p.Sock.TCPByState[st]; n > 0 {
+						add(float64(n), st)
+					}
+				}
+			}},
+		// Every kind, zeros included, once the view filled them.
+		{Name: "autoglm_socket_fds", Help: "Socket file descriptors of the process, by kind (tcp, udp, unix, other).", Type: GaugeMetric, Labels: []string{"kind"},
+			Samples: func(p *Process, add func(float64, ...string)) {
+				if p.Sock.ByKind != nil {
+					for _, k := range SockKinds {
+						add(float64(p.Sock.ByKind[k]), k)
+					}
+				}
+			}},
+	},
 	Figures: []Figure{
 		{Name: SeriesTCPPrefix, Unit: UnitSockets, Kind: Gauge, Members: func(p *Process) map[string]int { return p.Sock.TCPByState }},
 	},
@@ -94,8 +146,40 @@ func tcpLines() []Line {
 	return out
 }
 
+// cudaSamples adds p's values from of, only for processes with CUDA
+// activity: fewer series.
+func cudaSamples(of func(c *CUDAStats, add func(float64, ...string))) func(*Process, func(float64, ...string)) {
+	return func(p *Process, add func(float64, ...string)) {
+		if p.CUDA.Active() {
+			of(&p.CUDA, add)
+		}
+	}
+}
+
 var cudaShown = Shown{
 	View: "cuda",
+	Metrics: []Metric{
+		{Name: "autoglm_cuda_alloc_bytes_total", Help: "Bytes allocated through hooked CUDA calls since attach, by API.", Type: CounterMetric, Labels: []string{"api"},
+			Samples: cudaSamples(func(c *CUDAStats, add func(float64, ...string)) { each(c.AllocBytes, add) })},
+		{Name: "autoglm_cuda_free_bytes_total", Help: "Bytes freed through hooked CUDA calls since attach, by API.", Type: CounterMetric, Labels: []string{"api"},
+			Samples: cudaSamples(func(c *CUDAStats, add func(float64, ...string)) { each(c.FreeBytes, add) })},
+		{Name: "autoglm_cuda_alloc_calls_total", Help: "Hooked CUDA allocation calls since attach, by API.", Type: CounterMetric, Labels: []string{"api"},
+			Samples: cudaSamples(func(c *CUDAStats, add func(float64, ...string)) { each(c.AllocCalls, add) })},
+		{Name: "autoglm_cuda_live_bytes", Help: "Bytes allocated through hooked CUDA calls and not freed.", Type: GaugeMetric,
+			Samples: cudaSamples(func(c *CUDAStats, add func(float64, ...string)) { add(float64(c.LiveBytes)) })},
+		{Name: "autoglm_cuda_alloc_failures_total", Help: "Failed CUDA allocation calls since attach, by API and error.", Type: CounterMetric, Labels: []string{"api", "error"},
+			Samples: cudaSamples(func(c *CUDAStats, add func(float64, ...string)) {
+				for k, n := range c.FailedCalls {
+					add(float64(n), k.API, k.Error)
+				}
+			})},
+		{Name: "autoglm_cuda_untracked_bytes", Help: "Device memory NVML reports for the process minus the bytes the CUDA hooks see live.", Type: GaugeMetric,
+			Samples: cudaSamples(func(c *CUDAStats, add func(float64, ...string)) {
+				if c.HasNVML {
+					add(float64(c.UntrackedBytes))
+				}
+			})},
+	},
 	Figures: []Figure{
 		// The kernel's mark is at least the live bytes at this poll; the
 		// least is known at polls only.
@@ -170,6 +254,13 @@ func meanUtil(p *Process, of func(GPUUtil) float64) (Range, bool) {
 		sum += of(u)
 	}
 	return At(sum / float64(n)), true
+}
+
+// each adds every count of m, labelled with its key.
+func each(m map[string]uint64, add func(float64, ...string)) {
+	for k, n := range m {
+		add(float64(n), k)
+	}
 }
 
 // Sum adds up a map of counts.

@@ -11,23 +11,6 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
-// schedSeries appends the scheduler series of s's processes. The caller
-// holds m.mu.
-func (m *Metrics) schedSeries(s *model.Snapshot, out []prometheus.Metric) []prometheus.Metric {
-	for _, p := range s.Processes {
-		c := m.counts[p.PID]
-		if c.switches == nil {
-			continue // not observed by the sched concern (see account)
-		}
-		id := m.procLabels(p)
-		for typ, n := range c.switches {
-			out = append(out, constMetric(m.d.ctxSwitchesDesc, prometheus.CounterValue, float64(n), with(id, typ)...))
-		}
-		out = append(out, runqHistogram(m.d.runqLatencyDesc, p.Sched.RunqLatency, p.Started, m.classic, id...))
-	}
-	return out
-}
-
 // RunqueueBuckets are the classic buckets of the run-queue histogram when
 // Options.RunqueueClassicBuckets asks for them: a few powers of two of a
 // second (kernel slot bounds, so the counts are exact) from about 120 µs to
