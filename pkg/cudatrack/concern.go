@@ -24,8 +24,8 @@ type Concern struct {
 	topSites int
 	failures map[int][]model.CUDAFailure
 	failed   map[int]map[model.CUDAFailureKind]uint64 // every failure, counted
-	frames   map[int]map[stacks.Site][]model.Frame // by pid: a process forgotten drops its own
-	counts   map[int]map[stacks.Site]stacks.Counts // by pid: as of the previous poll
+	frames   map[int]map[stacks.Site][]model.Frame    // by pid: a process forgotten drops its own
+	counts   map[int]map[stacks.Site]stacks.Counts    // by pid: as of the previous poll
 }
 
 // New loads the CUDA BPF object.

@@ -31,24 +31,24 @@ import (
 // descs are the metric descriptions of one Metrics: the per-process label
 // set depends on whether pod labels are exported.
 type descs struct {
-	findingDesc        *prometheus.Desc
-	findingCauseDesc   *prometheus.Desc
-	findingsTotalDesc  *prometheus.Desc
-	lostDesc           *prometheus.Desc
-	trackFailuresDesc  *prometheus.Desc
-	viewUpDesc         *prometheus.Desc
-	bpfMemoryDesc      *prometheus.Desc
-	fdListingsDesc     *prometheus.Desc
-	fdCopiesDesc       *prometheus.Desc
-	fdDescribedDesc    *prometheus.Desc
-	fdDeferredDesc     *prometheus.Desc
-	fdReadsBoundDesc   *prometheus.Desc
-	shortLivedDesc     *prometheus.Desc
-	shortLivedFDsDesc  *prometheus.Desc
-	buildInfoDesc      *prometheus.Desc
+	findingDesc       *prometheus.Desc
+	findingCauseDesc  *prometheus.Desc
+	findingsTotalDesc *prometheus.Desc
+	lostDesc          *prometheus.Desc
+	trackFailuresDesc *prometheus.Desc
+	viewUpDesc        *prometheus.Desc
+	bpfMemoryDesc     *prometheus.Desc
+	fdListingsDesc    *prometheus.Desc
+	fdCopiesDesc      *prometheus.Desc
+	fdDescribedDesc   *prometheus.Desc
+	fdDeferredDesc    *prometheus.Desc
+	fdReadsBoundDesc  *prometheus.Desc
+	shortLivedDesc    *prometheus.Desc
+	shortLivedFDsDesc *prometheus.Desc
+	buildInfoDesc     *prometheus.Desc
 	// views are the views' per-process metrics (model.Shows), each with
 	// its description.
-	views []viewMetric
+	views              []viewMetric
 	gpuUsedDesc        *prometheus.Desc
 	gpuTotalDesc       *prometheus.Desc
 	gpuUtilDesc        *prometheus.Desc

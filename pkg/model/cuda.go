@@ -29,9 +29,9 @@ type CUDAStats struct {
 	Failures       []CUDAFailure     // failed allocation calls since attach: the latest 1000
 	// FailedCalls counts every failed allocation call since attach, by
 	// API and error (monotonic).
-	FailedCalls map[CUDAFailureKind]uint64
-	Sites          []CUDASite        // call sites: most live bytes first, then most allocated since the previous poll
-	NVMLUsedBytes  uint64            // the GPU's own figure for this process (0 when NVML is absent)
+	FailedCalls   map[CUDAFailureKind]uint64
+	Sites         []CUDASite // call sites: most live bytes first, then most allocated since the previous poll
+	NVMLUsedBytes uint64     // the GPU's own figure for this process (0 when NVML is absent)
 	// The least and most of NVML's samples (every --gpu-interval) since
 	// the previous poll, NVMLUsedBytes among them.
 	NVMLMinBytes, NVMLMaxBytes uint64
