@@ -1,6 +1,9 @@
 package model
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // Finding kinds of the CUDA view, as they appear in reports, metrics and
 // --fail-on.
@@ -121,6 +124,31 @@ type BurstSite struct {
 
 func (e GPUAllocBurstEvidence) EvidenceKind() string { return KindGPUAllocBurst }
 
+func (e GPUAllocBurstEvidence) Card(c Card) {
+	c.Bytes("burst_bytes", "burst", e.BurstBytes)
+	c.Bytes("peak_live_bytes", "peak live", e.PeakLiveBytes)
+	c.Bytes("largest_burst_bytes", "largest burst", e.LargestBurstBytes)
+	c.Bytes("largest_peak_live_bytes", "largest peak live", e.LargestPeakLiveBytes)
+	c.Bytes("live_bytes", "live now", e.LiveBytes)
+	if e.NearFull != nil {
+		c.Text("near_full", "near full", *e.NearFull)
+	}
+	c.Count("occurrences", "occurrences", e.Occurrences)
+	if e.PeriodSeconds != nil {
+		c.Duration("period_seconds", "period", *e.PeriodSeconds)
+	}
+	c.Bytes("bytes_in_window", "allocated in its interval", e.BytesInWindow)
+	c.CountUint64("calls_in_window", "calls in its interval", e.CallsInWindow)
+	c.Duration("window_seconds", "window", e.WindowSeconds)
+	c.MeanBytes("baseline_bytes_mean", "baseline rise", e.BaselineBytesMean, e.BaselineBytesStddev)
+	c.YesNo("startup_step", "start-up step", e.StartupStep)
+	var sites []Row
+	for _, s := range e.TopSites {
+		sites = append(sites, Row{Cells: []Cell{BytesCell(s.Bytes), ShareCell(s.Share)}, Stack: s.Stack})
+	}
+	c.Table("top_sites", "top sites", []string{"allocated", "share"}, sites)
+}
+
 // GPUMemoryLeakEvidence is a gpu_memory_leak's evidence.
 type GPUMemoryLeakEvidence struct {
 	AllocBytesSinceAttach uint64  `json:"alloc_bytes_since_attach"`
@@ -161,6 +189,64 @@ type GPULeakSite struct {
 
 func (e GPUMemoryLeakEvidence) EvidenceKind() string { return KindGPUMemoryLeak }
 
+func (e GPUMemoryLeakEvidence) Card(c Card) {
+	c.Bytes("live_bytes", "live", e.LiveBytes)
+	c.Count("live_allocations", "live allocations", e.LiveAllocations)
+	c.BytesRate("growth_bytes_per_second", "growth", e.GrowthBytesPerSecond)
+	if e.TimeToExhaustionSeconds != nil {
+		c.Duration("time_to_exhaustion_seconds", "time to exhaustion", *e.TimeToExhaustionSeconds)
+	}
+	if e.HeadroomBytes != nil {
+		var of string
+		if e.HeadroomOf != nil {
+			of = *e.HeadroomOf
+		}
+		c.BytesOf("headroom_bytes", "headroom", *e.HeadroomBytes, of)
+	}
+	c.Duration("window_seconds", "window", e.WindowSeconds)
+	c.Duration("time_scale_seconds", "time scale", e.TimeScaleSeconds)
+	if e.MinAgeSeconds != nil {
+		c.Duration("min_age_seconds", "min age", *e.MinAgeSeconds)
+	}
+	if e.OldBytesAtTopSite != nil {
+		c.SignedBytes("old_bytes_at_top_site", "old at top site", *e.OldBytesAtTopSite)
+	}
+	if e.NVMLUsedBytes != nil {
+		c.Bytes("nvml_used_bytes", "NVML used", *e.NVMLUsedBytes)
+	}
+	if e.UntrackedBytes != nil {
+		c.SignedBytes("untracked_bytes", "untracked", *e.UntrackedBytes)
+	}
+	c.Bytes("alloc_bytes_since_attach", "allocated since attach", e.AllocBytesSinceAttach)
+	c.Bytes("free_bytes_since_attach", "freed since attach", e.FreeBytesSinceAttach)
+	// Kept and old-growth columns where some site has them (they depend
+	// on the scale).
+	var kept, growth bool
+	for _, s := range e.TopSites {
+		kept = kept || s.KeptAllocations != nil || s.KeptBytes != nil
+		growth = growth || s.OldBytesGrowth != nil
+	}
+	head := []string{"live", "allocations", "old", "oldest"}
+	if kept {
+		head = append(head, "kept", "kept allocations")
+	}
+	if growth {
+		head = append(head, "old growth")
+	}
+	var sites []Row
+	for _, s := range e.TopSites {
+		cells := []Cell{BytesCell(s.Bytes), CountCell(s.Allocations), SignedBytesCell(s.OldBytes), DurationCell(s.OldestAgeSeconds)}
+		if kept {
+			cells = append(cells, optionalCell(s.KeptBytes, BytesCell), optionalCell(s.KeptAllocations, CountCell))
+		}
+		if growth {
+			cells = append(cells, optionalCell(s.OldBytesGrowth, BytesChangeCell))
+		}
+		sites = append(sites, Row{Cells: cells, Stack: s.Stack})
+	}
+	c.Table("top_sites", "top sites", head, sites)
+}
+
 // GPUAllocFailureEvidence is a gpu_alloc_failure's evidence.
 type GPUAllocFailureEvidence struct {
 	API          string    `json:"api"`
@@ -175,6 +261,17 @@ type GPUAllocFailureEvidence struct {
 }
 
 func (e GPUAllocFailureEvidence) EvidenceKind() string { return KindGPUAllocFailure }
+
+func (e GPUAllocFailureEvidence) Card(c Card) {
+	c.Text("api", "call", e.API)
+	c.Text("error", "error", fmt.Sprintf("%s (%d)", e.Error, e.Code))
+	c.Bytes("size_bytes", "size", e.SizeBytes)
+	c.Bytes("max_size_bytes", "largest size", e.MaxSizeBytes)
+	c.Count("count", "failures", e.Count)
+	c.Time("first_failure", "first", e.FirstFailure)
+	c.Time("last_failure", "last", e.LastFailure)
+	c.Bytes("live_bytes", "live", e.LiveBytes)
+}
 
 // GPUAllocChurnEvidence is a gpu_alloc_churn's evidence.
 type GPUAllocChurnEvidence struct {
@@ -194,6 +291,20 @@ type ChurnSite struct {
 }
 
 func (e GPUAllocChurnEvidence) EvidenceKind() string { return KindGPUAllocChurn }
+
+func (e GPUAllocChurnEvidence) Card(c Card) {
+	c.Rate("pairs_per_second", "alloc/free pairs", e.PairsPerSecond, "pairs/s")
+	c.Rate("max_pairs_per_second", "most pairs", e.MaxPairsPerSecond, "pairs/s")
+	c.BytesRate("bytes_per_second", "allocated", e.BytesPerSecond)
+	c.Bytes("held_bytes", "held at most", e.HeldBytes)
+	c.Bytes("live_bytes", "live", e.LiveBytes)
+	c.Counts("synchronizing_frees", "synchronizing frees", e.SynchronizingFrees)
+	var sites []Row
+	for _, s := range e.TopSites {
+		sites = append(sites, Row{Cells: []Cell{CountCell(s.CaughtLive)}, Stack: s.Stack})
+	}
+	c.Table("top_sites", "top sites", []string{"caught live"}, sites)
+}
 
 // The evidence of the view's kinds reads into their structs.
 func init() {

@@ -37,8 +37,9 @@ func (e RawEvidence) MarshalJSON() ([]byte, error) { return e.JSON.MarshalJSON()
 // registers those of its kinds.
 var evidenceDecoders = map[string]func([]byte) (Evidence, error){}
 
-// registerEvidence has the evidence of T's kind read into T.
-func registerEvidence[T Evidence]() {
+// registerEvidence has the evidence of T's kind read into T, and shown
+// as T's card says.
+func registerEvidence[T TypedEvidence]() {
 	var ev T
 	evidenceDecoders[ev.EvidenceKind()] = decodeEvidence[T]
 }

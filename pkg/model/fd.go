@@ -112,6 +112,29 @@ type LeakedTarget struct {
 
 func (e FDLeakEvidence) EvidenceKind() string { return KindFDLeak }
 
+func (e FDLeakEvidence) Card(c Card) {
+	c.Count("open_fds", "open fds", e.OpenFDs)
+	c.CountUint64("limit", "fd limit", e.Limit)
+	c.Rate("growth_fds_per_second", "growth", e.GrowthPerSecond, "fds/s")
+	if e.TimeToExhaustionSeconds != nil {
+		c.Duration("time_to_exhaustion_seconds", "time to limit", *e.TimeToExhaustionSeconds)
+	}
+	c.Duration("window_seconds", "window", e.WindowSeconds)
+	c.Duration("time_scale_seconds", "time scale", e.TimeScaleSeconds)
+	c.Counts("opened_by_kind", "opened", e.OpenedByKind)
+	c.Counts("closed_by_kind", "closed", e.ClosedByKind)
+	var sites []Row
+	for _, s := range e.TopSites {
+		sites = append(sites, Row{Cells: []Cell{CountCell(s.UnclosedFDs), ChangeCell(s.UnclosedFDsGrowth), DurationCell(s.OldestAgeSeconds)}, Stack: s.Stack})
+	}
+	c.Table("top_sites", "top sites", []string{"unclosed fds", "growth", "oldest"}, sites)
+	var targets []Row
+	for _, t := range e.LeakedTargets {
+		targets = append(targets, Row{Cells: []Cell{TextCell(t.Target), CountCell(t.FDs)}})
+	}
+	c.Table("leaked_targets", "leaked fds point at", []string{"target", "fds"}, targets)
+}
+
 // FDExhaustedEvidence is an fd_exhausted's evidence.
 type FDExhaustedEvidence struct {
 	AtLimit         bool   `json:"at_limit"`
@@ -142,6 +165,26 @@ type FDHoldingSite struct {
 }
 
 func (e FDExhaustedEvidence) EvidenceKind() string { return KindFDExhausted }
+
+func (e FDExhaustedEvidence) Card(c Card) {
+	c.Count("open_fds", "open fds", e.OpenFDs)
+	c.CountUint64("limit", "fd limit", e.Limit)
+	c.YesNo("at_limit", "at the limit", e.AtLimit)
+	c.YesNo("at_limit_at_attach", "at the limit at attach", e.AtLimitAtAttach)
+	c.Text("errno", "errno", e.Errno)
+	c.Counts("failures_total", "failed calls", e.FailuresTotal)
+	c.Rate("failures_per_second", "failures", e.FailuresPerSecond, "calls/s")
+	c.Count("unattributed_fds", "fds without a site", e.UnattributedFDs)
+	if f := e.FailingCall; f != nil {
+		c.Table("failing_call", "failing call", []string{"fd kind", "when"},
+			[]Row{{Cells: []Cell{TextCell(f.Kind), AgoCell(f.SecondsAgo)}, Stack: f.Stack}})
+	}
+	var sites []Row
+	for _, s := range e.TopSites {
+		sites = append(sites, Row{Cells: []Cell{CountCell(s.FDs), DurationCell(s.OldestAgeSeconds)}, Stack: s.Stack})
+	}
+	c.Table("top_sites", "top sites", []string{"fds", "oldest"}, sites)
+}
 
 // The evidence of the view's kinds reads into their structs.
 func init() {

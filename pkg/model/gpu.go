@@ -1,7 +1,9 @@
 package model
 
 import (
+	"fmt"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -142,6 +144,12 @@ type GPUXIDEvidence struct {
 
 func (e GPUXIDEvidence) EvidenceKind() string { return KindGPUXID }
 
+func (e GPUXIDEvidence) Card(c Card) {
+	c.CountUint64("xid", "XID", e.XID)
+	c.Text("meaning", "meaning", e.Meaning)
+	gpuFaultCard(c, e.Device, e.UUID, e.Count, e.FirstAt, e.LastAt, e.MIGInstances)
+}
+
 // GPUECCEvidence is a gpu_ecc_error's evidence.
 type GPUECCEvidence struct {
 	Count        int           `json:"count"`
@@ -159,6 +167,25 @@ type MIGInstance struct {
 }
 
 func (e GPUECCEvidence) EvidenceKind() string { return KindGPUECCError }
+
+func (e GPUECCEvidence) Card(c Card) {
+	gpuFaultCard(c, e.Device, e.UUID, e.Count, e.FirstAt, e.LastAt, e.MIGInstances)
+}
+
+// gpuFaultCard writes what the cards of a device's faults (XID and ECC
+// errors) share: the device, how often and when, on which MIG instances.
+func gpuFaultCard(c Card, device int, uuid string, count int, first, last time.Time, mig []MIGInstance) {
+	c.Count("device", "device", device)
+	c.Text("uuid", "uuid", uuid)
+	c.Count("count", "count", count)
+	c.Time("first_at", "first", first)
+	c.Time("last_at", "last", last)
+	var inst []string
+	for _, m := range mig {
+		inst = append(inst, fmt.Sprintf("GI %d CI %d", m.GPUInstance, m.ComputeInstance))
+	}
+	c.Text("mig_instances", "MIG instances", strings.Join(inst, ", "))
+}
 
 // GPUInputBoundEvidence is a gpu_input_bound's evidence.
 type GPUInputBoundEvidence struct {
@@ -188,6 +215,22 @@ type WaitingThread struct {
 }
 
 func (e GPUInputBoundEvidence) EvidenceKind() string { return KindGPUInputBound }
+
+func (e GPUInputBoundEvidence) Card(c Card) {
+	c.Text("verdict", "verdict", e.Verdict)
+	c.Share("sm_utilization_mean", "SM utilization", e.SMUtilizationMean)
+	c.Share("starved_share", "intervals starved", e.StarvedShare)
+	c.Duration("window_seconds", "window", e.WindowSeconds)
+	var waiting []Row
+	for _, w := range e.Waiting {
+		var lines []string
+		for _, t := range w.Threads {
+			lines = append(lines, fmt.Sprintf("%s (tid %d) preempted %d times", t.Name, t.TID, t.Preempted))
+		}
+		waiting = append(waiting, Row{Cells: []Cell{CountCell(w.PID), TextCell(w.Comm), TextCell(w.Role), DurationCell(w.RunqP99Seconds), CountCell(w.AllowedCPUs)}, Lines: lines})
+	}
+	c.Table("waiting", "waiting for a CPU", []string{"pid", "comm", "role", "run-queue p99", "CPUs"}, waiting)
+}
 
 // The evidence of the view's kinds reads into their structs.
 func init() {

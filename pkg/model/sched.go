@@ -50,6 +50,29 @@ type ThreadRate struct {
 
 func (e CtxSwitchStormEvidence) EvidenceKind() string { return KindCtxSwitchStorm }
 
+func (e CtxSwitchStormEvidence) Card(c Card) {
+	c.Rate("rate_per_second", "rate", e.RatePerSecond, "switches/s")
+	c.Rate("voluntary_per_second", "voluntary", e.VoluntaryPerSecond, "switches/s")
+	c.Rate("involuntary_per_second", "involuntary", e.InvoluntaryPerSecond, "switches/s")
+	c.Share("voluntary_ratio", "voluntary share", e.VoluntaryRatio)
+	c.Rate("threshold_per_second", "storm threshold", e.ThresholdPerSecond, "switches/s")
+	if e.BaselineMean != nil {
+		c.Rate("baseline_mean", "baseline", *e.BaselineMean, "switches/s")
+	}
+	c.Count("threads", "threads", e.Threads)
+	c.Count("allowed_cpus", "allowed CPUs", e.AllowedCPUs)
+	if e.RunqueueP99Seconds != nil {
+		c.Duration("runqueue_p99_seconds", "run-queue p99", *e.RunqueueP99Seconds)
+	}
+	c.Duration("runqueue_window_seconds", "run-queue window", e.RunqueueWindowSeconds)
+	c.Text("hint", "hint", e.Hint)
+	var threads []Row
+	for _, t := range e.TopThreads {
+		threads = append(threads, Row{Cells: []Cell{CountCell(t.TID), TextCell(t.Name), RateCell(t.Rate, "switches/s")}})
+	}
+	c.Table("top_threads", "top threads", []string{"tid", "name", "rate"}, threads)
+}
+
 // The evidence of the view's kinds reads into their structs.
 func init() {
 	registerEvidence[CtxSwitchStormEvidence]()

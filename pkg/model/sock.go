@@ -1,6 +1,9 @@
 package model
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // Finding kinds of the socket view, as they appear in reports, metrics and
 // --fail-on.
@@ -72,6 +75,37 @@ type FDGrowth struct {
 }
 
 func (e SocketLeakEvidence) EvidenceKind() string { return KindSocketLeak }
+
+func (e SocketLeakEvidence) Card(c Card) {
+	c.Count("close_wait", "CLOSE_WAIT sockets", e.CloseWait)
+	c.Count("close_wait_older_than_min", "older than min age", e.CloseWaitOlderThanMin)
+	c.Duration("min_age_seconds", "min age", e.MinAgeSeconds)
+	c.Duration("oldest_close_wait_seconds", "oldest CLOSE_WAIT", e.OldestCloseWaitSeconds)
+	c.Rate("growth_per_second", "growth", e.GrowthPerSecond, "sockets/s")
+	c.Duration("window_seconds", "window", e.WindowSeconds)
+	c.CountUint64("fd_limit", "fd limit", e.FDLimit)
+	if e.TimeToFDLimitSeconds != nil {
+		c.Duration("time_to_fd_limit_seconds", "time to fd limit", *e.TimeToFDLimitSeconds)
+	}
+	c.CountsInt("tcp_by_state", "TCP by state", e.TCPByState)
+	c.Count("opening_stack_sockets", "sockets with their opening stack", e.OpeningStackSockets)
+	if g := e.FDGrowth; g != nil {
+		c.Phrase("fd_growth", "fd leak explained", func(p Card) {
+			p.Rate("growth_fds_per_second", "", g.GrowthPerSecond, "fds/s")
+			p.Text("open_fds", "", fmt.Sprintf("%d of %d open", g.OpenFDs, g.Limit))
+			if g.TimeToExhaustionSeconds != nil {
+				p.Duration("time_to_exhaustion_seconds", "limit in", *g.TimeToExhaustionSeconds)
+			}
+			p.Duration("window_seconds", "over", g.WindowSeconds)
+			p.Time("fd_leak_first_seen", "since", g.FDLeakFirstSeen)
+		})
+	}
+	var pairs []Row
+	for _, p := range e.TopPairs {
+		pairs = append(pairs, Row{Cells: []Cell{TextCell(p.Local), TextCell(p.Remote), CountCell(p.Count)}})
+	}
+	c.Table("top_pairs", "CLOSE_WAIT by address pair", []string{"local", "remote", "sockets"}, pairs)
+}
 
 // The evidence of the view's kinds reads into their structs.
 func init() {

@@ -2,7 +2,6 @@ package report
 
 import (
 	"bytes"
-	"cmp"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -55,278 +54,133 @@ func evidenceRows(ev model.Evidence, clock func(time.Time) string) []evRow {
 	return rawRows(ev)
 }
 
-// evRows collects the rows of one evidence.
+// evRows collects the rows of one evidence: the model.Card its card is
+// written on, with the page's units and clock.
 type evRows struct {
 	rows  []evRow
 	clock func(time.Time) string
+	// cell says the rows are a table's cells: every figure is one, shown
+	// even when empty.
+	cell bool
+}
+
+// typedRows lays out the evidence of the kinds this release knows, as
+// their cards say; false for others.
+func typedRows(ev model.Evidence, clock func(time.Time) string) ([]evRow, bool) {
+	e, ok := ev.(model.TypedEvidence)
+	if !ok {
+		return nil, false
+	}
+	b := &evRows{clock: clock}
+	e.Card(b)
+	return b.rows, true
 }
 
 // add adds a row; an empty value is one that does not apply.
 func (b *evRows) add(key, label, value string) {
-	if value != "" {
+	if value != "" || b.cell {
 		b.rows = append(b.rows, evRow{Key: key, Label: label, Value: value})
 	}
 }
 
-// table adds a list; an empty one is left out.
-func (b *evRows) table(key, label string, head []string, rows []evEntry) {
-	if len(rows) > 0 {
-		b.rows = append(b.rows, evRow{Key: key, Label: label, Table: &evTable{Head: head, Rows: rows}})
+// The figures of model.Card, in the page's units.
+
+func (b *evRows) Text(key, label, text string)   { b.add(key, label, text) }
+func (b *evRows) Count(key, label string, n int) { b.add(key, label, strconv.Itoa(n)) }
+func (b *evRows) CountUint64(key, label string, n uint64) {
+	b.add(key, label, strconv.FormatUint(n, 10))
+}
+func (b *evRows) Change(key, label string, n int) { b.add(key, label, signed(n)) }
+func (b *evRows) Counts(key, label string, counts map[string]uint64) {
+	b.add(key, label, countsText(counts))
+}
+func (b *evRows) CountsInt(key, label string, counts map[string]int) {
+	b.add(key, label, countsText(counts))
+}
+func (b *evRows) YesNo(key, label string, yes bool)      { b.add(key, label, yesNo(yes)) }
+func (b *evRows) Bytes(key, label string, n uint64)      { b.add(key, label, bytesText(n)) }
+func (b *evRows) SignedBytes(key, label string, n int64) { b.add(key, label, signedBytesText(n)) }
+func (b *evRows) BytesChange(key, label string, n int64) {
+	b.add(key, label, plus(n)+signedBytesText(n))
+}
+
+// BytesOf writes what the bytes are of in brackets after them.
+func (b *evRows) BytesOf(key, label string, n uint64, of string) {
+	text := bytesText(n)
+	if of != "" {
+		text += " (" + of + ")"
+	}
+	b.add(key, label, text)
+}
+
+func (b *evRows) MeanBytes(key, label string, mean, stddev float64) {
+	b.add(key, label, floatBytesText(mean)+" ± "+floatBytesText(stddev))
+}
+func (b *evRows) BytesRate(key, label string, perSecond float64) {
+	b.add(key, label, bytesRateText(perSecond))
+}
+func (b *evRows) Rate(key, label string, perSecond float64, unit string) {
+	b.add(key, label, rateText(perSecond, unit))
+}
+func (b *evRows) Share(key, label string, share float64) { b.add(key, label, percentText(share)) }
+func (b *evRows) Duration(key, label string, seconds float64) {
+	b.add(key, label, durationText(seconds))
+}
+func (b *evRows) Ago(key, label string, seconds float64) {
+	b.add(key, label, durationText(seconds)+" ago")
+}
+
+// Time writes an instant by the page's clock; the zero time is none.
+func (b *evRows) Time(key, label string, t time.Time) {
+	if !t.IsZero() {
+		b.add(key, label, b.clock(t))
 	}
 }
 
-func (b *evRows) time(t time.Time) string {
-	if t.IsZero() {
-		return ""
-	}
-	return b.clock(t)
-}
-
-// typedRows lays out the evidence of the kinds this release knows; false
-// for others.
-func typedRows(ev model.Evidence, clock func(time.Time) string) ([]evRow, bool) {
-	b := &evRows{clock: clock}
-	switch e := ev.(type) {
-	case model.FDLeakEvidence:
-		fdLeakRows(b, e)
-	case model.FDExhaustedEvidence:
-		fdExhaustedRows(b, e)
-	case model.SocketLeakEvidence:
-		socketLeakRows(b, e)
-	case model.CtxSwitchStormEvidence:
-		ctxSwitchRows(b, e)
-	case model.GPUAllocBurstEvidence:
-		gpuBurstRows(b, e)
-	case model.GPUMemoryLeakEvidence:
-		gpuLeakRows(b, e)
-	case model.GPUAllocFailureEvidence:
-		gpuFailureRows(b, e)
-	case model.GPUAllocChurnEvidence:
-		gpuChurnRows(b, e)
-	case model.GPUXIDEvidence:
-		b.add("xid", "XID", strconv.FormatUint(e.XID, 10))
-		b.add("meaning", "meaning", e.Meaning)
-		gpuFaultRows(b, e.Device, e.UUID, e.Count, e.FirstAt, e.LastAt, e.MIGInstances)
-	case model.GPUECCEvidence:
-		gpuFaultRows(b, e.Device, e.UUID, e.Count, e.FirstAt, e.LastAt, e.MIGInstances)
-	case model.GPUInputBoundEvidence:
-		inputBoundRows(b, e)
-	default:
-		return nil, false
-	}
-	return b.rows, true
-}
-
-func fdLeakRows(b *evRows, e model.FDLeakEvidence) {
-	b.add("open_fds", "open fds", strconv.Itoa(e.OpenFDs))
-	b.add("limit", "fd limit", strconv.FormatUint(e.Limit, 10))
-	b.add("growth_fds_per_second", "growth", rateText(e.GrowthPerSecond, "fds/s"))
-	b.add("time_to_exhaustion_seconds", "time to limit", optional(e.TimeToExhaustionSeconds, durationText))
-	b.add("window_seconds", "window", durationText(e.WindowSeconds))
-	b.add("time_scale_seconds", "time scale", durationText(e.TimeScaleSeconds))
-	b.add("opened_by_kind", "opened", countsText(e.OpenedByKind))
-	b.add("closed_by_kind", "closed", countsText(e.ClosedByKind))
-	var sites []evEntry
-	for _, s := range e.TopSites {
-		sites = append(sites, evEntry{Cells: []string{strconv.Itoa(s.UnclosedFDs), signed(s.UnclosedFDsGrowth), durationText(s.OldestAgeSeconds)}, Lines: stackLines(s.Stack)})
-	}
-	b.table("top_sites", "top sites", []string{"unclosed fds", "growth", "oldest"}, sites)
-	var targets []evEntry
-	for _, t := range e.LeakedTargets {
-		targets = append(targets, evEntry{Cells: []string{t.Target, strconv.Itoa(t.FDs)}})
-	}
-	b.table("leaked_targets", "leaked fds point at", []string{"target", "fds"}, targets)
-}
-
-func fdExhaustedRows(b *evRows, e model.FDExhaustedEvidence) {
-	b.add("open_fds", "open fds", strconv.Itoa(e.OpenFDs))
-	b.add("limit", "fd limit", strconv.FormatUint(e.Limit, 10))
-	b.add("at_limit", "at the limit", yesNo(e.AtLimit))
-	b.add("at_limit_at_attach", "at the limit at attach", yesNo(e.AtLimitAtAttach))
-	b.add("errno", "errno", e.Errno)
-	b.add("failures_total", "failed calls", countsText(e.FailuresTotal))
-	b.add("failures_per_second", "failures", rateText(e.FailuresPerSecond, "calls/s"))
-	b.add("unattributed_fds", "fds without a site", strconv.Itoa(e.UnattributedFDs))
-	if c := e.FailingCall; c != nil {
-		b.table("failing_call", "failing call", []string{"fd kind", "when"},
-			[]evEntry{{Cells: []string{c.Kind, durationText(c.SecondsAgo) + " ago"}, Lines: stackLines(c.Stack)}})
-	}
-	var sites []evEntry
-	for _, s := range e.TopSites {
-		sites = append(sites, evEntry{Cells: []string{strconv.Itoa(s.FDs), durationText(s.OldestAgeSeconds)}, Lines: stackLines(s.Stack)})
-	}
-	b.table("top_sites", "top sites", []string{"fds", "oldest"}, sites)
-}
-
-func socketLeakRows(b *evRows, e model.SocketLeakEvidence) {
-	b.add("close_wait", "CLOSE_WAIT sockets", strconv.Itoa(e.CloseWait))
-	b.add("close_wait_older_than_min", "older than min age", strconv.Itoa(e.CloseWaitOlderThanMin))
-	b.add("min_age_seconds", "min age", durationText(e.MinAgeSeconds))
-	b.add("oldest_close_wait_seconds", "oldest CLOSE_WAIT", durationText(e.OldestCloseWaitSeconds))
-	b.add("growth_per_second", "growth", rateText(e.GrowthPerSecond, "sockets/s"))
-	b.add("window_seconds", "window", durationText(e.WindowSeconds))
-	b.add("fd_limit", "fd limit", strconv.FormatUint(e.FDLimit, 10))
-	b.add("time_to_fd_limit_seconds", "time to fd limit", optional(e.TimeToFDLimitSeconds, durationText))
-	b.add("tcp_by_state", "TCP by state", countsText(e.TCPByState))
-	b.add("opening_stack_sockets", "sockets with their opening stack", strconv.Itoa(e.OpeningStackSockets))
-	if g := e.FDGrowth; g != nil {
-		parts := []string{rateText(g.GrowthPerSecond, "fds/s"), fmt.Sprintf("%d of %d open", g.OpenFDs, g.Limit)}
-		if g.TimeToExhaustionSeconds != nil {
-			parts = append(parts, "limit in "+durationText(*g.TimeToExhaustionSeconds))
+// Phrase writes its parts in one row, separated by commas.
+func (b *evRows) Phrase(key, label string, parts func(model.Card)) {
+	p := &evRows{clock: b.clock}
+	parts(p)
+	var texts []string
+	for _, r := range p.rows {
+		if r.Label != "" {
+			r.Value = r.Label + " " + r.Value
 		}
-		parts = append(parts, "over "+durationText(g.WindowSeconds))
-		if !g.FDLeakFirstSeen.IsZero() {
-			parts = append(parts, "since "+b.time(g.FDLeakFirstSeen))
+		texts = append(texts, r.Value)
+	}
+	b.add(key, label, strings.Join(texts, ", "))
+}
+
+// Table adds a list, each entry's stack cut to its innermost frames; an
+// empty list is left out.
+func (b *evRows) Table(key, label string, head []string, rows []model.Row) {
+	if len(rows) == 0 {
+		return
+	}
+	t := &evTable{Head: head}
+	for _, r := range rows {
+		cells := make([]string, len(r.Cells))
+		for i, cell := range r.Cells {
+			cells[i] = b.cellText(cell)
 		}
-		b.add("fd_growth", "fd leak explained", strings.Join(parts, ", "))
+		t.Rows = append(t.Rows, evEntry{Cells: cells, Lines: append(stackLines(r.Stack), r.Lines...)})
 	}
-	var pairs []evEntry
-	for _, p := range e.TopPairs {
-		pairs = append(pairs, evEntry{Cells: []string{p.Local, p.Remote, strconv.Itoa(p.Count)}})
-	}
-	b.table("top_pairs", "CLOSE_WAIT by address pair", []string{"local", "remote", "sockets"}, pairs)
+	b.rows = append(b.rows, evRow{Key: key, Label: label, Table: t})
 }
 
-func ctxSwitchRows(b *evRows, e model.CtxSwitchStormEvidence) {
-	b.add("rate_per_second", "rate", rateText(e.RatePerSecond, "switches/s"))
-	b.add("voluntary_per_second", "voluntary", rateText(e.VoluntaryPerSecond, "switches/s"))
-	b.add("involuntary_per_second", "involuntary", rateText(e.InvoluntaryPerSecond, "switches/s"))
-	b.add("voluntary_ratio", "voluntary share", percentText(e.VoluntaryRatio))
-	b.add("threshold_per_second", "storm threshold", rateText(e.ThresholdPerSecond, "switches/s"))
-	b.add("baseline_mean", "baseline", optional(e.BaselineMean, func(v float64) string { return rateText(v, "switches/s") }))
-	b.add("threads", "threads", strconv.Itoa(e.Threads))
-	b.add("allowed_cpus", "allowed CPUs", strconv.Itoa(e.AllowedCPUs))
-	b.add("runqueue_p99_seconds", "run-queue p99", optional(e.RunqueueP99Seconds, durationText))
-	b.add("runqueue_window_seconds", "run-queue window", durationText(e.RunqueueWindowSeconds))
-	b.add("hint", "hint", e.Hint)
-	var threads []evEntry
-	for _, t := range e.TopThreads {
-		threads = append(threads, evEntry{Cells: []string{strconv.Itoa(t.TID), t.Name, rateText(t.Rate, "switches/s")}})
+// cellText writes a table's cell as the row of its figure would be
+// written; "–" for one that does not apply.
+func (b *evRows) cellText(cell model.Cell) string {
+	if cell == nil {
+		return "–"
 	}
-	b.table("top_threads", "top threads", []string{"tid", "name", "rate"}, threads)
-}
-
-func gpuBurstRows(b *evRows, e model.GPUAllocBurstEvidence) {
-	b.add("burst_bytes", "burst", bytesText(e.BurstBytes))
-	b.add("peak_live_bytes", "peak live", bytesText(e.PeakLiveBytes))
-	b.add("largest_burst_bytes", "largest burst", bytesText(e.LargestBurstBytes))
-	b.add("largest_peak_live_bytes", "largest peak live", bytesText(e.LargestPeakLiveBytes))
-	b.add("live_bytes", "live now", bytesText(e.LiveBytes))
-	b.add("near_full", "near full", optional(e.NearFull, func(s string) string { return s }))
-	b.add("occurrences", "occurrences", strconv.Itoa(e.Occurrences))
-	b.add("period_seconds", "period", optional(e.PeriodSeconds, durationText))
-	b.add("bytes_in_window", "allocated in its interval", bytesText(e.BytesInWindow))
-	b.add("calls_in_window", "calls in its interval", strconv.FormatUint(e.CallsInWindow, 10))
-	b.add("window_seconds", "window", durationText(e.WindowSeconds))
-	b.add("baseline_bytes_mean", "baseline rise", floatBytesText(e.BaselineBytesMean)+" ± "+floatBytesText(e.BaselineBytesStddev))
-	b.add("startup_step", "start-up step", yesNo(e.StartupStep))
-	var sites []evEntry
-	for _, s := range e.TopSites {
-		sites = append(sites, evEntry{Cells: []string{bytesText(s.Bytes), percentText(s.Share)}, Lines: stackLines(s.Stack)})
+	c := &evRows{clock: b.clock, cell: true}
+	cell(c)
+	var texts []string
+	for _, r := range c.rows {
+		texts = append(texts, r.Value)
 	}
-	b.table("top_sites", "top sites", []string{"allocated", "share"}, sites)
-}
-
-func gpuLeakRows(b *evRows, e model.GPUMemoryLeakEvidence) {
-	b.add("live_bytes", "live", bytesText(e.LiveBytes))
-	b.add("live_allocations", "live allocations", strconv.Itoa(e.LiveAllocations))
-	b.add("growth_bytes_per_second", "growth", bytesRateText(e.GrowthBytesPerSecond))
-	b.add("time_to_exhaustion_seconds", "time to exhaustion", optional(e.TimeToExhaustionSeconds, durationText))
-	if e.HeadroomBytes != nil {
-		h := bytesText(*e.HeadroomBytes)
-		if e.HeadroomOf != nil && *e.HeadroomOf != "" {
-			h += " (" + *e.HeadroomOf + ")"
-		}
-		b.add("headroom_bytes", "headroom", h)
-	}
-	b.add("window_seconds", "window", durationText(e.WindowSeconds))
-	b.add("time_scale_seconds", "time scale", durationText(e.TimeScaleSeconds))
-	b.add("min_age_seconds", "min age", optional(e.MinAgeSeconds, durationText))
-	b.add("old_bytes_at_top_site", "old at top site", optional(e.OldBytesAtTopSite, signedBytesText))
-	b.add("nvml_used_bytes", "NVML used", optional(e.NVMLUsedBytes, bytesText))
-	b.add("untracked_bytes", "untracked", optional(e.UntrackedBytes, signedBytesText))
-	b.add("alloc_bytes_since_attach", "allocated since attach", bytesText(e.AllocBytesSinceAttach))
-	b.add("free_bytes_since_attach", "freed since attach", bytesText(e.FreeBytesSinceAttach))
-	// Kept and old-growth columns where some site has them (they depend
-	// on the scale).
-	var kept, growth bool
-	for _, s := range e.TopSites {
-		kept = kept || s.KeptAllocations != nil || s.KeptBytes != nil
-		growth = growth || s.OldBytesGrowth != nil
-	}
-	head := []string{"live", "allocations", "old", "oldest"}
-	if kept {
-		head = append(head, "kept", "kept allocations")
-	}
-	if growth {
-		head = append(head, "old growth")
-	}
-	var sites []evEntry
-	for _, s := range e.TopSites {
-		cells := []string{bytesText(s.Bytes), strconv.Itoa(s.Allocations), signedBytesText(s.OldBytes), durationText(s.OldestAgeSeconds)}
-		if kept {
-			cells = append(cells, orDash(optional(s.KeptBytes, bytesText)), orDash(optional(s.KeptAllocations, strconv.Itoa)))
-		}
-		if growth {
-			cells = append(cells, orDash(optional(s.OldBytesGrowth, func(v int64) string { return plus(v) + signedBytesText(v) })))
-		}
-		sites = append(sites, evEntry{Cells: cells, Lines: stackLines(s.Stack)})
-	}
-	b.table("top_sites", "top sites", head, sites)
-}
-
-func gpuFailureRows(b *evRows, e model.GPUAllocFailureEvidence) {
-	b.add("api", "call", e.API)
-	b.add("error", "error", fmt.Sprintf("%s (%d)", e.Error, e.Code))
-	b.add("size_bytes", "size", bytesText(e.SizeBytes))
-	b.add("max_size_bytes", "largest size", bytesText(e.MaxSizeBytes))
-	b.add("count", "failures", strconv.Itoa(e.Count))
-	b.add("first_failure", "first", b.time(e.FirstFailure))
-	b.add("last_failure", "last", b.time(e.LastFailure))
-	b.add("live_bytes", "live", bytesText(e.LiveBytes))
-}
-
-func gpuChurnRows(b *evRows, e model.GPUAllocChurnEvidence) {
-	b.add("pairs_per_second", "alloc/free pairs", rateText(e.PairsPerSecond, "pairs/s"))
-	b.add("max_pairs_per_second", "most pairs", rateText(e.MaxPairsPerSecond, "pairs/s"))
-	b.add("bytes_per_second", "allocated", bytesRateText(e.BytesPerSecond))
-	b.add("held_bytes", "held at most", bytesText(e.HeldBytes))
-	b.add("live_bytes", "live", bytesText(e.LiveBytes))
-	b.add("synchronizing_frees", "synchronizing frees", countsText(e.SynchronizingFrees))
-	var sites []evEntry
-	for _, s := range e.TopSites {
-		sites = append(sites, evEntry{Cells: []string{strconv.Itoa(s.CaughtLive)}, Lines: stackLines(s.Stack)})
-	}
-	b.table("top_sites", "top sites", []string{"caught live"}, sites)
-}
-
-func gpuFaultRows(b *evRows, device int, uuid string, count int, first, last time.Time, mig []model.MIGInstance) {
-	b.add("device", "device", strconv.Itoa(device))
-	b.add("uuid", "uuid", uuid)
-	b.add("count", "count", strconv.Itoa(count))
-	b.add("first_at", "first", b.time(first))
-	b.add("last_at", "last", b.time(last))
-	var inst []string
-	for _, m := range mig {
-		inst = append(inst, fmt.Sprintf("GI %d CI %d", m.GPUInstance, m.ComputeInstance))
-	}
-	b.add("mig_instances", "MIG instances", strings.Join(inst, ", "))
-}
-
-func inputBoundRows(b *evRows, e model.GPUInputBoundEvidence) {
-	b.add("verdict", "verdict", e.Verdict)
-	b.add("sm_utilization_mean", "SM utilization", percentText(e.SMUtilizationMean))
-	b.add("starved_share", "intervals starved", percentText(e.StarvedShare))
-	b.add("window_seconds", "window", durationText(e.WindowSeconds))
-	var waiting []evEntry
-	for _, w := range e.Waiting {
-		var lines []string
-		for _, t := range w.Threads {
-			lines = append(lines, fmt.Sprintf("%s (tid %d) preempted %d times", t.Name, t.TID, t.Preempted))
-		}
-		waiting = append(waiting, evEntry{Cells: []string{strconv.Itoa(w.PID), w.Comm, w.Role, durationText(w.RunqP99Seconds), strconv.Itoa(w.AllowedCPUs)}, Lines: lines})
-	}
-	b.table("waiting", "waiting for a CPU", []string{"pid", "comm", "role", "run-queue p99", "CPUs"}, waiting)
+	return strings.Join(texts, " ")
 }
 
 // stackLines are the frames of a stack as the card shows them: innermost
@@ -338,16 +192,6 @@ func stackLines(frames []model.Frame) []string {
 	}
 	return append(frameTexts(frames[:stackMax]), fmt.Sprintf("… %d more frames", len(frames)-stackMax))
 }
-
-// optional writes *p with f; "" (left out) when p is nil.
-func optional[T any](p *T, f func(T) string) string {
-	if p == nil {
-		return ""
-	}
-	return f(*p)
-}
-
-func orDash(s string) string { return cmp.Or(s, "–") }
 
 func yesNo(b bool) string {
 	if b {
