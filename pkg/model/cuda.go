@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -312,4 +313,86 @@ func init() {
 	registerEvidence[GPUMemoryLeakEvidence]()
 	registerEvidence[GPUAllocFailureEvidence]()
 	registerEvidence[GPUAllocChurnEvidence]()
+}
+
+// The CUDA view's series in a report's history, and its chart.
+const (
+	SeriesGPULiveBytes = "gpu_live_bytes" // live device bytes; max is the kernel's high-water mark
+
+	ChartGPUMemory = "gpu_memory" // processes with CUDA activity only
+)
+
+// cudaSamples adds p's values from of, only for processes with CUDA
+// activity: fewer series.
+func cudaSamples(of func(c *CUDAStats, add func(float64, ...string))) func(*Process, func(float64, ...string)) {
+	return func(p *Process, add func(float64, ...string)) {
+		if p.CUDA.Active() {
+			of(&p.CUDA, add)
+		}
+	}
+}
+
+var cudaShown = Shown{
+	View: "cuda",
+	Metrics: []Metric{
+		{Name: "autoglm_cuda_alloc_bytes_total", Help: "Bytes allocated through hooked CUDA calls since attach, by API.", Type: CounterMetric, Labels: []string{"api"},
+			Samples: cudaSamples(func(c *CUDAStats, add func(float64, ...string)) { each(c.AllocBytes, add) })},
+		{Name: "autoglm_cuda_free_bytes_total", Help: "Bytes freed through hooked CUDA calls since attach, by API.", Type: CounterMetric, Labels: []string{"api"},
+			Samples: cudaSamples(func(c *CUDAStats, add func(float64, ...string)) { each(c.FreeBytes, add) })},
+		{Name: "autoglm_cuda_alloc_calls_total", Help: "Hooked CUDA allocation calls since attach, by API.", Type: CounterMetric, Labels: []string{"api"},
+			Samples: cudaSamples(func(c *CUDAStats, add func(float64, ...string)) { each(c.AllocCalls, add) })},
+		{Name: "autoglm_cuda_live_bytes", Help: "Bytes allocated through hooked CUDA calls and not freed.", Type: GaugeMetric,
+			Samples: cudaSamples(func(c *CUDAStats, add func(float64, ...string)) { add(float64(c.LiveBytes)) })},
+		{Name: "autoglm_cuda_alloc_failures_total", Help: "Failed CUDA allocation calls since attach, by API and error.", Type: CounterMetric, Labels: []string{"api", "error"},
+			Samples: cudaSamples(func(c *CUDAStats, add func(float64, ...string)) {
+				for k, n := range c.FailedCalls {
+					add(float64(n), k.API, k.Error)
+				}
+			})},
+		{Name: "autoglm_cuda_untracked_bytes", Help: "Device memory NVML reports for the process minus the bytes the CUDA hooks see live.", Type: GaugeMetric,
+			Samples: cudaSamples(func(c *CUDAStats, add func(float64, ...string)) {
+				if c.HasNVML {
+					add(float64(c.UntrackedBytes))
+				}
+			})},
+	},
+	Figures: []Figure{
+		// The kernel's mark is at least the live bytes at this poll; the
+		// least is known at polls only.
+		{Name: SeriesGPULiveBytes, Unit: UnitBytes, Kind: Gauge, Value: func(p *Process) (Range, bool) {
+			c := &p.CUDA
+			live := float64(c.LiveBytes)
+			return Range{Min: live, Max: float64(max(c.LivePeakBytes, c.LiveBytes)), Last: live}, c.Active()
+		}},
+	},
+	// GPU memory right after the fds, for the processes that use it:
+	// what this tool is mostly pointed at.
+	Charts: []Chart{
+		{ID: ChartGPUMemory, Title: "GPU memory: tracked allocations vs NVML", Unit: UnitBytes, Optional: true, Rank: 10,
+			Lines: []Line{{Series: SeriesGPULiveBytes, Label: "tracked live (eBPF)", Color: "blue", Band: "peak between polls"},
+				{Series: SeriesNVMLUsedBytes, Label: "NVML per process", Color: "orange", Band: "least–most of NVML samples"}},
+			// Every process on a GPU has the memory chart; not every
+			// GPU keeps per-process utilization.
+			Marks: []string{KindGPUAllocBurst, KindGPUMemoryLeak, KindGPUAllocFailure, KindGPUAllocChurn, KindGPUXID, KindGPUECCError}},
+	},
+	State: func(p *Process) string {
+		if !p.CUDA.Active() {
+			return ""
+		}
+		return " gpu_live=" + strings.ReplaceAll(IEC(p.CUDA.LiveBytes), " ", "")
+	},
+	Line: func(p *Process) string {
+		c := &p.CUDA
+		if !c.Active() {
+			return ""
+		}
+		s := fmt.Sprintf("pid %d (%s) GPU memory: %s live in %d allocations", p.PID, p.Comm, IEC(c.LiveBytes), c.LiveAllocs)
+		if c.HasNVML {
+			s += fmt.Sprintf(", %s per NVML", IEC(c.NVMLUsedBytes))
+		}
+		if n := len(c.Failures); n > 0 {
+			s += fmt.Sprintf(", %d failed allocations", n)
+		}
+		return s
+	},
 }

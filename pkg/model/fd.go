@@ -191,3 +191,43 @@ func init() {
 	registerEvidence[FDLeakEvidence]()
 	registerEvidence[FDExhaustedEvidence]()
 }
+
+// The fd view's series in a report's history, and its charts.
+const (
+	SeriesOpenFDs   = "open_fds"              // gauge, fds
+	SeriesFDsOpened = "fds_opened_per_second" // rate, all kinds together
+	SeriesFDsClosed = "fds_closed_per_second" // rate
+
+	ChartOpenFDs = "open_fds"
+	ChartFDRates = "fd_rates"
+)
+
+var fdShown = Shown{
+	View: "fd",
+	Metrics: []Metric{
+		{Name: "autoglm_open_fds", Help: "Live file descriptors of the process.", Type: GaugeMetric,
+			Samples: func(p *Process, add func(float64, ...string)) { add(float64(p.FD.Open)) }},
+		{Name: "autoglm_fd_limit", Help: "Soft RLIMIT_NOFILE of the process.", Type: GaugeMetric,
+			Samples: func(p *Process, add func(float64, ...string)) { add(float64(p.FD.Limit)) }},
+		{Name: "autoglm_fds_opened_total", Help: "File descriptors created since attach, by kind.", Type: CounterMetric, Labels: []string{"kind"},
+			Samples: func(p *Process, add func(float64, ...string)) { each(p.FD.Opened, add) }},
+		{Name: "autoglm_fds_closed_total", Help: "File descriptors released since attach, by kind.", Type: CounterMetric, Labels: []string{"kind"},
+			Samples: func(p *Process, add func(float64, ...string)) { each(p.FD.Closed, add) }},
+		// Set by the fd view with every errno, zeros included.
+		{Name: "autoglm_fd_create_failures_total", Help: "fd-creating calls that failed since attach because the process (EMFILE) or the system (ENFILE) was out of fds.",
+			Type: CounterMetric, Labels: []string{"errno"},
+			Samples: func(p *Process, add func(float64, ...string)) { each(p.FD.Failed, add) }},
+	},
+	Figures: []Figure{
+		{Name: SeriesOpenFDs, Unit: UnitFDs, Kind: Gauge, Value: func(p *Process) (Range, bool) { return At(float64(p.FD.Open)), true }},
+		{Name: SeriesFDsOpened, Unit: UnitFDRate, Kind: Rate, Value: func(p *Process) (Range, bool) { return At(float64(Sum(p.FD.Opened))), true }},
+		{Name: SeriesFDsClosed, Unit: UnitFDRate, Kind: Rate, Value: func(p *Process) (Range, bool) { return At(float64(Sum(p.FD.Closed))), true }},
+	},
+	Charts: []Chart{
+		{ID: ChartOpenFDs, Title: "Open file descriptors", Unit: UnitFDs, FDLimit: true, Rank: 0,
+			Lines: []Line{{Series: SeriesOpenFDs, Label: "open fds", Color: "blue"}},
+			Marks: []string{KindFDLeak, KindFDExhausted}},
+		{ID: ChartFDRates, Title: "File descriptors opened and closed", Unit: UnitFDRate, Rank: 30,
+			Lines: []Line{{Series: SeriesFDsOpened, Label: "opened", Color: "green"}, {Series: SeriesFDsClosed, Label: "closed", Color: "grey"}}},
+	},
+}

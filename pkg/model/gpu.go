@@ -238,3 +238,49 @@ func init() {
 	registerEvidence[GPUECCEvidence]()
 	registerEvidence[GPUInputBoundEvidence]()
 }
+
+// NVML's series of a process in a report's history, and its chart.
+const (
+	SeriesNVMLUsedBytes = "nvml_used_bytes" // NVML's figure for the process, every --gpu-interval
+	// How busy the process kept its GPUs over the interval (the mean over
+	// the devices it used), per NVML.
+	SeriesGPUSMUtil  = "gpu_sm_utilization_ratio"
+	SeriesGPUMemUtil = "gpu_memory_controller_utilization_ratio"
+
+	ChartGPUUtil = "gpu_utilization" // processes NVML saw on a GPU only
+)
+
+var nvmlShown = Shown{
+	View: "nvml",
+	Figures: []Figure{
+		{Name: SeriesNVMLUsedBytes, Unit: UnitBytes, Kind: Gauge, Value: func(p *Process) (Range, bool) {
+			c := &p.CUDA
+			used := c.NVMLUsedBytes
+			return Range{Min: float64(min(c.NVMLMinBytes, used)), Max: float64(max(c.NVMLMaxBytes, used)), Last: float64(used)}, c.HasNVML
+		}},
+		{Name: SeriesGPUSMUtil, Unit: UnitRatio, Kind: Gauge, Value: func(p *Process) (Range, bool) {
+			return meanUtil(p, func(u GPUUtil) float64 { return u.SM })
+		}},
+		{Name: SeriesGPUMemUtil, Unit: UnitRatio, Kind: Gauge, Value: func(p *Process) (Range, bool) {
+			return meanUtil(p, func(u GPUUtil) float64 { return u.Memory })
+		}},
+	},
+	Charts: []Chart{
+		{ID: ChartGPUUtil, Title: "GPU utilization (NVML, per process)", Unit: UnitRatio, Optional: true, Rank: 20,
+			Lines: []Line{{Series: SeriesGPUSMUtil, Label: "SM (kernels running)", Color: "green"}, {Series: SeriesGPUMemUtil, Label: "memory controller", Color: "purple"}},
+			Marks: []string{KindGPUInputBound}}, // it needs the utilization this chart shows
+	},
+}
+
+// meanUtil is the mean of one utilization figure over the devices p used.
+func meanUtil(p *Process, of func(GPUUtil) float64) (Range, bool) {
+	n := len(p.CUDA.GPUUtil)
+	if n == 0 {
+		return Range{}, false
+	}
+	var sum float64
+	for _, u := range p.CUDA.GPUUtil {
+		sum += of(u)
+	}
+	return At(sum / float64(n)), true
+}

@@ -126,3 +126,6 @@ type Snapshot struct {
 // BPF concerns, Python frames (carried by the fd and cuda objects), and
 // NVML.
 var Views = []string{"fd", "sched", "sock", "cuda", "python", "nvml"}
+
+// Shows lists what each view shows, in the order of Views.
+var Shows = []Shown{fdShown, schedShown, sockShown, cudaShown, nvmlShown}

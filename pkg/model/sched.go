@@ -77,3 +77,46 @@ func (e CtxSwitchStormEvidence) Card(c Card) {
 func init() {
 	registerEvidence[CtxSwitchStormEvidence]()
 }
+
+// The sched view's series in a report's history, and its charts.
+const (
+	SeriesVoluntarySwitches   = "voluntary_switches_per_second"   // rate
+	SeriesInvoluntarySwitches = "involuntary_switches_per_second" // rate
+	SeriesRunqueueP99         = "runqueue_p99_seconds"            // the p99 of the waits within each interval
+
+	ChartContextSwitches = "context_switches"
+	ChartRunqueue        = "runqueue_p99"
+)
+
+// observed says whether the sched view observed p: it always sets the
+// bounds, and without them zeros would be made up.
+func observed(p *Process) bool { return len(p.Sched.RunqLatency.Bounds) > 0 }
+
+var schedShown = Shown{
+	View: "sched",
+	Metrics: []Metric{
+		{Name: "autoglm_context_switches_total", Help: "Context switches of the process's threads since attach, by type (voluntary: blocked; involuntary: preempted).",
+			Type: CounterMetric, Labels: []string{"type"},
+			Samples: func(p *Process, add func(float64, ...string)) {
+				if observed(p) {
+					add(float64(p.Sched.Voluntary), "voluntary")
+					add(float64(p.Sched.Involuntary), "involuntary")
+				}
+			}},
+		{Name: "autoglm_runqueue_latency_seconds", Help: "Time the process's threads waited runnable for a CPU, from wake-up or preemption, since attach.",
+			Type: HistogramMetric, Histogram: func(p *Process) (Histogram, bool) { return p.Sched.RunqLatency, observed(p) }},
+	},
+	Figures: []Figure{
+		{Name: SeriesVoluntarySwitches, Unit: UnitSwitches, Kind: Rate, Value: func(p *Process) (Range, bool) { return At(float64(p.Sched.Voluntary)), true }},
+		{Name: SeriesInvoluntarySwitches, Unit: UnitSwitches, Kind: Rate, Value: func(p *Process) (Range, bool) { return At(float64(p.Sched.Involuntary)), true }},
+		{Name: SeriesRunqueueP99, Unit: UnitSeconds, Kind: Quantile, Q: 0.99, Histogram: func(p *Process) Histogram { return p.Sched.RunqLatency }},
+	},
+	Charts: []Chart{
+		{ID: ChartContextSwitches, Title: "Context switches", Unit: UnitSwitches, Rank: 40,
+			Lines: []Line{{Series: SeriesVoluntarySwitches, Label: "voluntary", Color: "purple"}, {Series: SeriesInvoluntarySwitches, Label: "involuntary", Color: "orange"}},
+			Marks: []string{KindCtxSwitchStorm}},
+		{ID: ChartRunqueue, Title: "Run-queue latency, p99 of each interval", Unit: UnitSeconds, Empty: "no run-queue waits seen", Rank: 50,
+			Lines: []Line{{Series: SeriesRunqueueP99, Label: "p99 wait", Color: "teal"}}},
+	},
+	Columns: []Column{{Head: "CS/S", Count: func(p *Process) uint64 { return p.Sched.Voluntary + p.Sched.Involuntary }}},
+}

@@ -1,5 +1,7 @@
 package model
 
+import "fmt"
+
 // What a view shows of each process besides its findings, declared with
 // the view's data so that the sinks need no code of their own for it: its
 // series on /metrics, the figures pkg/history records at every poll, the charts the HTML report
@@ -115,8 +117,6 @@ type Shown struct {
 	Line func(p *Process) string
 }
 
-// Shows lists what each view shows, in the order of Views.
-var Shows = []Shown{fdShown, schedShown, sockShown, cudaShown, nvmlShown}
 
 // Figures returns every view's figures.
 func Figures() []Figure {
@@ -152,4 +152,34 @@ type Metric struct {
 	// Histogram is p's histogram, for a HistogramMetric; false when the
 	// view did not observe p.
 	Histogram func(p *Process) (Histogram, bool)
+}
+
+// each adds every count of m, labelled with its key.
+func each(m map[string]uint64, add func(float64, ...string)) {
+	for k, n := range m {
+		add(float64(n), k)
+	}
+}
+
+// Sum adds up a map of counts.
+func Sum(m map[string]uint64) uint64 {
+	var n uint64
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+// IEC renders a byte count with a binary unit, e.g. "1.5 GiB".
+func IEC(b uint64) string {
+	const unit = 1024
+	if b < unit {
+		return fmt.Sprintf("%d B", b)
+	}
+	div, exp := uint64(unit), 0
+	for n := b / unit; n >= unit && exp < 4; n /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTP"[exp])
 }

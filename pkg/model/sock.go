@@ -111,3 +111,60 @@ func (e SocketLeakEvidence) Card(c Card) {
 func init() {
 	registerEvidence[SocketLeakEvidence]()
 }
+
+// The sock view's series in a report's history, and its chart.
+const (
+	// SeriesTCPPrefix + a state as the kernel names it (TCP_CLOSE_WAIT
+	// is "tcp_CLOSE_WAIT"): sockets the process holds in that state.
+	SeriesTCPPrefix = "tcp_"
+
+	ChartTCP = "tcp_sockets"
+)
+
+var sockShown = Shown{
+	View: "sock",
+	Metrics: []Metric{
+		// The states it holds sockets in: a process has a few of the
+		// twelve, and zeros would be most of the node's series (a state it
+		// no longer holds goes stale).
+		{Name: "autoglm_sockets", Help: "TCP sockets the process holds, by state; states it holds none in are left out.", Type: GaugeMetric, Labels: []string{"state"},
+			Samples: func(p *Process, add func(float64, ...string)) {
+				for _, st := range TCPStates {
+					if n := p.Sock.TCPByState[st]; n > 0 {
+						add(float64(n), st)
+					}
+				}
+			}},
+		// Every kind, zeros included, once the view filled them.
+		{Name: "autoglm_socket_fds", Help: "Socket file descriptors of the process, by kind (tcp, udp, unix, other).", Type: GaugeMetric, Labels: []string{"kind"},
+			Samples: func(p *Process, add func(float64, ...string)) {
+				if p.Sock.ByKind != nil {
+					for _, k := range SockKinds {
+						add(float64(p.Sock.ByKind[k]), k)
+					}
+				}
+			}},
+	},
+	Figures: []Figure{
+		{Name: SeriesTCPPrefix, Unit: UnitSockets, Kind: Gauge, Members: func(p *Process) map[string]int { return p.Sock.TCPByState }},
+	},
+	Charts: []Chart{
+		{ID: ChartTCP, Title: "TCP sockets by state", Unit: UnitSockets, Empty: "no TCP sockets", Rank: 60, Lines: tcpLines(),
+			Marks: []string{KindSocketLeak}},
+	},
+}
+
+// tcpLines are the lines of the TCP chart, one per state in the kernel's
+// order.
+func tcpLines() []Line {
+	palette := []string{"blue", "green", "purple", "brown", "pink", "teal", "orange", "grey"}
+	var out []Line
+	for i, st := range TCPStates {
+		color := palette[i%len(palette)]
+		if st == "CLOSE_WAIT" {
+			color = "red" // the state a socket leak piles up in
+		}
+		out = append(out, Line{Series: SeriesTCPPrefix + st, Label: st, Color: color})
+	}
+	return out
+}
