@@ -125,7 +125,7 @@ func churnRun(b *testing.B, args, env []string, fdwork string, withBig bool, n i
 		testutil.Eventually(b, 30*time.Second, "the big process watched", func() bool { return d0.scrapeHas(b, c.Process.Pid) })
 	}
 	stop := churn(b, 10*time.Millisecond, env, "sleep", "0.3")
-	time.Sleep(5 * time.Second)
+	time.Sleep(5 * time.Second) // measurement window: the churn running
 	share := coreShare(b, d0.cmd.Process.Pid, d)
 	watched := gauge(b, d0, "autoglm_watched_processes")
 	started := stop()
@@ -181,7 +181,7 @@ func BenchmarkDaemonSoak(b *testing.B) {
 	var stops []func() int
 	for i := range 4 {
 		// Restarting every 20 s, out of step with each other.
-		time.Sleep(time.Duration(i) * 5 * time.Second)
+		time.Sleep(time.Duration(i) * 5 * time.Second) // the stagger itself
 		stops = append(stops, churn(b, 20*time.Second, nil, cudawork, rt, "steady", "19"))
 	}
 	stops = append(stops, churn(b, 10*time.Millisecond, nil, "sleep", "0.3"))
@@ -190,7 +190,7 @@ func BenchmarkDaemonSoak(b *testing.B) {
 			s()
 		}
 	}()
-	time.Sleep(30 * time.Second)
+	time.Sleep(30 * time.Second) // measurement window: the restarts running
 	ten := min(10, int(soak/time.Minute)/2)
 	if ten == 0 {
 		b.Fatalf("AUTOGLM_SOAK=%v: at least two minutes", soak)
@@ -246,7 +246,7 @@ func forkRun(b *testing.B, fdwork string, n int, fork bool, d time.Duration) (fl
 	c := testutil.Start(b, fdwork, "forker", fmt.Sprint(n), "0", children, secs)
 	defer func() { _ = c.Process.Kill(); _ = c.Wait() }()
 	testutil.Eventually(b, 30*time.Second, "the forker watched", func() bool { return d0.scrapeHas(b, c.Process.Pid) })
-	time.Sleep(settle)
+	time.Sleep(settle) // measurement window (see settle)
 	share := coreShare(b, d0.cmd.Process.Pid, d)
 	return share, gauge(b, d0, "autoglm_watched_processes")
 }
@@ -305,7 +305,7 @@ func BenchmarkDaemonForkSoak(b *testing.B) {
 			s()
 		}
 	}()
-	time.Sleep(30 * time.Second)
+	time.Sleep(30 * time.Second) // measurement window: the restarts running
 	sampleSoak(b, d, soak, 5, "fork soak", "5")
 }
 

@@ -78,7 +78,7 @@ func BenchmarkDaemon(b *testing.B) {
 
 	d := startDaemon(b)
 	pid := d.cmd.Process.Pid
-	time.Sleep(5 * time.Second) // past start-up and the first resync
+	time.Sleep(5 * time.Second) // measurement window starts past start-up and the first resync
 	idleCPU := coreShare(b, pid, 20*time.Second)
 	idleHWM := hwmKiB(b, pid)
 
@@ -93,7 +93,7 @@ func BenchmarkDaemon(b *testing.B) {
 			if time.Since(t0) > 10*time.Second {
 				b.Fatalf("pid %d not watched within 10 s", p.Cmd.Process.Pid)
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // the resolution of the latency measured
 		}
 		lat = append(lat, time.Since(t0).Seconds())
 		_ = p.Cmd.Process.Kill()
@@ -107,7 +107,7 @@ func BenchmarkDaemon(b *testing.B) {
 		p.Wait(b, "loaded", 10*time.Second)
 		load = append(load, p)
 	}
-	time.Sleep(3 * time.Second) // all watched and hooked
+	time.Sleep(3 * time.Second) // measurement window: the load running // all watched and hooked
 	for _, p := range load {
 		p.Signal(b)
 	}

@@ -117,7 +117,6 @@ type Shown struct {
 	Line func(p *Process) string
 }
 
-
 // Figures returns every view's figures.
 func Figures() []Figure {
 	var out []Figure

@@ -82,7 +82,7 @@ func agentRun(b *testing.B, pid int, procTables bool, warm, measure time.Duratio
 		_, err := p.Run(ctx)
 		done <- err
 	}()
-	time.Sleep(warm)
+	time.Sleep(warm) // warm-up, outside the measurement window
 	s0, c0 := last.get(), cpuTime()
 	w0 := time.Now()
 	time.Sleep(measure)

@@ -403,7 +403,7 @@ func (c *cluster) down() {
 		if len(clusterProcesses(c.dir)) == 0 {
 			break
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // teardown: killed processes being reaped, retried at most 20 times
 	}
 	// Mounts: the kubelet's (it bind-mounts its root over itself, and the
 	// pods' volumes), containerd's (rootfs, shm) and the pods' network

@@ -184,7 +184,9 @@ func TestBurstBetweenPolls(t *testing.T) {
 // with three occurrences and their period.
 func TestRecurringBurstWorkload(t *testing.T) {
 	w := watch(t, "burst", "20000")
-	// Quiet intervals to learn the baseline from.
+	// Quiet intervals to learn the baseline from. The detector judges
+	// time: each sleep below is the poll interval, as --interval paces a
+	// run, not a wait for something to happen.
 	for range 6 {
 		time.Sleep(time.Second)
 		w.poll(t)
