@@ -26,6 +26,7 @@ cd "$(dirname "$0")/.."
 COUNT=${COUNT:-16}
 MIB=${MIB:-64}
 out=${OUT:-$(mktemp -d)}
+mkdir -p "$out"
 
 lib=${1:-}
 if [ -z "$lib" ]; then
