@@ -31,7 +31,8 @@ enum err_kind {
 	ERR_READ_KERNEL = 5, /* bpf_probe_read_kernel failed */
 	ERR_RINGBUF = 6,     /* ring buffer reserve failed (buffer full) */
 	ERR_SITES = 7,       /* a call site's counters could not be made (site table full, process at its cap) */
-	ERR_MAX = 8,
+	ERR_FORKS = 8,       /* a child was not kept from its fork (fork tables full): its fds are read from /proc instead */
+	ERR_MAX = 9,
 };
 
 struct {

@@ -576,7 +576,7 @@ static __always_inline void snapshot_fds(struct task_struct *task, u32 tgid)
 	if (!init)
 		return;
 	if (bpf_map_update_elem(&fork_fds, &tgid, init, BPF_ANY)) {
-		count_err(ERR_TABLE_FULL);
+		count_err(ERR_FORKS);
 		return;
 	}
 	struct fd_bitmap *v = bpf_map_lookup_elem(&fork_fds, &tgid);
@@ -650,7 +650,7 @@ static __always_inline void forked(struct task_struct *task, u32 child, u64 clon
 	u8 forked = view_bit | TRACK_FORKED;
 	if (bpf_map_update_elem(&forks, &child, &fi, BPF_ANY) ||
 	    bpf_map_update_elem(&tracked_pids, &child, &forked, BPF_ANY)) {
-		count_err(ERR_TABLE_FULL);
+		count_err(ERR_FORKS);
 		bpf_map_delete_elem(&forks, &child);
 		bpf_map_delete_elem(&fd_counters, &child);
 		return;

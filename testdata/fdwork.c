@@ -19,7 +19,7 @@
  *                                 open N fds at start, then leak LEAK fds/s from leak_tick() and start
  *                                 CHILDREN children a second, each exec'ing `sleep 0.3` with every fd
  *                                 inherited (none is close-on-exec), as a leaking shell or a forking
- *                                 server does (benchmark)
+ *                                 server does (benchmark); FDWORK_CHILD_SECONDS sets the sleep
  *   fdwork family N SECONDS       N files, a pipe, a socket pair and an eventfd; after 1 s a child that
  *                                 closes the first file, dup2s the pipe's read end to fd 200 and opens
  *                                 /dev/zero, then sleeps (a child's table from its parent's)
@@ -404,7 +404,9 @@ int main(int argc, char **argv)
 			if (children > 0 && t >= next_child) {
 				next_child += 1.0 / children;
 				if (fork() == 0) {
-					execlp("sleep", "sleep", "0.3", (char *)NULL);
+					/* FDWORK_CHILD_SECONDS: children that outlive a poll */
+					const char *s = getenv("FDWORK_CHILD_SECONDS");
+					execlp("sleep", "sleep", s ? s : "0.3", (char *)NULL);
 					_exit(127);
 				}
 			}

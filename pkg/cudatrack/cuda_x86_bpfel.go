@@ -108,7 +108,8 @@ const (
 	cudaErrKindERR_READ_KERNEL cudaErrKind = 5
 	cudaErrKindERR_RINGBUF     cudaErrKind = 6
 	cudaErrKindERR_SITES       cudaErrKind = 7
-	cudaErrKindERR_MAX         cudaErrKind = 8
+	cudaErrKindERR_FORKS       cudaErrKind = 8
+	cudaErrKindERR_MAX         cudaErrKind = 9
 )
 
 type cudaPyProc struct {

@@ -37,7 +37,8 @@ const (
 	discoverErrKindERR_READ_KERNEL discoverErrKind = 5
 	discoverErrKindERR_RINGBUF     discoverErrKind = 6
 	discoverErrKindERR_SITES       discoverErrKind = 7
-	discoverErrKindERR_MAX         discoverErrKind = 8
+	discoverErrKindERR_FORKS       discoverErrKind = 8
+	discoverErrKindERR_MAX         discoverErrKind = 9
 )
 
 // Names of all BPF objects in the ELF.

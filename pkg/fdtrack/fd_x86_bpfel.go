@@ -24,7 +24,8 @@ const (
 	fdErrKindERR_READ_KERNEL fdErrKind = 5
 	fdErrKindERR_RINGBUF     fdErrKind = 6
 	fdErrKindERR_SITES       fdErrKind = 7
-	fdErrKindERR_MAX         fdErrKind = 8
+	fdErrKindERR_FORKS       fdErrKind = 8
+	fdErrKindERR_MAX         fdErrKind = 9
 )
 
 type fdFdBitmap struct {

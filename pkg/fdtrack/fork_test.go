@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -308,5 +310,38 @@ func TestDescriptionsBoundedPerPoll(t *testing.T) {
 	}
 	if !slices.IsSorted(lens) || len(lens) < files/bound {
 		t.Errorf("table sizes by poll %v: want it filled over at least %d polls", lens, files/bound)
+	}
+}
+
+// Children forked faster than polls take them, past what the fork tables
+// hold: each one not kept is counted as fd_forks (its fds are read from
+// /proc at its first poll), not as a full live fd table.
+func TestForkStormCounted(t *testing.T) {
+	tr := newFollowing(t, 0, bpfobj.ModeBTF)
+	// Children that live past the test's polls: more than fork_fds holds
+	// (1024) are alive before the first is taken, however slowly the
+	// machine forks.
+	t.Setenv("FDWORK_CHILD_SECONDS", "60")
+	cmd := testutil.Start(t, testutil.Fixture(t, "fdwork"), "forker", "3", "0", "3000", "60")
+	parent := cmd.Process.Pid
+	t.Cleanup(func() { _ = exec.Command("pkill", "-KILL", "-P", strconv.Itoa(parent)).Run() })
+	if err := tr.Track(parent); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, tr, parent)
+	// No poll meanwhile: the children pile up in the fork tables.
+	testutil.Eventually(t, 50*time.Second, "children not kept from their fork counted as fd_forks", func() bool {
+		lost, err := tr.Lost()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return lost["fd_forks"] > 0
+	})
+	lost, err := tr.Lost()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lost["fd_table_full"] != 0 {
+		t.Errorf("a fork storm counted as a full live fd table: %v", lost)
 	}
 }

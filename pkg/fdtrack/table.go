@@ -822,6 +822,9 @@ var errorNames = map[fdErrKind]string{
 	fdErrKindERR_RINGBUF:     "fd_ringbuf", // unwind requests (bpf/unwind.h)
 	fdErrKindERR_SITES:       "fd_sites",
 	fdErrKindERR_READ_KERNEL: "fd_read_kernel", // a child's open-fd bitmap
+	// Children forked faster than polls take them (fork_fds, forks): read
+	// from /proc at their first poll instead.
+	fdErrKindERR_FORKS: "fd_forks",
 }
 
 // Memory is the kernel memory of the object's maps and programs now.

@@ -24,7 +24,8 @@ const (
 	schedErrKindERR_READ_KERNEL schedErrKind = 5
 	schedErrKindERR_RINGBUF     schedErrKind = 6
 	schedErrKindERR_SITES       schedErrKind = 7
-	schedErrKindERR_MAX         schedErrKind = 8
+	schedErrKindERR_FORKS       schedErrKind = 8
+	schedErrKindERR_MAX         schedErrKind = 9
 )
 
 type schedProcSched struct {

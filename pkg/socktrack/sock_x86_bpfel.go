@@ -24,7 +24,8 @@ const (
 	sockErrKindERR_READ_KERNEL sockErrKind = 5
 	sockErrKindERR_RINGBUF     sockErrKind = 6
 	sockErrKindERR_SITES       sockErrKind = 7
-	sockErrKindERR_MAX         sockErrKind = 8
+	sockErrKindERR_FORKS       sockErrKind = 8
+	sockErrKindERR_MAX         sockErrKind = 9
 )
 
 type sockSockInfo struct {
