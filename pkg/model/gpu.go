@@ -40,6 +40,16 @@ type GPUEvent struct {
 	// The MIG instance it concerns; NoInstance when not one (or the
 	// whole device).
 	GPUInstance, ComputeInstance uint32
+	// Processes are those on the device it concerns (on MIG, on its GPU
+	// instance, or on any instance for a fault of the whole GPU) in the
+	// window it came in, by pid; a fault's only (nil for the other kinds).
+	Processes []DeviceProcess
+}
+
+// DeviceProcess is a process NVML listed on a device.
+type DeviceProcess struct {
+	PID  int    `json:"pid"`
+	Comm string `json:"comm,omitempty"` // of a watched process; "" for one not watched
 }
 
 // NoInstance is NVML's GPU or compute instance id for "not a MIG
