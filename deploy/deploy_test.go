@@ -29,6 +29,7 @@ import (
 	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpuxid"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
@@ -1037,6 +1038,69 @@ func TestRulesContent(t *testing.T) {
 		"AutoglmGpuProcessMemoryExhaustionPredicted", "AutoglmEbpfEventsLost", "AutoglmEbpfDown"} {
 		if _, ok := alerts[name]; !ok {
 			t.Errorf("alert %s missing", name)
+		}
+	}
+}
+
+// The XID alerts select the classes of the agent's own catalogue, at the
+// severity its gpu_xid findings give them: each selector of an alert
+// lists exactly the XIDs of its class (the application's warnings, not
+// the cleanup's info), and no other alert reads the XID counter.
+func TestXIDRulesFollowCatalogue(t *testing.T) {
+	var device, app, known []uint64
+	for n, x := range gpuxid.Catalogue {
+		switch x.Class {
+		case model.XIDDevice:
+			device = append(device, n)
+			known = append(known, n)
+		case model.XIDApplication:
+			known = append(known, n)
+			if gpuxid.Severity(n) == model.SeverityWarning {
+				app = append(app, n)
+			}
+		}
+	}
+	join := func(xs []uint64) string {
+		slices.Sort(xs)
+		var ss []string
+		for _, x := range xs {
+			ss = append(ss, strconv.FormatUint(x, 10))
+		}
+		return strings.Join(ss, "|")
+	}
+	const unclassified = 1 << 40 // an XID no catalogue holds
+	want := map[string]struct{ selector, severity string }{
+		"AutoglmGpuXid":            {`xid=~"` + join(device) + `"`, gpuxid.Severity(device[0])},
+		"AutoglmGpuXidApplication": {`xid=~"` + join(app) + `"`, gpuxid.Severity(app[0])},
+		"AutoglmGpuXidUnknown":     {`xid!~"` + join(known) + `"`, gpuxid.Severity(unclassified)},
+	}
+	re := regexp.MustCompile(`autoglm_gpu_xid_errors_total(\{[^}]*\})?`)
+	seen := map[string]bool{}
+	for _, g := range loadRules(t).Groups {
+		for _, r := range g.Rules {
+			ms := re.FindAllStringSubmatch(r.Expr, -1)
+			if len(ms) == 0 {
+				continue
+			}
+			w, ok := want[r.Alert]
+			if !ok {
+				t.Errorf("%s reads autoglm_gpu_xid_errors_total but is no XID class's alert", r.Alert)
+				continue
+			}
+			seen[r.Alert] = true
+			for _, m := range ms {
+				if m[1] != "{"+w.selector+"}" {
+					t.Errorf("%s: selects %q, want {%s} (gpuxid.Catalogue)", r.Alert, m[0], w.selector)
+				}
+			}
+			if r.Labels["severity"] != w.severity {
+				t.Errorf("%s: severity %q, want %q as the class's findings", r.Alert, r.Labels["severity"], w.severity)
+			}
+		}
+	}
+	for a := range want {
+		if !seen[a] {
+			t.Errorf("no alert %s", a)
 		}
 	}
 }
