@@ -387,7 +387,15 @@ func TestDecodeStrictRejectsUnknownFields(t *testing.T) {
 // ------------------------------------------------------------- the DaemonSet
 
 func TestDaemonSetSecurity(t *testing.T) {
-	checkDaemonSet(t, loadManifests(t))
+	ms := loadManifests(t)
+	checkDaemonSet(t, ms)
+	// The shipped tolerations are no blanket one: a node tainted to keep
+	// pods off (a dedicated pool) gets no agent.
+	pod := only[*appsv1.DaemonSet](t, ms).Spec.Template.Spec
+	dedicated := corev1.Taint{Key: "dedicated", Value: "infra", Effect: corev1.TaintEffectNoSchedule}
+	if slices.ContainsFunc(pod.Tolerations, func(tl corev1.Toleration) bool { return tolerates(tl, dedicated) }) {
+		t.Errorf("tolerations %v tolerate %s", pod.Tolerations, dedicated.ToString())
+	}
 }
 
 // checkDaemonSet holds the DaemonSet of ms (the kustomize manifests, or
@@ -438,10 +446,20 @@ func checkDaemonSet(t *testing.T, ms []manifest) {
 	if pod.NodeSelector["kubernetes.io/arch"] != "amd64" {
 		t.Errorf("nodeSelector %v: want kubernetes.io/arch=amd64", pod.NodeSelector)
 	}
-	if !slices.ContainsFunc(pod.Tolerations, func(tl corev1.Toleration) bool {
-		return (tl.Key == "nvidia.com/gpu" || tl.Key == "") && tl.Operator == corev1.TolerationOpExists
-	}) {
-		t.Errorf("tolerations %v: want one for nvidia.com/gpu", pod.Tolerations)
+	// GPU nodes' own taint; and the NoExecute taints of GPU health
+	// controllers, which would evict the agent from the very nodes whose
+	// GPUs fail: tolerated for good, whatever their key.
+	for _, taint := range []corev1.Taint{
+		{Key: "nvidia.com/gpu", Value: "present", Effect: corev1.TaintEffectNoSchedule},
+		{Key: "nvidia.com/gpu", Value: "unhealthy", Effect: corev1.TaintEffectNoExecute},
+		{Key: "gpu-health.example.com/xid", Value: "79", Effect: corev1.TaintEffectNoExecute},
+		{Key: "example.com/gpu-health", Effect: corev1.TaintEffectNoExecute},
+	} {
+		if !slices.ContainsFunc(pod.Tolerations, func(tl corev1.Toleration) bool {
+			return tolerates(tl, taint) && (taint.Effect != corev1.TaintEffectNoExecute || tl.TolerationSeconds == nil)
+		}) {
+			t.Errorf("tolerations %v: want %s tolerated (NoExecute: without tolerationSeconds)", pod.Tolerations, taint.ToString())
+		}
 	}
 
 	containers := append(slices.Clone(pod.InitContainers), pod.Containers...)
@@ -462,6 +480,21 @@ func checkDaemonSet(t *testing.T, ms []manifest) {
 	checkEnv(t, c)
 	checkProbes(t, c)
 	checkVolumes(t, pod, c)
+}
+
+// tolerates reports whether tl tolerates taint, as the scheduler and the
+// taint manager judge it.
+func tolerates(tl corev1.Toleration, taint corev1.Taint) bool {
+	if tl.Effect != "" && tl.Effect != taint.Effect || tl.Key != "" && tl.Key != taint.Key {
+		return false
+	}
+	switch tl.Operator {
+	case corev1.TolerationOpExists:
+		return true
+	case corev1.TolerationOpEqual, "":
+		return tl.Key != "" && tl.Value == taint.Value
+	}
+	return false
 }
 
 func checkContainerSecurity(t *testing.T, podSC *corev1.PodSecurityContext, c corev1.Container) {
