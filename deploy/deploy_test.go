@@ -29,6 +29,7 @@ import (
 	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpuxid"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
@@ -386,7 +387,15 @@ func TestDecodeStrictRejectsUnknownFields(t *testing.T) {
 // ------------------------------------------------------------- the DaemonSet
 
 func TestDaemonSetSecurity(t *testing.T) {
-	checkDaemonSet(t, loadManifests(t))
+	ms := loadManifests(t)
+	checkDaemonSet(t, ms)
+	// The shipped tolerations are no blanket one: a node tainted to keep
+	// pods off (a dedicated pool) gets no agent.
+	pod := only[*appsv1.DaemonSet](t, ms).Spec.Template.Spec
+	dedicated := corev1.Taint{Key: "dedicated", Value: "infra", Effect: corev1.TaintEffectNoSchedule}
+	if slices.ContainsFunc(pod.Tolerations, func(tl corev1.Toleration) bool { return tolerates(tl, dedicated) }) {
+		t.Errorf("tolerations %v tolerate %s", pod.Tolerations, dedicated.ToString())
+	}
 }
 
 // checkDaemonSet holds the DaemonSet of ms (the kustomize manifests, or
@@ -437,10 +446,20 @@ func checkDaemonSet(t *testing.T, ms []manifest) {
 	if pod.NodeSelector["kubernetes.io/arch"] != "amd64" {
 		t.Errorf("nodeSelector %v: want kubernetes.io/arch=amd64", pod.NodeSelector)
 	}
-	if !slices.ContainsFunc(pod.Tolerations, func(tl corev1.Toleration) bool {
-		return (tl.Key == "nvidia.com/gpu" || tl.Key == "") && tl.Operator == corev1.TolerationOpExists
-	}) {
-		t.Errorf("tolerations %v: want one for nvidia.com/gpu", pod.Tolerations)
+	// GPU nodes' own taint; and the NoExecute taints of GPU health
+	// controllers, which would evict the agent from the very nodes whose
+	// GPUs fail: tolerated for good, whatever their key.
+	for _, taint := range []corev1.Taint{
+		{Key: "nvidia.com/gpu", Value: "present", Effect: corev1.TaintEffectNoSchedule},
+		{Key: "nvidia.com/gpu", Value: "unhealthy", Effect: corev1.TaintEffectNoExecute},
+		{Key: "gpu-health.example.com/xid", Value: "79", Effect: corev1.TaintEffectNoExecute},
+		{Key: "example.com/gpu-health", Effect: corev1.TaintEffectNoExecute},
+	} {
+		if !slices.ContainsFunc(pod.Tolerations, func(tl corev1.Toleration) bool {
+			return tolerates(tl, taint) && (taint.Effect != corev1.TaintEffectNoExecute || tl.TolerationSeconds == nil)
+		}) {
+			t.Errorf("tolerations %v: want %s tolerated (NoExecute: without tolerationSeconds)", pod.Tolerations, taint.ToString())
+		}
 	}
 
 	containers := append(slices.Clone(pod.InitContainers), pod.Containers...)
@@ -461,6 +480,21 @@ func checkDaemonSet(t *testing.T, ms []manifest) {
 	checkEnv(t, c)
 	checkProbes(t, c)
 	checkVolumes(t, pod, c)
+}
+
+// tolerates reports whether tl tolerates taint, as the scheduler and the
+// taint manager judge it.
+func tolerates(tl corev1.Toleration, taint corev1.Taint) bool {
+	if tl.Effect != "" && tl.Effect != taint.Effect || tl.Key != "" && tl.Key != taint.Key {
+		return false
+	}
+	switch tl.Operator {
+	case corev1.TolerationOpExists:
+		return true
+	case corev1.TolerationOpEqual, "":
+		return tl.Key != "" && tl.Value == taint.Value
+	}
+	return false
 }
 
 func checkContainerSecurity(t *testing.T, podSC *corev1.PodSecurityContext, c corev1.Container) {
@@ -1037,6 +1071,69 @@ func TestRulesContent(t *testing.T) {
 		"AutoglmGpuProcessMemoryExhaustionPredicted", "AutoglmEbpfEventsLost", "AutoglmEbpfDown"} {
 		if _, ok := alerts[name]; !ok {
 			t.Errorf("alert %s missing", name)
+		}
+	}
+}
+
+// The XID alerts select the classes of the agent's own catalogue, at the
+// severity its gpu_xid findings give them: each selector of an alert
+// lists exactly the XIDs of its class (the application's warnings, not
+// the cleanup's info), and no other alert reads the XID counter.
+func TestXIDRulesFollowCatalogue(t *testing.T) {
+	var device, app, known []uint64
+	for n, x := range gpuxid.Catalogue {
+		switch x.Class {
+		case model.XIDDevice:
+			device = append(device, n)
+			known = append(known, n)
+		case model.XIDApplication:
+			known = append(known, n)
+			if gpuxid.Severity(n) == model.SeverityWarning {
+				app = append(app, n)
+			}
+		}
+	}
+	join := func(xs []uint64) string {
+		slices.Sort(xs)
+		var ss []string
+		for _, x := range xs {
+			ss = append(ss, strconv.FormatUint(x, 10))
+		}
+		return strings.Join(ss, "|")
+	}
+	const unclassified = 1 << 40 // an XID no catalogue holds
+	want := map[string]struct{ selector, severity string }{
+		"AutoglmGpuXid":            {`xid=~"` + join(device) + `"`, gpuxid.Severity(device[0])},
+		"AutoglmGpuXidApplication": {`xid=~"` + join(app) + `"`, gpuxid.Severity(app[0])},
+		"AutoglmGpuXidUnknown":     {`xid!~"` + join(known) + `"`, gpuxid.Severity(unclassified)},
+	}
+	re := regexp.MustCompile(`autoglm_gpu_xid_errors_total(\{[^}]*\})?`)
+	seen := map[string]bool{}
+	for _, g := range loadRules(t).Groups {
+		for _, r := range g.Rules {
+			ms := re.FindAllStringSubmatch(r.Expr, -1)
+			if len(ms) == 0 {
+				continue
+			}
+			w, ok := want[r.Alert]
+			if !ok {
+				t.Errorf("%s reads autoglm_gpu_xid_errors_total but is no XID class's alert", r.Alert)
+				continue
+			}
+			seen[r.Alert] = true
+			for _, m := range ms {
+				if m[1] != "{"+w.selector+"}" {
+					t.Errorf("%s: selects %q, want {%s} (gpuxid.Catalogue)", r.Alert, m[0], w.selector)
+				}
+			}
+			if r.Labels["severity"] != w.severity {
+				t.Errorf("%s: severity %q, want %q as the class's findings", r.Alert, r.Labels["severity"], w.severity)
+			}
+		}
+	}
+	for a := range want {
+		if !seen[a] {
+			t.Errorf("no alert %s", a)
 		}
 	}
 }

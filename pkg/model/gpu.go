@@ -40,6 +40,16 @@ type GPUEvent struct {
 	// The MIG instance it concerns; NoInstance when not one (or the
 	// whole device).
 	GPUInstance, ComputeInstance uint32
+	// Processes are those on the device it concerns (on MIG, on its GPU
+	// instance, or on any instance for a fault of the whole GPU) in the
+	// window it came in, by pid; a fault's only (nil for the other kinds).
+	Processes []DeviceProcess
+}
+
+// DeviceProcess is a process NVML listed on a device.
+type DeviceProcess struct {
+	PID  int    `json:"pid"`
+	Comm string `json:"comm,omitempty"` // of a watched process; "" for one not watched
 }
 
 // NoInstance is NVML's GPU or compute instance id for "not a MIG
@@ -130,24 +140,52 @@ func DeviceLabel(index int, mig *int) string {
 	return strconv.Itoa(index) + "/mig" + strconv.Itoa(*mig)
 }
 
+// Classes of XID (GPUXIDEvidence.Class), after NVIDIA's XID catalogue
+// (detect/gpuxid holds which XID is of which).
+const (
+	// XIDApplication: a fault of the application's own kernels (an
+	// illegal address, an exception), or the cleanup after one; the GPU
+	// is fine.
+	XIDApplication = "application"
+	// XIDDevice: a fault of the device (its memory, driver or firmware,
+	// NVLink or bus); every process on it is affected.
+	XIDDevice = "device"
+	// XIDUnknown: an XID not classified here.
+	XIDUnknown = "unknown"
+)
+
 // GPUXIDEvidence is a gpu_xid's evidence.
 type GPUXIDEvidence struct {
+	Class        string        `json:"class"`
 	Count        int           `json:"count"`
 	Device       int           `json:"device"`
 	FirstAt      time.Time     `json:"first_at"`
 	LastAt       time.Time     `json:"last_at"`
 	Meaning      string        `json:"meaning"`
 	MIGInstances []MIGInstance `json:"mig_instances,omitempty"`
-	UUID         string        `json:"uuid"`
-	XID          uint64        `json:"xid"`
+	// Processes are those on the device (on MIG, on the instance) while
+	// it reported the XID, by pid.
+	Processes []DeviceProcess `json:"processes,omitempty"`
+	UUID      string          `json:"uuid"`
+	XID       uint64          `json:"xid"`
 }
 
 func (e GPUXIDEvidence) EvidenceKind() string { return KindGPUXID }
 
 func (e GPUXIDEvidence) Card(c Card) {
 	c.CountUint64("xid", "XID", e.XID)
+	c.Text("class", "class", e.Class)
 	c.Text("meaning", "meaning", e.Meaning)
 	gpuFaultCard(c, e.Device, e.UUID, e.Count, e.FirstAt, e.LastAt, e.MIGInstances)
+	var rows []Row
+	for _, p := range e.Processes {
+		comm := p.Comm
+		if comm == "" {
+			comm = "(not watched)"
+		}
+		rows = append(rows, Row{Cells: []Cell{CountCell(p.PID), TextCell(comm)}})
+	}
+	c.Table("processes", "processes on the device", []string{"pid", "comm"}, rows)
 }
 
 // GPUECCEvidence is a gpu_ecc_error's evidence.

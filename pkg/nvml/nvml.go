@@ -64,6 +64,7 @@ type Sampler struct {
 	// closed one; counts since Start of every event by kind and of the
 	// XIDs by number.
 	winEvents, rolledEvents []model.GPUEvent
+	rolledUse               map[int]devUse // where each process ran in the closed window, while it has faults
 	eventCounts             map[model.GPUEventKey]uint64
 	xidCounts               map[model.XIDKey]uint64
 	events                  sync.WaitGroup // the event goroutine
@@ -384,6 +385,20 @@ func (s *Sampler) Roll() {
 	}
 	clear(s.winUtil)
 	s.rolledEvents, s.winEvents = s.winEvents, nil
+	// Where each process ran, for the window's faults: who each concerns.
+	s.rolledUse = nil
+	if len(s.rolledEvents) > 0 {
+		s.rolledUse = s.uses()
+		for i, e := range s.rolledEvents {
+			var ps []model.DeviceProcess
+			for _, pid := range slices.Sorted(maps.Keys(s.rolledUse)) {
+				if s.rolledUse[pid].concerns(e) {
+					ps = append(ps, model.DeviceProcess{PID: pid})
+				}
+			}
+			s.rolledEvents[i].Processes = ps
+		}
+	}
 }
 
 // utilKey is a process on a device.
@@ -503,56 +518,120 @@ func Join(p *model.Process, used Range, ok bool) {
 // the driver faults of the devices it uses. It runs whatever views are up
 // (p.CUDA.LiveBytes is zero without the CUDA view), and whether or not
 // Start succeeded (then there is nothing to join).
-func (s *Sampler) Enrich(p *model.Process) {
-	used, ok := s.ProcessMemory(p.PID)
-	Join(p, used, ok)
-	p.CUDA.GPUUtil = s.Utilization(p.PID)
-	p.CUDA.GPUEvents = s.eventsOf(p)
+func (s *Sampler) Enrich(p *model.Process) { s.EnrichAll([]*model.Process{p}) }
+
+// EnrichAll enriches each of procs as Enrich does; the processes its
+// faults list (model.GPUEvent.Processes) are named by the comm of those
+// among procs, the others by pid alone.
+func (s *Sampler) EnrichAll(procs []*model.Process) {
+	events := s.namedEvents(procs)
+	for _, p := range procs {
+		used, ok := s.ProcessMemory(p.PID)
+		Join(p, used, ok)
+		p.CUDA.GPUUtil = s.Utilization(p.PID)
+		p.CUDA.GPUEvents = s.eventsOf(p.PID, events)
+	}
 }
 
-// eventsOf returns the faults of the last window on the devices p uses:
-// those NVML lists it on, or it ran on. On a GPU in MIG mode, a fault an
-// event pins to a GPU instance goes only to the processes on that
-// instance: one tenant's illegal address is not its neighbours'.
-func (s *Sampler) eventsOf(p *model.Process) []model.GPUEvent {
+// namedEvents returns the faults of the last window with the comm of each
+// process of procs they list: copies, for the window's own are shared.
+func (s *Sampler) namedEvents(procs []*model.Process) []model.GPUEvent {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.rolledEvents) == 0 {
 		return nil
 	}
-	used := map[devKey]bool{}
+	names := make(map[int]string, len(procs))
+	for _, p := range procs {
+		names[p.PID] = p.Comm
+	}
+	out := slices.Clone(s.rolledEvents)
+	for i := range out {
+		ps := slices.Clone(out[i].Processes)
+		for j := range ps {
+			ps[j].Comm = names[ps[j].PID]
+		}
+		out[i].Processes = ps
+	}
+	return out
+}
+
+// eventsOf returns those of events (the faults of the last window) on the
+// devices pid used: those NVML listed it on, or it ran on. On a GPU in MIG
+// mode, a fault an event pins to a GPU instance goes only to the
+// processes on that instance: one tenant's illegal address is not its
+// neighbours'.
+func (s *Sampler) eventsOf(pid int, events []model.GPUEvent) []model.GPUEvent {
+	if len(events) == 0 {
+		return nil
+	}
+	s.mu.Lock()
+	u := s.rolledUse[pid]
+	s.mu.Unlock()
+	var out []model.GPUEvent
+	for _, e := range events {
+		if u.concerns(e) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// devUse is where a process ran in a window: the GPUs it used whole (or on
+// a MIG instance whose GPU instance is not known), and on the others the
+// GPU instances it used.
+type devUse struct {
+	whole     map[int]bool
+	instances map[int]map[uint32]bool // by GPU
+}
+
+// concerns reports whether the fault e concerns a process that ran where
+// u says.
+func (u devUse) concerns(e model.GPUEvent) bool {
+	on := u.instances[e.Device]
+	return u.whole[e.Device] || on != nil && (e.GPUInstance == model.NoInstance || on[e.GPUInstance])
+}
+
+// uses returns where each process ran in the closed window, by pid: the
+// devices NVML listed it on, or sampled its utilization on. s.mu is held.
+func (s *Sampler) uses() map[int]devUse {
 	instance := map[devKey]uint32{} // of the MIG devices
+	used := map[int]map[devKey]bool{}
+	add := func(pid int, k devKey) {
+		if used[pid] == nil {
+			used[pid] = map[devKey]bool{}
+		}
+		used[pid][k] = true
+	}
 	for _, g := range s.rolledGPUs {
 		k := keyOf(g.Index, g.MIG)
-		if _, ok := g.Processes[p.PID]; ok {
-			used[k] = true
+		for pid := range g.Processes {
+			add(pid, k)
 		}
 		if g.MIG != nil {
 			instance[k] = g.GPUInstance
 		}
 	}
-	for _, u := range s.rolledUtil[p.PID] {
-		used[keyOf(u.Device, u.MIG)] = true
+	for pid, us := range s.rolledUtil {
+		for _, u := range us {
+			add(pid, keyOf(u.Device, u.MIG))
+		}
 	}
-	whole := map[int]bool{}                // GPUs p uses whole, or on an instance not known
-	instances := map[int]map[uint32]bool{} // the GPU instances p uses, by GPU
-	for k := range used {
-		gi, ok := instance[k]
-		if !ok || gi == model.NoInstance {
-			whole[k.index] = true
-			continue
+	out := make(map[int]devUse, len(used))
+	for pid, ks := range used {
+		u := devUse{whole: map[int]bool{}, instances: map[int]map[uint32]bool{}}
+		for k := range ks {
+			gi, ok := instance[k]
+			if !ok || gi == model.NoInstance {
+				u.whole[k.index] = true
+				continue
+			}
+			if u.instances[k.index] == nil {
+				u.instances[k.index] = map[uint32]bool{}
+			}
+			u.instances[k.index][gi] = true
 		}
-		if instances[k.index] == nil {
-			instances[k.index] = map[uint32]bool{}
-		}
-		instances[k.index][gi] = true
-	}
-	var out []model.GPUEvent
-	for _, e := range s.rolledEvents {
-		on := instances[e.Device]
-		if whole[e.Device] || on != nil && (e.GPUInstance == model.NoInstance || on[e.GPUInstance]) {
-			out = append(out, e)
-		}
+		out[pid] = u
 	}
 	return out
 }

@@ -354,12 +354,20 @@ func TestRealLibrary(t *testing.T) {
 	}
 }
 
-// enriched returns the CUDA part of each of procs after s enriched it.
+// enriched returns the CUDA part of each of procs after s enriched them.
 func enriched(s *Sampler, procs ...*model.Process) []model.CUDAStats {
+	s.EnrichAll(procs)
 	var out []model.CUDAStats
 	for _, p := range procs {
-		s.Enrich(p)
 		out = append(out, p.CUDA)
+	}
+	return out
+}
+
+// pidsOf says which processes a fault lists, "pid comm" each.
+func pidsOf(e model.GPUEvent) (out []string) {
+	for _, p := range e.Processes {
+		out = append(out, fmt.Sprintf("%d %s", p.PID, p.Comm))
 	}
 	return out
 }
@@ -527,10 +535,29 @@ func TestEvents(t *testing.T) {
 		t.Errorf("window events %+v, want the double-bit ECC error and the two XIDs alone", ev)
 	}
 	// pid 100 uses both devices (NVML lists it on the second); pid 200
-	// only the first, with its ECC error.
-	got := enriched(s, &model.Process{PID: 100}, &model.Process{PID: 200})
+	// only the first, with its ECC error. Each fault lists the processes
+	// on its device, named when watched (pid 200 is not enriched here; pid
+	// 300, listed without a memory figure, counts nowhere, as for the
+	// faults it gets).
+	got := enriched(s, &model.Process{PID: 100, Comm: "train"})
+	if len(got[0].GPUEvents) != 3 {
+		t.Fatalf("events joined: pid 100 %+v", got[0].GPUEvents)
+	}
+	if ps := pidsOf(got[0].GPUEvents[0]); !slices.Equal(ps, []string{"100 train", "200 "}) {
+		t.Errorf("processes of GPU 0's fault: %q", ps)
+	}
+	if ps := pidsOf(got[0].GPUEvents[2]); !slices.Equal(ps, []string{"100 train"}) {
+		t.Errorf("processes of GPU 1's XID: %q", ps)
+	}
+	got = enriched(s, &model.Process{PID: 100, Comm: "train"}, &model.Process{PID: 200, Comm: "serve"})
 	if len(got[0].GPUEvents) != 3 || len(got[1].GPUEvents) != 1 || got[1].GPUEvents[0].Kind != model.GPUEventDoubleBitECC {
 		t.Errorf("events joined: pid 100 %+v, pid 200 %+v", got[0].GPUEvents, got[1].GPUEvents)
+	}
+	if ps := pidsOf(got[1].GPUEvents[0]); !slices.Equal(ps, []string{"100 train", "200 serve"}) {
+		t.Errorf("processes of GPU 0's fault, both enriched: %q", ps)
+	}
+	if ps := pidsOf(s.Events()[1]); !slices.Equal(ps, []string{"100 "}) {
+		t.Errorf("the window's own events were named: %q", ps)
 	}
 	s.Roll()
 	if ev := s.Events(); len(ev) != 0 {
@@ -712,6 +739,13 @@ func TestMIG(t *testing.T) {
 	for i, want := range [][]uint64{{31, 79}, {48}, {31, 13, 79}} {
 		if got := xids(got[i].GPUEvents); !slices.Equal(got, want) {
 			t.Errorf("pid %d: XIDs %v, want %v", []int{100, 200, 300}[i], got, want)
+		}
+	}
+	// Each fault lists the processes it concerns: those of its instance,
+	// or of any instance for one of the whole GPU.
+	for i, want := range [][]string{{"100 ", "300 "}, {"300 "}, {"100 ", "300 "}, {"200 "}} {
+		if got := pidsOf(s.Events()[i]); !slices.Equal(got, want) {
+			t.Errorf("XID %d: processes %q, want %q", s.Events()[i].XID, got, want)
 		}
 	}
 }

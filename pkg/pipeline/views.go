@@ -156,10 +156,9 @@ func (p *Pipeline) judge(now time.Time, observe []*model.Process) ([]model.Findi
 		filled[c.Name()] = got
 	}
 	// Enrich: NVML's figures, whichever views are up; the CUDA view's
-	// live bytes, where it tracks the process, are filled by now.
-	for _, pr := range observe {
-		p.gpu.Enrich(pr)
-	}
+	// live bytes, where it tracks the process, are filled by now. A
+	// fault names the processes on its device that are among them.
+	p.gpu.EnrichAll(observe)
 	if p.status["nvml"] == "" {
 		filled["nvml"] = observe
 	}

@@ -38,8 +38,11 @@ func TestXIDFindings(t *testing.T) {
 	}
 	f := fs[1]
 	if ev, _ := f.Evidence.(model.GPUXIDEvidence); f.Kind != model.KindGPUXID || f.Severity != model.SeverityCritical || !f.Active || ev.XID != 79 || ev.Count != 2 ||
-		!strings.Contains(f.Summary, "XID 79 2 times") || !strings.Contains(f.Summary, "fallen off the bus") {
+		ev.Class != model.XIDDevice || !strings.Contains(f.Summary, "XID 79 2 times") || !strings.Contains(f.Summary, "fallen off the bus") {
 		t.Errorf("XID 79 finding %+v", f)
+	}
+	if ev, _ := fs[0].Evidence.(model.GPUXIDEvidence); fs[0].Severity != model.SeverityWarning || ev.XID != 31 || ev.Class != model.XIDApplication {
+		t.Errorf("XID 31 finding %+v: want an application's warning", fs[0])
 	}
 	if fs[0].FirstSeen.Equal(fs[1].FirstSeen) {
 		t.Error("two findings of the process share their first sighting")
@@ -98,5 +101,106 @@ func TestECCFindings(t *testing.T) {
 	p.CUDA.GPUEvents = nil
 	if fs := d.Observe(t0.Add(2*time.Minute), p); len(fs) != 2 || fs[0].Active || fs[1].Active {
 		t.Errorf("after Quiet: %+v, want both ended", fs)
+	}
+}
+
+// on is an XID of GPU 0 with the processes on it.
+func on(at time.Duration, n uint64, procs ...model.DeviceProcess) model.GPUEvent {
+	e := xid(at, 0, n)
+	e.Processes = procs
+	return e
+}
+
+// Each XID is judged by its class: a fault of the device is critical for
+// every process on it, which the evidence lists; one of an application a
+// warning that says whether the process was alone on the device (45, the
+// cleanup after one, info); one not classified a warning with its number.
+func TestXIDClasses(t *testing.T) {
+	train, eval := model.DeviceProcess{PID: 2, Comm: "train"}, model.DeviceProcess{PID: 3, Comm: "eval"}
+	other := model.DeviceProcess{PID: 9} // not watched
+	for _, c := range []struct {
+		xid      uint64
+		procs    []model.DeviceProcess
+		severity string
+		class    string
+		says     []string
+	}{
+		{79, []model.DeviceProcess{train, eval, other}, model.SeverityCritical, model.XIDDevice,
+			[]string{"fallen off the bus", "a fault of the device, not of train: it affects all 3 processes on it"}},
+		{48, []model.DeviceProcess{train}, model.SeverityCritical, model.XIDDevice, []string{"double-bit ECC", "a fault of the device, not of train"}},
+		{74, []model.DeviceProcess{train, eval}, model.SeverityCritical, model.XIDDevice, []string{"NVLink"}},
+		{119, []model.DeviceProcess{train, eval}, model.SeverityCritical, model.XIDDevice, []string{"GSP RPC timeout"}},
+		{31, []model.DeviceProcess{train}, model.SeverityWarning, model.XIDApplication,
+			[]string{"GPU memory page fault", "a fault of the application: train, alone on the device, caused it"}},
+		{13, []model.DeviceProcess{train, eval}, model.SeverityWarning, model.XIDApplication,
+			[]string{"graphics engine exception", "one of the 2 processes on the device caused it", "NVRM: Xid"}},
+		{43, []model.DeviceProcess{train}, model.SeverityWarning, model.XIDApplication, []string{"GPU stopped processing"}},
+		{45, []model.DeviceProcess{train, eval}, model.SeverityInfo, model.XIDApplication, []string{"preemptive cleanup", "informational"}},
+		{109, []model.DeviceProcess{train}, model.SeverityWarning, model.XIDUnknown, []string{"XID 109 once", "context switch timeout", "XID 109 is not classified here"}},
+		{157, []model.DeviceProcess{train}, model.SeverityWarning, model.XIDUnknown, []string{"XID 157 once", "see NVIDIA's XID catalogue", "XID 157 is not classified here"}},
+	} {
+		d := New(Config{Quiet: time.Minute})
+		p := &model.Process{PID: 2, Comm: "train"}
+		p.CUDA.GPUEvents = []model.GPUEvent{on(0, c.xid, c.procs...)}
+		fs := d.Observe(t0.Add(time.Second), p)
+		if len(fs) != 1 {
+			t.Fatalf("XID %d: findings %+v", c.xid, fs)
+		}
+		f := fs[0]
+		ev, _ := f.Evidence.(model.GPUXIDEvidence)
+		if f.Kind != model.KindGPUXID || f.Severity != c.severity || ev.Class != c.class || ev.XID != c.xid || !slices.Equal(ev.Processes, c.procs) {
+			t.Errorf("XID %d: %s %s, processes %v; want %s %s, %v", c.xid, f.Severity, ev.Class, ev.Processes, c.severity, c.class, c.procs)
+		}
+		for _, w := range c.says {
+			if !strings.Contains(f.Summary, w) {
+				t.Errorf("XID %d: summary %q lacks %q", c.xid, f.Summary, w)
+			}
+		}
+	}
+}
+
+// The processes of a finding are those of every report of its XID while
+// it is active, the process itself among them even where an event lists
+// none; a comm learnt once stays.
+func TestXIDProcessesAccumulate(t *testing.T) {
+	d := New(Config{Quiet: time.Minute})
+	p := &model.Process{PID: 2, Comm: "train"}
+	p.CUDA.GPUEvents = []model.GPUEvent{xid(0, 0, 79)}
+	fs := d.Observe(t0, p)
+	if ev, _ := fs[0].Evidence.(model.GPUXIDEvidence); !slices.Equal(ev.Processes, []model.DeviceProcess{{PID: 2, Comm: "train"}}) {
+		t.Errorf("an event listing none: processes %v, want the process itself", ev.Processes)
+	}
+	p.CUDA.GPUEvents = []model.GPUEvent{on(time.Second, 79, model.DeviceProcess{PID: 2}, model.DeviceProcess{PID: 5, Comm: "eval"})}
+	d.Observe(t0.Add(time.Second), p)
+	p.CUDA.GPUEvents = []model.GPUEvent{on(2*time.Second, 79, model.DeviceProcess{PID: 5})}
+	fs = d.Observe(t0.Add(2*time.Second), p)
+	want := []model.DeviceProcess{{PID: 2, Comm: "train"}, {PID: 5, Comm: "eval"}}
+	if ev, _ := fs[0].Evidence.(model.GPUXIDEvidence); len(fs) != 1 || ev.Count != 3 || !slices.Equal(ev.Processes, want) ||
+		!strings.Contains(fs[0].Summary, "all 2 processes") {
+		t.Errorf("findings %+v, want one of 3 reports with processes %v", fs, want)
+	}
+}
+
+// The catalogue holds the classes NVIDIA's XID catalogue gives the common
+// XIDs: the device's memory, driver, NVLink, bus and GSP faults, and the
+// application's own.
+func TestCatalogue(t *testing.T) {
+	for _, n := range []uint64{48, 63, 64, 74, 79, 92, 94, 95, 119, 120} {
+		if Class(n) != model.XIDDevice || Severity(n) != model.SeverityCritical {
+			t.Errorf("XID %d: %s %s, want a critical device fault", n, Class(n), Severity(n))
+		}
+	}
+	for _, n := range []uint64{13, 31, 43, 45} {
+		if Class(n) != model.XIDApplication {
+			t.Errorf("XID %d: %s, want the application's", n, Class(n))
+		}
+	}
+	if Severity(45) != model.SeverityInfo || Severity(13) != model.SeverityWarning || Severity(1000) != model.SeverityWarning || Class(1000) != model.XIDUnknown {
+		t.Errorf("severities: 45 %s, 13 %s, 1000 %s (%s)", Severity(45), Severity(13), Severity(1000), Class(1000))
+	}
+	for n, x := range Catalogue {
+		if !slices.Contains([]string{model.XIDApplication, model.XIDDevice, model.XIDUnknown}, x.Class) || x.Meaning == "" {
+			t.Errorf("XID %d: %+v", n, x)
+		}
 	}
 }
