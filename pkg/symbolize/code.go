@@ -23,13 +23,27 @@ type CodeMapping struct {
 }
 
 // CodeMappings reads pid's mappings afresh (keeping them for Frames, as
-// Refresh does) and returns its executable ones, in address order.
+// Refresh does) and returns its executable ones, in address order. Never
+// through the poll's cache: the mappings entered must be those of the
+// address space the caller names, read after it (an exec may have come
+// since the poll read them).
 func (s *Symbolizer) CodeMappings(pid int) ([]CodeMapping, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	maps, err := s.readMaps(pid)
-	if err != nil {
-		return nil, err
+	var maps []mapping
+	if s.shared != nil {
+		// The poll's reader without its cache: a fresh read, parsed
+		// without procfs's allocations.
+		pms, err := s.shared.WithPollCache(nil).Maps(pid)
+		if err != nil {
+			return nil, err
+		}
+		maps = s.mappings(pid, pms)
+	} else {
+		var err error
+		if maps, err = s.readMaps(pid); err != nil {
+			return nil, err
+		}
 	}
 	s.maps[pid] = maps
 	var out []CodeMapping
