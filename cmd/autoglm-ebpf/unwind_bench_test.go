@@ -53,7 +53,8 @@ signal.sigwait([signal.SIGUSR1])
 // with 1 and with 32 Python processes of one interpreter doing the same
 // opens (opensScript): the unwind rules and code mapping blocks in the
 // kernel and their memory, the unwind requests user space served (each a
-// copy of the stack through the ring buffer) and the agent's CPU. The
+// copy of the stack through the ring buffer), those the full ring kept
+// from being sent (their stacks cut short) and the agent's CPU. The
 // agent is this tree's, or the binary AUTOGLM_BENCH_BIN names (another
 // commit's, for a before and after in one session). Three rounds,
 // alternating the two sizes.
@@ -93,6 +94,7 @@ func BenchmarkUnwindByFile(b *testing.B) {
 		b.ReportMetric(med(func(r unwindRun) float64 { return float64(r.stacksBytes) }), name+"-stacks-view-bytes")
 		b.ReportMetric(med(func(r unwindRun) float64 { return float64(r.requests) }), name+"-requests")
 		b.ReportMetric(med(func(r unwindRun) float64 { return float64(r.ringBytes) }), name+"-request-bytes")
+		b.ReportMetric(med(func(r unwindRun) float64 { return r.ringFull }), name+"-requests-ring-full")
 		b.ReportMetric(med(func(r unwindRun) float64 { return r.workCPU }), name+"-cpu-s-workload")
 		b.ReportMetric(med(func(r unwindRun) float64 { return r.totalCPU }), name+"-cpu-s-total")
 	}
@@ -104,6 +106,7 @@ type unwindRun struct {
 	unwindBytes            uint64  // the kernel's memlock of those two maps
 	stacksBytes            float64 // autoglm_bpf_memory_bytes{view="stacks"}
 	requests, ringBytes    uint64  // requests sent through unwind_requests, and their bytes
+	ringFull               float64 // requests not sent, the ring full: stacks cut short (fd_ringbuf)
 	workCPU, totalCPU      float64 // the agent's user+sys seconds: from the signal on, and all
 	watchTime, workloadDur time.Duration
 	lost                   []string // autoglm_bpf_events_lost_total series that are not 0
@@ -159,6 +162,9 @@ func unwindRound(b *testing.B, bin string, n int) unwindRun {
 	for _, line := range strings.Split(scrapeText(addr), "\n") {
 		if v, ok := strings.CutPrefix(line, `autoglm_bpf_memory_bytes{view="stacks"} `); ok {
 			run.stacksBytes, _ = strconv.ParseFloat(v, 64)
+		}
+		if v, ok := strings.CutPrefix(line, `autoglm_bpf_events_lost_total{source="fd_ringbuf"} `); ok {
+			run.ringFull, _ = strconv.ParseFloat(v, 64)
 		}
 		if rest, ok := strings.CutPrefix(line, "autoglm_bpf_events_lost_total{"); ok && !strings.HasSuffix(rest, " 0") {
 			run.lost = append(run.lost, rest)
