@@ -47,10 +47,10 @@ const DefaultMaxSitesPerProc = 1024
 
 // MappingBlocksPerProcess sizes the trie of code mappings (bpf/unwind.h,
 // unwind_mappings) for the processes tracked: a Python process takes about
-// 40 blocks (8 executable mappings), a PyTorch one far more. What does not
-// fit is counted ("stacks_unwind_mappings") and has rules of its process's
-// own, as anonymous code does. Not preallocated: the kernel charges the
-// blocks entered.
+// 50 blocks (10 to 16 executable mappings), a PyTorch one far more. What
+// does not fit is counted ("stacks_unwind_mappings") and has rules of its
+// process's own, as anonymous code does. Not preallocated: the kernel
+// charges the blocks entered.
 const MappingBlocksPerProcess = 64
 
 // Config says how the service reads processes.
