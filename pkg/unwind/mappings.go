@@ -165,27 +165,30 @@ func (s *Server) learn(tgid uint32, asid uint64) *proc {
 	return p
 }
 
-// enter makes the trie hold ms for p: the mappings gone leave it, the new
-// ones enter it, those unchanged stay as they are.
+// enter makes the trie hold ms for p: the mappings gone leave it, then the
+// new ones enter it (a mapping whose file changed, at the same addresses,
+// is both), those unchanged stay as they are.
 func (s *Server) enter(tgid uint32, p *proc, ms []symbolize.CodeMapping) {
-	was := map[symbolize.CodeMapping]entered{}
-	for _, e := range p.maps {
-		was[e.CodeMapping] = e
-	}
-	now := make([]entered, 0, len(ms))
+	now := map[symbolize.CodeMapping]bool{}
 	for _, m := range ms {
-		e, ok := was[m]
-		if ok {
-			delete(was, m)
+		now[m] = true
+	}
+	kept := map[symbolize.CodeMapping]entered{}
+	for _, e := range p.maps {
+		if now[e.CodeMapping] {
+			kept[e.CodeMapping] = e
 		} else {
+			s.remove(tgid, p.asid, e)
+		}
+	}
+	p.maps = make([]entered, 0, len(ms))
+	for _, m := range ms {
+		e, ok := kept[m]
+		if !ok {
 			e = s.add(tgid, p.asid, m)
 		}
-		now = append(now, e)
+		p.maps = append(p.maps, e)
 	}
-	for _, e := range was {
-		s.remove(tgid, p.asid, e)
-	}
-	p.maps = now
 }
 
 // add enters one mapping: all its blocks or, where the trie is full

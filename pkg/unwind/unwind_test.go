@@ -341,3 +341,37 @@ func libcAddr(pid int) uint64 {
 	}
 	return 0
 }
+
+// Entering a process's mappings again changes the trie by what changed:
+// a mapping gone leaves it, a new one enters it, one whose file changed at
+// the same addresses (a file readable now that was not) is the new file's,
+// and the files' counts follow.
+func TestEnterChanges(t *testing.T) {
+	f := newFake()
+	s := newServer(f, nil, procinfo.FS{})
+	p := &proc{asid: 7}
+	s.procs[1] = p
+	lib := symbolize.CodeMapping{Start: 0x7f0000001000, End: 0x7f0000005000, File: 11, Bias: 0x7f0000000000}
+	own := symbolize.CodeMapping{Start: 0x7f0000010000, End: 0x7f0000011000}
+	exe := symbolize.CodeMapping{Start: 0x555555555000, End: 0x555555556000, File: 12, Bias: 0x555555554000}
+	s.enter(1, p, []symbolize.CodeMapping{exe, own})
+	libNow := lib
+	libNow.File = 13
+	s.enter(1, p, []symbolize.CodeMapping{exe, own, lib})
+	s.enter(1, p, []symbolize.CodeMapping{exe, libNow})
+	for _, c := range []struct {
+		addr uint64
+		want symbolize.CodeMapping
+		ok   bool
+	}{{exe.Start, exe, true}, {lib.End - 1, libNow, true}, {own.Start, symbolize.CodeMapping{}, false}} {
+		if m, ok := f.lookup(1, 7, c.addr); ok != c.ok || m != c.want {
+			t.Errorf("at %#x the trie has %+v (%v), want %+v (%v)", c.addr, m, ok, c.want, c.ok)
+		}
+	}
+	if want := map[uint64]int{12: 1, 13: 1}; !maps.Equal(s.files, want) {
+		t.Errorf("files %v, want %v", s.files, want)
+	}
+	if n := len(blocks(exe.Start, exe.End)) + len(blocks(lib.Start, lib.End)); len(f.trie) != n {
+		t.Errorf("the trie has %d blocks, want %d", len(f.trie), n)
+	}
+}
