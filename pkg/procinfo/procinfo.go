@@ -415,18 +415,15 @@ type Layout struct {
 	StartStack, StartBrk uint64
 }
 
-// ErrNoLayout is returned for a process whose stat hides its layout (no
-// mm, or no right to read it).
-var ErrNoLayout = errors.New("no address space layout")
-
-// Layout reads pid's Layout.
+// Layout reads pid's Layout; an error where its stat hides it (no mm, or
+// no right to read it).
 func (fs FS) Layout(pid int) (Layout, error) {
 	st, err := fs.readStat(pid)
 	if err != nil {
 		return Layout{}, err
 	}
 	if st.StartStack == 0 && st.StartBrk == 0 {
-		return Layout{}, fmt.Errorf("pid %d: %w", pid, ErrNoLayout)
+		return Layout{}, fmt.Errorf("pid %d: no address space layout in its stat", pid)
 	}
 	return Layout{StartStack: st.StartStack, StartBrk: st.StartBrk}, nil
 }
