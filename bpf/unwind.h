@@ -6,22 +6,31 @@
  * pointer chain: in code that uses rbp as a general register it returns
  * garbage or stops after one frame. Unwinding needs, at each frame, where the
  * caller's frame starts (the canonical frame address, CFA) and where the
- * caller's rbp was saved. That is a property of the instruction address alone,
- * so user space computes it once per return address and stores it in
+ * caller's rbp was saved. That is a property of the instruction alone, so
+ * user space computes it once per return address and stores it in
  * unwind_rules; the kernel walks with those rules and, at the first address
  * without one, sends user space the registers and a bounded copy of the stack
  * from there (unwind_requests). User space unwinds that copy with .eh_frame,
  * completes the stack under the id the kernel chose, and adds the rules it
  * used, so the next call from the same site unwinds entirely in the kernel.
- * A site costs one copy per process; a steady workload then copies nothing.
  *
- * Rules are keyed by address space (the mm, which exec replaces) and
- * instruction, and carry the tgid so user space can drop a process's rules
- * when it is gone. A caller's rule is looked up at its return address minus
- * one, inside the call instruction, so that a call ending a function
- * (noreturn) still finds that function's row; the innermost frame's at its
- * exact address when the walk starts at an instruction pointer (a syscall)
- * rather than at a return address (a function's entry).
+ * Rules are keyed by file and file offset, not by process: every process
+ * mapping a library (32 workers mapping libtorch, or libc and python)
+ * shares one rule per instruction, whoever taught it. Which file an address
+ * is in comes from unwind_mappings, a trie of each tracked process's
+ * executable mappings that user space enters when it starts tracking the
+ * process, so that a process's first stack through code another process
+ * taught is unwound in the kernel too: a site costs one copy, not one per
+ * process. The walk searches the trie only when a frame leaves the mapping
+ * of the frame before. An address no file mapping covers (anonymous code:
+ * JIT compilers; or a library loaded since, whose first request makes user
+ * space enter it) has rules of its process's own, by address.
+ *
+ * A caller's rule is looked up at its return address minus one, inside the
+ * call instruction, so that a call ending a function (noreturn) still finds
+ * that function's row; the innermost frame's at its exact address when the
+ * walk starts at an instruction pointer (a syscall) rather than at a return
+ * address (a function's entry).
  *
  * x86-64 only: the return address sits at CFA - 8, and rsp and rbp are the
  * only registers a CFA is computed from in compiled code (anything else, such
@@ -46,11 +55,15 @@ enum unwind_rbp {
 	RBP_UNDEFINED = 2, /* not recoverable */
 };
 
+/* Rules are the code's, not the process's: one per instruction of a file,
+ * keyed by the file's id (user space: a hash of its build id, else of its
+ * device and inode; bit 63 clear) and the instruction's offset in the file,
+ * whatever process maps it where. Code of no file (anonymous memory: JIT
+ * compilers; a file user space cannot read) has rules of the process's own,
+ * keyed by unwind_own_code() and the address. */
 struct unwind_key {
-	u64 mm;
-	u64 pc; /* a return address - 1, or frame 0's exact instruction pointer */
-	u32 tgid;
-	u32 pad;
+	u64 file;
+	u64 at; /* offset in the file, or address in the process's own code */
 };
 
 struct unwind_rule {
@@ -60,6 +73,52 @@ struct unwind_rule {
 	s32 cfa_off;
 	s32 rbp_off;
 	u32 pad2;
+};
+
+/* A process's address space, named so that user space can name it too,
+ * from /proc/PID/stat (startstack and start_brk, fields 28 and 47): both are
+ * set by exec and randomized independently, so an exec, which replaces the
+ * mappings, changes it. The mm pointer would do for the kernel alone, but
+ * user space could learn it only from a request: naming the space from
+ * /proc lets it enter a process's mappings when it starts tracking it,
+ * before the process's first stack. */
+static __always_inline u64 unwind_asid(struct mm_struct *mm)
+{
+	return BPF_CORE_READ(mm, start_stack) * 0x9e3779b97f4a7c15ULL ^ BPF_CORE_READ(mm, start_brk);
+}
+
+/* The id under which the rules of a process's own code are kept: bit 63
+ * set, so that no file's id is one, then 31 bits of the address space (the
+ * rules of the image an exec replaced are not the new one's) and the tgid. */
+#define UNWIND_OWN_CODE (1ULL << 63)
+
+static __always_inline u64 unwind_own_code(u32 tgid, u64 asid)
+{
+	return UNWIND_OWN_CODE | (asid & 0x7fffffff00000000ULL) | tgid;
+}
+
+/* Which file each address of a process maps, for the rule lookups: a
+ * longest-prefix-match trie over (tgid, address space, address), so that
+ * one entry covers an aligned block of addresses. User space splits each
+ * executable mapping into such blocks when it starts tracking a process
+ * (and again when a request shows one it does not know: dlopen), and
+ * removes them once no view tracks the process. An exec'd process has
+ * another address space: the old image's entries never match it. The trie
+ * matches bytes in order: the fields after prefixlen are big-endian. */
+struct unwind_mapping_key {
+	u32 prefixlen; /* 96 + the bits of addr the block shares */
+	u32 tgid;
+	u64 asid;
+	u64 addr;
+};
+
+#define UNWIND_MAPPING_BITS (8 * (sizeof(struct unwind_mapping_key) - sizeof(u32)))
+
+struct unwind_mapping {
+	u64 file;  /* the file's id; 0: the process's own code (anonymous) */
+	u64 bias;  /* an address's file offset is the address - bias */
+	u64 start; /* the whole mapping, beyond this block: frames after the */
+	u64 end;   /* first one in it need no lookup */
 };
 
 /* Stack ids below this are hashes of the frames (the kernel unwound the whole
@@ -78,6 +137,7 @@ struct unwound_stack {
  * the stack from sp up. */
 struct unwind_request {
 	u64 mm;
+	u64 asid; /* unwind_asid(): which mappings user space must know */
 	u64 hash; /* of pcs[0..n): with mm, the key of the request in unwind_pending */
 	u32 tgid;
 	s32 stack_id;
@@ -98,6 +158,15 @@ struct {
 	__type(key, struct unwind_key);
 	__type(value, struct unwind_rule);
 } unwind_rules SEC(".maps");
+
+/* Sized from the processes tracked (pkg/stacks). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 65536);
+	__type(key, struct unwind_mapping_key);
+	__type(value, struct unwind_mapping);
+} unwind_mappings SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -158,6 +227,8 @@ struct {
 
 const struct unwind_key *unused_unwind_key __attribute__((unused));
 const struct unwind_rule *unused_unwind_rule __attribute__((unused));
+const struct unwind_mapping_key *unused_unwind_mapping_key __attribute__((unused));
+const struct unwind_mapping *unused_unwind_mapping __attribute__((unused));
 const struct unwound_stack *unused_unwound_stack __attribute__((unused));
 const struct unwind_request *unused_unwind_request __attribute__((unused));
 const struct unwind_pending_key *unused_unwind_pending_key __attribute__((unused));
@@ -197,8 +268,8 @@ static __always_inline s32 store_stack(struct unwound_stack *s)
  * request in flight that stopped at the same frames. Returns the request's stack id; when the
  * request cannot be sent (counted), the frames so far are stored as a
  * truncated stack. */
-static __always_inline s32 request_unwind(struct unwound_stack *s, u64 mm, u32 tgid, u64 sp, u64 bp, bool exact,
-					  u32 max)
+static __always_inline s32 request_unwind(struct unwound_stack *s, u64 mm, u64 asid, u32 tgid, u64 sp, u64 bp,
+					  bool exact, u32 max)
 {
 	struct unwind_pending_key pk = { .mm = mm, .hash = s->hash };
 	if (bpf_ringbuf_query(&unwind_requests, BPF_RB_AVAIL_DATA) > UNWIND_RING_BYTES / 2) {
@@ -223,6 +294,7 @@ static __always_inline s32 request_unwind(struct unwound_stack *s, u64 mm, u32 t
 	/* Before the submit, so that user space's delete comes after it. */
 	bpf_map_update_elem(&unwind_pending, &pk, &id, BPF_ANY);
 	r->mm = mm;
+	r->asid = asid;
 	r->hash = s->hash;
 	r->tgid = tgid;
 	r->stack_id = id;
@@ -258,11 +330,20 @@ static __always_inline s32 unwind_user(u32 tgid, u64 pc, u64 sp, u64 bp, bool ex
 		count_err(ERR_STACK);
 		return -1;
 	}
-	u64 mm = (u64)BPF_CORE_READ(current_task(), mm);
+	struct mm_struct *mm = BPF_CORE_READ(current_task(), mm);
+	u64 asid = unwind_asid(mm);
+	u64 own = unwind_own_code(tgid, asid);
 	s->hash = 0xcbf29ce484222325ULL;
 	s->n = 0;
 	s->truncated = 0;
-	struct unwind_key key = { .mm = mm, .tgid = tgid };
+	struct unwind_mapping_key mk = {
+		.prefixlen = UNWIND_MAPPING_BITS,
+		.tgid = __builtin_bswap32(tgid),
+		.asid = __builtin_bswap64(asid),
+	};
+	/* The mapping of the last frame looked up, [lo, hi): none at first. */
+	u64 lo = 0, hi = 0, bias = 0, file = own;
+	struct unwind_key key;
 	u64 bp_at = 0; /* where the current rbp is saved, not read yet; 0: bp holds it */
 	for (u32 i = 0; i < UNWIND_MAX_FRAMES; i++) {
 		if (!pc)
@@ -276,12 +357,30 @@ static __always_inline s32 unwind_user(u32 tgid, u64 pc, u64 sp, u64 bp, bool ex
 			break;
 		}
 		bool at_ip = exact && i == 0;
-		key.pc = at_ip ? pc : pc - 1;
+		u64 at = at_ip ? pc : pc - 1;
+		/* Callers are mostly in the mapping of the frame before: the
+		 * trie, dearer than the rules' hash, is searched only when a
+		 * frame leaves it. */
+		if (at < lo || at >= hi) {
+			mk.addr = __builtin_bswap64(at);
+			struct unwind_mapping *m = bpf_map_lookup_elem(&unwind_mappings, &mk);
+			if (m) {
+				lo = m->start;
+				hi = m->end;
+				bias = m->bias;
+				file = m->file ? m->file : own;
+			} else {
+				lo = hi = bias = 0;
+				file = own;
+			}
+		}
+		key.file = file;
+		key.at = at - bias;
 		struct unwind_rule *rule = bpf_map_lookup_elem(&unwind_rules, &key);
 		if (!rule) {
 			if (bp_at && bpf_probe_read_user(&bp, sizeof(bp), (void *)bp_at))
 				bp = 0;
-			return request_unwind(s, mm, tgid, sp, bp, at_ip, max);
+			return request_unwind(s, (u64)mm, asid, tgid, sp, bp, at_ip, max);
 		}
 		if (rule->cfa == CFA_END)
 			break;

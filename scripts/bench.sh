@@ -16,6 +16,10 @@ go test -count=1 -run '^$' -bench 'BenchmarkDaemonChurn$' -benchtime 1x -timeout
 # Beside a process holding 10 000 fds that forks 5 children a second, each
 # inheriting every fd, against the same process forking none (issue 35).
 go test -count=1 -run '^$' -bench 'BenchmarkDaemonFork$' -benchtime 1x -timeout 20m ./cmd/autoglm-ebpf/
+# The fd view's unwinding with 1 and 32 Python processes of one interpreter
+# doing the same opens: rules, their memory, requests and CPU (AUTOGLM_BENCH_BIN
+# measures another build's agent alike).
+go test -count=1 -run '^$' -bench 'BenchmarkUnwindByFile$' -benchtime 1x -timeout 20m ./cmd/autoglm-ebpf/
 # A soak of AUTOGLM_SOAK (30m) whose CPU and RSS per minute must stay flat.
 go test -count=1 -run '^$' -bench 'BenchmarkDaemonSoak$' -benchtime 1x -timeout 90m ./cmd/autoglm-ebpf/
 # A soak of AUTOGLM_FORK_SOAK (20m) with a leaking, forking shell-like

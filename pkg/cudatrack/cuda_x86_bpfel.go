@@ -195,10 +195,24 @@ type cudaThreadCalls struct {
 
 type cudaUnwindKey struct {
 	_    structs.HostLayout
-	Mm   uint64
-	Pc   uint64
-	Tgid uint32
-	Pad  uint32
+	File uint64
+	At   uint64
+}
+
+type cudaUnwindMapping struct {
+	_     structs.HostLayout
+	File  uint64
+	Bias  uint64
+	Start uint64
+	End   uint64
+}
+
+type cudaUnwindMappingKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Tgid      uint32
+	Asid      uint64
+	Addr      uint64
 }
 
 type cudaUnwindPendingKey struct {
@@ -247,6 +261,7 @@ const (
 	cudaMapSiteOwners                    = "site_owners"
 	cudaMapSites                         = "sites"
 	cudaMapTrackedPids                   = "tracked_pids"
+	cudaMapUnwindMappings                = "unwind_mappings"
 	cudaMapUnwindPending                 = "unwind_pending"
 	cudaMapUnwindRequests                = "unwind_requests"
 	cudaMapUnwindRules                   = "unwind_rules"
@@ -299,6 +314,8 @@ const (
 	cudaVarUnusedPyProc                  = "unused_py_proc"
 	cudaVarUnusedPyStack                 = "unused_py_stack"
 	cudaVarUnusedUnwindKey               = "unused_unwind_key"
+	cudaVarUnusedUnwindMapping           = "unused_unwind_mapping"
+	cudaVarUnusedUnwindMappingKey        = "unused_unwind_mapping_key"
 	cudaVarUnusedUnwindPendingKey        = "unused_unwind_pending_key"
 	cudaVarUnusedUnwindRequest           = "unused_unwind_request"
 	cudaVarUnusedUnwindRule              = "unused_unwind_rule"
@@ -402,6 +419,7 @@ type cudaMapSpecs struct {
 	SiteOwners     *ebpf.MapSpec `ebpf:"site_owners"`
 	Sites          *ebpf.MapSpec `ebpf:"sites"`
 	TrackedPids    *ebpf.MapSpec `ebpf:"tracked_pids"`
+	UnwindMappings *ebpf.MapSpec `ebpf:"unwind_mappings"`
 	UnwindPending  *ebpf.MapSpec `ebpf:"unwind_pending"`
 	UnwindRequests *ebpf.MapSpec `ebpf:"unwind_requests"`
 	UnwindRules    *ebpf.MapSpec `ebpf:"unwind_rules"`
@@ -430,6 +448,8 @@ type cudaVariableSpecs struct {
 	UnusedPyProc           *ebpf.VariableSpec `ebpf:"unused_py_proc"`
 	UnusedPyStack          *ebpf.VariableSpec `ebpf:"unused_py_stack"`
 	UnusedUnwindKey        *ebpf.VariableSpec `ebpf:"unused_unwind_key"`
+	UnusedUnwindMapping    *ebpf.VariableSpec `ebpf:"unused_unwind_mapping"`
+	UnusedUnwindMappingKey *ebpf.VariableSpec `ebpf:"unused_unwind_mapping_key"`
 	UnusedUnwindPendingKey *ebpf.VariableSpec `ebpf:"unused_unwind_pending_key"`
 	UnusedUnwindRequest    *ebpf.VariableSpec `ebpf:"unused_unwind_request"`
 	UnusedUnwindRule       *ebpf.VariableSpec `ebpf:"unused_unwind_rule"`
@@ -475,6 +495,7 @@ type cudaMaps struct {
 	SiteOwners     *ebpf.Map `ebpf:"site_owners"`
 	Sites          *ebpf.Map `ebpf:"sites"`
 	TrackedPids    *ebpf.Map `ebpf:"tracked_pids"`
+	UnwindMappings *ebpf.Map `ebpf:"unwind_mappings"`
 	UnwindPending  *ebpf.Map `ebpf:"unwind_pending"`
 	UnwindRequests *ebpf.Map `ebpf:"unwind_requests"`
 	UnwindRules    *ebpf.Map `ebpf:"unwind_rules"`
@@ -503,6 +524,7 @@ func (m *cudaMaps) Close() error {
 		m.SiteOwners,
 		m.Sites,
 		m.TrackedPids,
+		m.UnwindMappings,
 		m.UnwindPending,
 		m.UnwindRequests,
 		m.UnwindRules,
@@ -532,6 +554,8 @@ type cudaVariables struct {
 	UnusedPyProc           *ebpf.Variable `ebpf:"unused_py_proc"`
 	UnusedPyStack          *ebpf.Variable `ebpf:"unused_py_stack"`
 	UnusedUnwindKey        *ebpf.Variable `ebpf:"unused_unwind_key"`
+	UnusedUnwindMapping    *ebpf.Variable `ebpf:"unused_unwind_mapping"`
+	UnusedUnwindMappingKey *ebpf.Variable `ebpf:"unused_unwind_mapping_key"`
 	UnusedUnwindPendingKey *ebpf.Variable `ebpf:"unused_unwind_pending_key"`
 	UnusedUnwindRequest    *ebpf.Variable `ebpf:"unused_unwind_request"`
 	UnusedUnwindRule       *ebpf.Variable `ebpf:"unused_unwind_rule"`

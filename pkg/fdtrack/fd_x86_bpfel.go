@@ -172,10 +172,24 @@ const (
 
 type fdUnwindKey struct {
 	_    structs.HostLayout
-	Mm   uint64
-	Pc   uint64
-	Tgid uint32
-	Pad  uint32
+	File uint64
+	At   uint64
+}
+
+type fdUnwindMapping struct {
+	_     structs.HostLayout
+	File  uint64
+	Bias  uint64
+	Start uint64
+	End   uint64
+}
+
+type fdUnwindMappingKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Tgid      uint32
+	Asid      uint64
+	Addr      uint64
 }
 
 type fdUnwindPendingKey struct {
@@ -223,6 +237,7 @@ const (
 	fdMapSiteOwners             = "site_owners"
 	fdMapSites                  = "sites"
 	fdMapTrackedPids            = "tracked_pids"
+	fdMapUnwindMappings         = "unwind_mappings"
 	fdMapUnwindPending          = "unwind_pending"
 	fdMapUnwindRequests         = "unwind_requests"
 	fdMapUnwindRules            = "unwind_rules"
@@ -253,6 +268,8 @@ const (
 	fdVarUnusedPyStack          = "unused_py_stack"
 	fdVarUnusedTrackFlag        = "unused_track_flag"
 	fdVarUnusedUnwindKey        = "unused_unwind_key"
+	fdVarUnusedUnwindMapping    = "unused_unwind_mapping"
+	fdVarUnusedUnwindMappingKey = "unused_unwind_mapping_key"
 	fdVarUnusedUnwindPendingKey = "unused_unwind_pending_key"
 	fdVarUnusedUnwindRequest    = "unused_unwind_request"
 	fdVarUnusedUnwindRule       = "unused_unwind_rule"
@@ -333,6 +350,7 @@ type fdMapSpecs struct {
 	SiteOwners     *ebpf.MapSpec `ebpf:"site_owners"`
 	Sites          *ebpf.MapSpec `ebpf:"sites"`
 	TrackedPids    *ebpf.MapSpec `ebpf:"tracked_pids"`
+	UnwindMappings *ebpf.MapSpec `ebpf:"unwind_mappings"`
 	UnwindPending  *ebpf.MapSpec `ebpf:"unwind_pending"`
 	UnwindRequests *ebpf.MapSpec `ebpf:"unwind_requests"`
 	UnwindRules    *ebpf.MapSpec `ebpf:"unwind_rules"`
@@ -361,6 +379,8 @@ type fdVariableSpecs struct {
 	UnusedPyStack          *ebpf.VariableSpec `ebpf:"unused_py_stack"`
 	UnusedTrackFlag        *ebpf.VariableSpec `ebpf:"unused_track_flag"`
 	UnusedUnwindKey        *ebpf.VariableSpec `ebpf:"unused_unwind_key"`
+	UnusedUnwindMapping    *ebpf.VariableSpec `ebpf:"unused_unwind_mapping"`
+	UnusedUnwindMappingKey *ebpf.VariableSpec `ebpf:"unused_unwind_mapping_key"`
 	UnusedUnwindPendingKey *ebpf.VariableSpec `ebpf:"unused_unwind_pending_key"`
 	UnusedUnwindRequest    *ebpf.VariableSpec `ebpf:"unused_unwind_request"`
 	UnusedUnwindRule       *ebpf.VariableSpec `ebpf:"unused_unwind_rule"`
@@ -405,6 +425,7 @@ type fdMaps struct {
 	SiteOwners     *ebpf.Map `ebpf:"site_owners"`
 	Sites          *ebpf.Map `ebpf:"sites"`
 	TrackedPids    *ebpf.Map `ebpf:"tracked_pids"`
+	UnwindMappings *ebpf.Map `ebpf:"unwind_mappings"`
 	UnwindPending  *ebpf.Map `ebpf:"unwind_pending"`
 	UnwindRequests *ebpf.Map `ebpf:"unwind_requests"`
 	UnwindRules    *ebpf.Map `ebpf:"unwind_rules"`
@@ -432,6 +453,7 @@ func (m *fdMaps) Close() error {
 		m.SiteOwners,
 		m.Sites,
 		m.TrackedPids,
+		m.UnwindMappings,
 		m.UnwindPending,
 		m.UnwindRequests,
 		m.UnwindRules,
@@ -461,6 +483,8 @@ type fdVariables struct {
 	UnusedPyStack          *ebpf.Variable `ebpf:"unused_py_stack"`
 	UnusedTrackFlag        *ebpf.Variable `ebpf:"unused_track_flag"`
 	UnusedUnwindKey        *ebpf.Variable `ebpf:"unused_unwind_key"`
+	UnusedUnwindMapping    *ebpf.Variable `ebpf:"unused_unwind_mapping"`
+	UnusedUnwindMappingKey *ebpf.Variable `ebpf:"unused_unwind_mapping_key"`
 	UnusedUnwindPendingKey *ebpf.Variable `ebpf:"unused_unwind_pending_key"`
 	UnusedUnwindRequest    *ebpf.Variable `ebpf:"unused_unwind_request"`
 	UnusedUnwindRule       *ebpf.Variable `ebpf:"unused_unwind_rule"`

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/unwind"
 )
 
 // waitInSyscall waits until pid's main thread is blocked in syscall nr.
@@ -92,6 +94,82 @@ func TestOpenStackWithoutFramePointers(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Two processes of one binary (the six-deep chain in C, and glibc, both
+// without frame pointers) open a file from the same site. The first
+// teaches the kernel the site's rules (a request); the second, whose code
+// mappings were entered when it was tracked, is unwound in the kernel
+// alone: its stack id is the kernel's, not a request's, and not one rule
+// is added, though its addresses are its own (ASLR). Both stacks are
+// eu-stack's, frame for frame, read while each process is blocked in that
+// very open.
+func TestOpenStackRulesSharedByFile(t *testing.T) {
+	tr := newTracker(t)
+	bin := testutil.CUDAChain(t, "c")
+	rules := tr.Stacks().Replacements()[fdMapUnwindRules]
+	var first []uint64
+	for i := range 2 {
+		fifo := filepath.Join(t.TempDir(), "weights")
+		if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		p := testutil.StartProc(t, nil, bin, fifo)
+		pid := p.Cmd.Process.Pid
+		if err := tr.Track(pid); err != nil {
+			t.Fatal(err)
+		}
+		before := testutil.Entries(t, rules)
+		p.Signal(t)
+		waitInSyscall(t, pid, syscall.SYS_OPENAT)
+		eu := testutil.EUStack(t, pid)
+		w, err := os.OpenFile(fifo, os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Wait(t, "done", 10*time.Second)
+		w.Close()
+		fd := fdOn(t, tr, pid, fifo)
+		pcs, err := tr.Stack(fd.StackID)
+		if err != nil {
+			t.Fatalf("stack %d: %v", fd.StackID, err)
+		}
+		t.Logf("process %d: stack %d: %v", i+1, fd.StackID, symbolize.New("/proc").Frames(pid, pcs))
+		if len(pcs) != len(eu) {
+			t.Fatalf("process %d: stack has %d frames %#x, eu-stack %d: %v", i+1, len(pcs), pcs, len(eu), eu)
+		}
+		for j, f := range eu {
+			if pcs[j] != f.PC {
+				t.Errorf("process %d: frame %d = %#x, eu-stack %#x (%s)", i+1, j, pcs[j], f.PC, f.Name)
+			}
+		}
+		after := testutil.Entries(t, rules)
+		if i == 0 {
+			if fd.StackID < unwind.RequestIDs || after == before {
+				t.Fatalf("the first process's open: stack %d, rules %d -> %d: want a request that taught rules", fd.StackID, before, after)
+			}
+			first = pcs
+			continue
+		}
+		if fd.StackID >= unwind.RequestIDs {
+			t.Errorf("the second process's open has a request's stack id %d: not unwound in the kernel", fd.StackID)
+		}
+		if after != before {
+			t.Errorf("the second process's open added %d rules", after-before)
+		}
+		if slices.Equal(pcs, first) {
+			t.Errorf("both processes have the same addresses %#x: the test wants them apart (ASLR)", pcs)
+		}
+	}
+	lost, err := tr.Lost()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range lost {
+		if v != 0 {
+			t.Errorf("lost %s = %d", k, v)
+		}
 	}
 }
 

@@ -407,6 +407,27 @@ func (fs FS) Identify(pid int) (Identity, error) {
 	return id, nil
 }
 
+// Layout is where exec put a process's stack and heap (/proc/PID/stat's
+// startstack and start_brk). Both are randomized at each exec, so they
+// tell one image of a process from the next: the kernel's unwinder names
+// an address space by them (bpf/unwind.h).
+type Layout struct {
+	StartStack, StartBrk uint64
+}
+
+// Layout reads pid's Layout; an error where its stat hides it (no mm, or
+// no right to read it).
+func (fs FS) Layout(pid int) (Layout, error) {
+	st, err := fs.readStat(pid)
+	if err != nil {
+		return Layout{}, err
+	}
+	if st.StartStack == 0 && st.StartBrk == 0 {
+		return Layout{}, fmt.Errorf("pid %d: no address space layout in its stat", pid)
+	}
+	return Layout{StartStack: st.StartStack, StartBrk: st.StartBrk}, nil
+}
+
 func kernelThreadErr(pid int) error {
 	return fmt.Errorf("pid %d is a %w (kthreadd child); nothing to trace in user space", pid, ErrKernelThread)
 }

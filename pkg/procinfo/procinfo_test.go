@@ -1,6 +1,7 @@
 package procinfo
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -411,9 +412,16 @@ func TestParseStat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := procStat{Comm: "a) (b c", State: "Zl", PPID: 7, Flags: 0x400104, NumThreads: 1, Starttime: 18083}
+	want := procStat{Comm: "a) (b c", State: "Zl", PPID: 7, Flags: 0x400104, NumThreads: 1, Starttime: 18083,
+		StartStack: 140727842612960, StartBrk: 93922343264256}
 	if st != want {
 		t.Errorf("parseStat = %+v, want %+v", st, want)
+	}
+	// A kernel before 3.5 ends the line before start_brk: no layout.
+	short := bytes.Fields(line)[:44]
+	want.StartStack, want.StartBrk = 0, 0
+	if st, err := parseStat(bytes.Join(short, []byte{' '})); err != nil || st != want {
+		t.Errorf("parseStat of 44 fields = %+v, %v; want %+v", st, err, want)
 	}
 	for _, bad := range []string{"", "42 (x", "42 (x) S 1 2", "42 (x) S one 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21"} {
 		if _, err := parseStat([]byte(bad)); err == nil {

@@ -92,6 +92,9 @@ type procStat struct {
 	Flags      uint64
 	NumThreads int64
 	Starttime  uint64
+	// Where exec put the stack and the heap; 0 where the stat does not
+	// say (no mm, or not ours to read).
+	StartStack, StartBrk uint64
 }
 
 // readStat reads and parses /proc/PID/stat.
@@ -124,17 +127,24 @@ func parseStat(b []byte) (procStat, error) {
 		flags      = 9
 		numThreads = 20
 		starttime  = 22
+		startStack = 28
+		startBrk   = 47
 	)
 	if len(fields) < starttime-2 {
 		return procStat{}, fmt.Errorf("malformed stat %q: %d fields", b, len(fields)+2)
 	}
 	field := func(n int) string { return string(fields[n-3]) }
-	var errs [4]error
+	var errs [6]error
 	st.State = field(state)
 	st.PPID, errs[0] = strconv.Atoi(field(ppid))
 	st.Flags, errs[1] = strconv.ParseUint(field(flags), 10, 64)
 	st.NumThreads, errs[2] = strconv.ParseInt(field(numThreads), 10, 64)
 	st.Starttime, errs[3] = strconv.ParseUint(field(starttime), 10, 64)
+	// Kernels before 3.5 end the line before start_brk.
+	if len(fields) >= startBrk-2 {
+		st.StartStack, errs[4] = strconv.ParseUint(field(startStack), 10, 64)
+		st.StartBrk, errs[5] = strconv.ParseUint(field(startBrk), 10, 64)
+	}
 	for _, err := range errs {
 		if err != nil {
 			return procStat{}, fmt.Errorf("malformed stat %q: %w", b, err)

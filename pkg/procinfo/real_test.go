@@ -288,8 +288,10 @@ func TestReadersMatchProcfs(t *testing.T) {
 		if again, err2 := p.Stat(); err2 != nil || again.State != wantStat.State || again.NumThreads != wantStat.NumThreads {
 			continue // changed between the reads (a running process)
 		}
+		// procfs stops before start_brk.
 		want := procStat{Comm: wantStat.Comm, State: wantStat.State, PPID: wantStat.PPID, Flags: uint64(wantStat.Flags),
-			NumThreads: int64(wantStat.NumThreads), Starttime: wantStat.Starttime}
+			NumThreads: int64(wantStat.NumThreads), Starttime: wantStat.Starttime, StartStack: wantStat.StartStack,
+			StartBrk: st.StartBrk}
 		if err != nil || st != want {
 			t.Errorf("pid %d: readStat = %+v, %v; procfs %+v", pid, st, err, want)
 		}

@@ -37,13 +37,21 @@ import (
 // that ids do not collide), and the Python maps. Scratch space stays each
 // object's own: programs of two objects may run nested on one CPU.
 var shared = []string{
-	stacksMapUnwindRules, stacksMapUnwoundStacks, stacksMapUnwindRequests, stacksMapUnwindPending, stacksMapUnwindSeq,
+	stacksMapUnwindRules, stacksMapUnwindMappings, stacksMapUnwoundStacks, stacksMapUnwindRequests, stacksMapUnwindPending, stacksMapUnwindSeq,
 	stacksMapPyProcs, stacksMapPyStacks, stacksMapPyThreads, stacksMapPyThreadsTid, stacksMapPyErrors,
 }
 
 // DefaultMaxSitesPerProc is how many call sites a process may hold in an
 // object's site table at once.
 const DefaultMaxSitesPerProc = 1024
+
+// MappingBlocksPerProcess sizes the trie of code mappings (bpf/unwind.h,
+// unwind_mappings) for the processes tracked: a Python process takes about
+// 50 blocks (10 to 16 executable mappings), a PyTorch one far more. What
+// does not fit is counted ("stacks_unwind_mappings") and has rules of its
+// process's own, as anonymous code does. Not preallocated: the kernel
+// charges the blocks entered.
+const MappingBlocksPerProcess = 64
 
 // Config says how the service reads processes.
 type Config struct {
@@ -52,8 +60,8 @@ type Config struct {
 	// MaxSitesPerProc caps the site entries of one process in each
 	// object (0: DefaultMaxSitesPerProc).
 	MaxSitesPerProc uint32
-	// Processes sizes the maps kept per process (py_procs) as the views'
-	// tracked processes are (0: as built).
+	// Processes sizes the maps kept per process (py_procs, the trie of
+	// code mappings) as the views' tracked processes are (0: as built).
 	Processes uint32
 }
 
@@ -86,6 +94,7 @@ func New(cfg Config) (*Service, error) {
 	}
 	if cfg.Processes > 0 {
 		spec.Maps[stacksMapPyProcs].MaxEntries = cfg.Processes
+		spec.Maps[stacksMapUnwindMappings].MaxEntries = max(spec.Maps[stacksMapUnwindMappings].MaxEntries, cfg.Processes*MappingBlocksPerProcess)
 	}
 	s := &Service{maps: map[string]*ebpf.Map{}, sym: cfg.Symbolizer, maxSites: cfg.MaxSitesPerProc,
 		views: map[*View]bool{}, tracked: map[int]int{}, refreshed: map[int]time.Time{}}
@@ -100,12 +109,13 @@ func New(cfg Config) (*Service, error) {
 		}
 		s.maps[name] = m
 	}
-	s.um = unwind.Maps{Rules: s.maps[stacksMapUnwindRules], Stacks: s.maps[stacksMapUnwoundStacks], Pending: s.maps[stacksMapUnwindPending]}
+	s.um = unwind.Maps{Rules: s.maps[stacksMapUnwindRules], Mappings: s.maps[stacksMapUnwindMappings],
+		Stacks: s.maps[stacksMapUnwoundStacks], Pending: s.maps[stacksMapUnwindPending]}
 	if s.reader, err = ringbuf.NewReader(s.maps[stacksMapUnwindRequests]); err != nil {
 		_ = s.Close()
 		return nil, fmt.Errorf("opening the unwind request ring buffer: %w", err)
 	}
-	s.unwinder = unwind.Serve(s.reader, s.um, cfg.Symbolizer)
+	s.unwinder = unwind.Serve(s.reader, s.um, cfg.Symbolizer, cfg.Proc)
 	s.py = pyframes.New(pyframes.Maps{Procs: s.maps[stacksMapPyProcs], Stacks: s.maps[stacksMapPyStacks], Errors: s.maps[stacksMapPyErrors]}, cfg.Proc)
 	return s, nil
 }
@@ -156,8 +166,9 @@ func (h *Handle) Release() error {
 }
 
 // Prepare fits an object's spec to the service before it is loaded: its
-// sites cap, and the size of the shared maps it declares (py_procs is
-// sized for the processes tracked). Load it with Replacements.
+// sites cap, and the size of the shared maps it declares (py_procs and
+// unwind_mappings are sized for the processes tracked). Load it with
+// Replacements.
 func (s *Service) Prepare(spec *ebpf.CollectionSpec) error {
 	if v := spec.Variables["max_sites_per_proc"]; v != nil {
 		if err := v.Set(s.maxSites); err != nil {
@@ -282,7 +293,8 @@ func (v *View) Leave() {
 	v.s.mu.Unlock()
 }
 
-// Track follows pid's interpreter while any view tracks it.
+// Track follows pid's interpreter while any view tracks it, and enters
+// its code mappings for the kernel's unwinder (unwind.Server.Learn).
 func (v *View) Track(pid int) {
 	v.s.mu.Lock()
 	first := !v.pids[pid] && v.s.tracked[pid] == 0
@@ -293,11 +305,13 @@ func (v *View) Track(pid int) {
 	v.s.mu.Unlock()
 	if first {
 		v.s.py.Track(pid)
+		v.s.unwinder.Learn(pid)
 	}
 }
 
 // Untrack stops following pid for this view; the last view drops its
-// interpreter, and its unwind rules go at the next sweep.
+// interpreter, and its code mappings (with the unwind rules of code no
+// process left maps) go at the next sweep.
 func (v *View) Untrack(pid int) {
 	v.s.mu.Lock()
 	last := false
@@ -329,7 +343,8 @@ type round struct {
 // Sweep gives the stack ids the view refers to, read at this poll (its
 // tables' entries, their canonical ids, stacks kept for later), every
 // bpfobj.StackGCEvery polls. The round this completes deletes what no view
-// refers to, with the unwind rules of processes no view tracks.
+// refers to, with the code mappings of processes no view tracks and the
+// unwind rules of code no process left maps.
 func (v *View) Sweep(keep map[uint32]bool) {
 	s := v.s
 	s.mu.Lock()
@@ -378,7 +393,7 @@ func (s *Service) drop(r *round) {
 		}
 	}
 	s.unwinder.Forget(func(id uint32) bool { return !deleted[id] }, func(id uint32) bool { return r.keep[id] })
-	err := s.um.DropRules(func(tgid uint32) bool { return s.tracked[int(tgid)] > 0 })
+	err := s.unwinder.Drop(func(tgid uint32) bool { return s.tracked[int(tgid)] > 0 })
 	if err != nil {
 		slog.Warn("listing unwind rules", "err", err)
 	}

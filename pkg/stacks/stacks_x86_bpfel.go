@@ -86,10 +86,24 @@ type stacksSiteOwnerKey struct {
 
 type stacksUnwindKey struct {
 	_    structs.HostLayout
-	Mm   uint64
-	Pc   uint64
-	Tgid uint32
-	Pad  uint32
+	File uint64
+	At   uint64
+}
+
+type stacksUnwindMapping struct {
+	_     structs.HostLayout
+	File  uint64
+	Bias  uint64
+	Start uint64
+	End   uint64
+}
+
+type stacksUnwindMappingKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Tgid      uint32
+	Asid      uint64
+	Addr      uint64
 }
 
 type stacksUnwindPendingKey struct {
@@ -129,6 +143,7 @@ const (
 	stacksMapPyThreadsTid           = "py_threads_tid"
 	stacksMapSiteOwners             = "site_owners"
 	stacksMapSites                  = "sites"
+	stacksMapUnwindMappings         = "unwind_mappings"
 	stacksMapUnwindPending          = "unwind_pending"
 	stacksMapUnwindRequests         = "unwind_requests"
 	stacksMapUnwindRules            = "unwind_rules"
@@ -146,6 +161,8 @@ const (
 	stacksVarUnusedSiteOwnerCount   = "unused_site_owner_count"
 	stacksVarUnusedSiteOwnerKey     = "unused_site_owner_key"
 	stacksVarUnusedUnwindKey        = "unused_unwind_key"
+	stacksVarUnusedUnwindMapping    = "unused_unwind_mapping"
+	stacksVarUnusedUnwindMappingKey = "unused_unwind_mapping_key"
 	stacksVarUnusedUnwindPendingKey = "unused_unwind_pending_key"
 	stacksVarUnusedUnwindRequest    = "unused_unwind_request"
 	stacksVarUnusedUnwindRule       = "unused_unwind_rule"
@@ -209,6 +226,7 @@ type stacksMapSpecs struct {
 	PyThreadsTid   *ebpf.MapSpec `ebpf:"py_threads_tid"`
 	SiteOwners     *ebpf.MapSpec `ebpf:"site_owners"`
 	Sites          *ebpf.MapSpec `ebpf:"sites"`
+	UnwindMappings *ebpf.MapSpec `ebpf:"unwind_mappings"`
 	UnwindPending  *ebpf.MapSpec `ebpf:"unwind_pending"`
 	UnwindRequests *ebpf.MapSpec `ebpf:"unwind_requests"`
 	UnwindRules    *ebpf.MapSpec `ebpf:"unwind_rules"`
@@ -232,6 +250,8 @@ type stacksVariableSpecs struct {
 	UnusedSiteOwnerCount   *ebpf.VariableSpec `ebpf:"unused_site_owner_count"`
 	UnusedSiteOwnerKey     *ebpf.VariableSpec `ebpf:"unused_site_owner_key"`
 	UnusedUnwindKey        *ebpf.VariableSpec `ebpf:"unused_unwind_key"`
+	UnusedUnwindMapping    *ebpf.VariableSpec `ebpf:"unused_unwind_mapping"`
+	UnusedUnwindMappingKey *ebpf.VariableSpec `ebpf:"unused_unwind_mapping_key"`
 	UnusedUnwindPendingKey *ebpf.VariableSpec `ebpf:"unused_unwind_pending_key"`
 	UnusedUnwindRequest    *ebpf.VariableSpec `ebpf:"unused_unwind_request"`
 	UnusedUnwindRule       *ebpf.VariableSpec `ebpf:"unused_unwind_rule"`
@@ -267,6 +287,7 @@ type stacksMaps struct {
 	PyThreadsTid   *ebpf.Map `ebpf:"py_threads_tid"`
 	SiteOwners     *ebpf.Map `ebpf:"site_owners"`
 	Sites          *ebpf.Map `ebpf:"sites"`
+	UnwindMappings *ebpf.Map `ebpf:"unwind_mappings"`
 	UnwindPending  *ebpf.Map `ebpf:"unwind_pending"`
 	UnwindRequests *ebpf.Map `ebpf:"unwind_requests"`
 	UnwindRules    *ebpf.Map `ebpf:"unwind_rules"`
@@ -286,6 +307,7 @@ func (m *stacksMaps) Close() error {
 		m.PyThreadsTid,
 		m.SiteOwners,
 		m.Sites,
+		m.UnwindMappings,
 		m.UnwindPending,
 		m.UnwindRequests,
 		m.UnwindRules,
@@ -310,6 +332,8 @@ type stacksVariables struct {
 	UnusedSiteOwnerCount   *ebpf.Variable `ebpf:"unused_site_owner_count"`
 	UnusedSiteOwnerKey     *ebpf.Variable `ebpf:"unused_site_owner_key"`
 	UnusedUnwindKey        *ebpf.Variable `ebpf:"unused_unwind_key"`
+	UnusedUnwindMapping    *ebpf.Variable `ebpf:"unused_unwind_mapping"`
+	UnusedUnwindMappingKey *ebpf.Variable `ebpf:"unused_unwind_mapping_key"`
 	UnusedUnwindPendingKey *ebpf.Variable `ebpf:"unused_unwind_pending_key"`
 	UnusedUnwindRequest    *ebpf.Variable `ebpf:"unused_unwind_request"`
 	UnusedUnwindRule       *ebpf.Variable `ebpf:"unused_unwind_rule"`

@@ -2,21 +2,21 @@ package stacks
 
 import (
 	"errors"
+	"math/bits"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
-)
-
-// Pids above the kernel's largest pid_max (1<<22): no process has them, so
-// tracking them reads nothing of a real process.
-const (
-	sweepPid1 = 1<<22 + 1001
-	sweepPid2 = 1<<22 + 1002
-	sweepPid3 = 1<<22 + 1003
+	"github.com/open-autoglm/autoglm-ebpf/pkg/unwind"
 )
 
 // sweepService is a real service with no object loaded over it: only the
@@ -177,71 +177,186 @@ func TestSweepLeaveMidRound(t *testing.T) {
 	}
 }
 
-func putRule(t *testing.T, s *Service, tgid uint32) {
+// codeProc is a process of bin tracked by the test, with its code mappings
+// as the unwinder keys them, once its loader has mapped libc.
+type codeProc struct {
+	pid  int
+	cmd  *exec.Cmd
+	code []symbolize.CodeMapping
+}
+
+func startCode(t *testing.T, bin string, args ...string) *codeProc {
 	t.Helper()
-	if err := s.um.SetRule(0xabc000, tgid, 0x401000, symbolize.Rule{CFAOffset: 16}); err != nil {
-		t.Fatalf("storing a rule of %d: %v", tgid, err)
+	c := exec.Command(bin, args...)
+	if _, err := c.StdinPipe(); err != nil { // cat waits on it
+		t.Fatal(err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Process.Kill(); _ = c.Wait() })
+	p := &codeProc{pid: c.Process.Pid, cmd: c}
+	sym := symbolize.New("/proc")
+	testutil.Eventually(t, 10*time.Second, bin+" to map libc", func() bool {
+		var err error
+		p.code, err = sym.CodeMappings(p.pid)
+		return err == nil && p.file("libc.so.6") != 0
+	})
+	return p
+}
+
+// file is the id of the mapped file named name (by its base name).
+func (p *codeProc) file(name string) uint64 {
+	maps, _ := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/maps")
+	for _, line := range strings.Split(string(maps), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 6 || !strings.Contains(f[1], "x") || filepath.Base(f[5]) != name {
+			continue
+		}
+		start, _, _ := strings.Cut(f[0], "-")
+		for _, m := range p.code {
+			if strconv.FormatUint(m.Start, 16) == start {
+				return m.File
+			}
+		}
+	}
+	return 0
+}
+
+// blocksOf counts the blocks of the trie that are pid's.
+func blocksOf(t *testing.T, s *Service, pid int) int {
+	t.Helper()
+	var k stacksUnwindMappingKey
+	var v stacksUnwindMapping
+	n := 0
+	it := s.maps[stacksMapUnwindMappings].Iterate()
+	for it.Next(&k, &v) {
+		if bits.ReverseBytes32(k.Tgid) == uint32(pid) {
+			n++
+		}
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func putRule(t *testing.T, s *Service, file uint64) {
+	t.Helper()
+	if err := s.um.SetRule(file, 0x1234, symbolize.Rule{CFAOffset: 16}); err != nil {
+		t.Fatalf("storing a rule of %#x: %v", file, err)
 	}
 }
 
-func hasRule(t *testing.T, s *Service, tgid uint32) bool {
+func hasRule(t *testing.T, s *Service, file uint64) bool {
 	t.Helper()
 	var r stacksUnwindRule
-	err := s.maps[stacksMapUnwindRules].Lookup(stacksUnwindKey{Mm: 0xabc000, Pc: 0x401000, Tgid: tgid}, &r)
+	err := s.maps[stacksMapUnwindRules].Lookup(stacksUnwindKey{File: file, At: 0x1234}, &r)
 	if errors.Is(err, ebpf.ErrKeyNotExist) {
 		return false
 	}
 	if err != nil {
-		t.Fatalf("looking up the rule of %d: %v", tgid, err)
+		t.Fatalf("looking up the rule of %#x: %v", file, err)
 	}
 	if r.CfaOff != 16 {
-		t.Fatalf("the rule of %d holds %+v, not what was stored", tgid, r)
+		t.Fatalf("the rule of %#x holds %+v, not what was stored", file, r)
 	}
 	return true
 }
 
-// wantRules checks, pid by pid, which unwind rules the map holds.
-func wantRules(t *testing.T, s *Service, when string, want map[uint32]bool) {
+// wantRules checks, file by file (named), which unwind rules the map holds.
+func wantRules(t *testing.T, s *Service, when string, files map[string]uint64, want map[string]bool) {
 	t.Helper()
-	wantIn(t, when, "the rule of pid", want, func(tgid uint32) bool { return hasRule(t, s, tgid) })
+	for name, w := range want {
+		if got := hasRule(t, s, files[name]); got != w {
+			if w {
+				t.Errorf("%s: the rule of %s was deleted", when, name)
+			} else {
+				t.Errorf("%s: the rule of %s is still there", when, name)
+			}
+		}
+	}
 }
 
-// The unwind rules of a process no view tracks go when the round ends,
-// and not before; a process one of two views still tracks keeps its rules
-// (tracking is counted per view), until the last view untracks it, here
-// by leaving.
-func TestSweepDropsRulesOfUntrackedProcesses(t *testing.T) {
+// A process a view starts tracking has its code mappings entered in the
+// trie. When it has exited and no view tracks it any more, its mappings
+// go when the round ends, and not before; so do the rules of the files
+// no process left maps (sleep's, the process's own code's), while those
+// of a file another tracked process maps (libc) stay. A process one of two
+// views still tracks keeps its mappings (tracking is counted per view),
+// until the last view untracks it, here by leaving: then the trie is
+// empty and no rule is left.
+func TestSweepDropsMappingsAndRules(t *testing.T) {
 	s := sweepService(t)
 	a, b := s.Join("a"), s.Join("b")
-	a.Track(sweepPid1)
-	b.Track(sweepPid1)
-	b.Track(sweepPid1) // again: still one view
-	b.Track(sweepPid2)
-	for _, pid := range []uint32{sweepPid1, sweepPid2, sweepPid3} {
-		putRule(t, s, pid)
+	sleep, cat := startCode(t, "sleep", "60"), startCode(t, "cat")
+	a.Track(sleep.pid)
+	b.Track(sleep.pid)
+	b.Track(sleep.pid) // again: still one view
+	a.Track(cat.pid)
+	b.Track(cat.pid)
+	for _, p := range []*codeProc{sleep, cat} {
+		if blocksOf(t, s, p.pid) == 0 {
+			t.Fatalf("pid %d tracked has no mappings in the trie", p.pid)
+		}
 	}
+	proc, err := procinfo.New("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := proc.Layout(sleep.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]uint64{"libc": sleep.file("libc.so.6"), "sleep": sleep.file("sleep"), "cat": cat.file("cat"),
+		// unwind_own_code of bpf/unwind.h
+		"sleep's own code": 1<<63 | unwind.ASID(l)&0x7fffffff00000000 | uint64(sleep.pid)}
+	if files["libc"] != cat.file("libc.so.6") || files["sleep"] == 0 || files["cat"] == 0 {
+		t.Fatalf("file ids %v: want libc's the same in both", files)
+	}
+	for _, f := range files {
+		putRule(t, s, f)
+	}
+	all := map[string]bool{"libc": true, "sleep": true, "cat": true, "sleep's own code": true}
 	a.Sweep(nil) // begins round 1
-	wantRules(t, s, "after the round began", map[uint32]bool{sweepPid1: true, sweepPid2: true, sweepPid3: true})
+	wantRules(t, s, "after the round began", files, all)
 
-	// Mid-round: pid2 is gone, a stops tracking pid1, and a view that
-	// never tracked pid1 untracking it changes nothing.
-	b.Untrack(sweepPid2)
-	a.Untrack(sweepPid1)
-	a.Untrack(sweepPid1)
-	a.Untrack(sweepPid3)
-	if got := s.tracked; len(got) != 1 || got[sweepPid1] != 1 {
-		t.Fatalf("tracked mid-round = %v, want only %d by one view", got, sweepPid1)
+	// Mid-round: sleep exits and both views untrack it; cat is untracked
+	// by one view only.
+	_ = sleep.cmd.Process.Kill()
+	_ = sleep.cmd.Wait()
+	a.Untrack(sleep.pid)
+	b.Untrack(sleep.pid)
+	a.Untrack(cat.pid)
+	a.Untrack(cat.pid)
+	if got := s.tracked; len(got) != 1 || got[cat.pid] != 1 {
+		t.Fatalf("tracked mid-round = %v, want only %d by one view", got, cat.pid)
 	}
 	a.Sweep(nil)
-	wantRules(t, s, "before the round ended", map[uint32]bool{sweepPid1: true, sweepPid2: true, sweepPid3: true})
-	b.Sweep(nil) // ends round 1
-	wantRules(t, s, "after round 1", map[uint32]bool{sweepPid1: true, sweepPid2: false, sweepPid3: false})
-
-	b.Leave() // untracks pid1: no view tracks it now
-	if len(s.tracked) != 0 {
-		t.Fatalf("tracked after the last view of %d left = %v", sweepPid1, s.tracked)
+	wantRules(t, s, "before the round ended", files, all)
+	if blocksOf(t, s, sleep.pid) == 0 {
+		t.Error("before the round ended: the mappings of the process gone are gone")
 	}
-	wantRules(t, s, "when b left", map[uint32]bool{sweepPid1: true})
+	b.Sweep(nil) // ends round 1
+	wantRules(t, s, "after round 1", files, map[string]bool{"libc": true, "sleep": false, "cat": true, "sleep's own code": false})
+	if n := blocksOf(t, s, sleep.pid); n != 0 {
+		t.Errorf("after round 1: %d blocks of the process gone are left", n)
+	}
+	if blocksOf(t, s, cat.pid) == 0 {
+		t.Error("after round 1: a process a view tracks lost its mappings")
+	}
+
+	b.Leave() // untracks cat: no view tracks it now
+	if len(s.tracked) != 0 {
+		t.Fatalf("tracked after the last view of %d left = %v", cat.pid, s.tracked)
+	}
+	wantRules(t, s, "when b left", files, map[string]bool{"libc": true, "cat": true})
 	a.Sweep(nil) // ends round 2
-	wantRules(t, s, "after round 2", map[uint32]bool{sweepPid1: false})
+	wantRules(t, s, "after round 2", files, map[string]bool{"libc": false, "cat": false})
+	if n := testutil.Entries(t, s.maps[stacksMapUnwindMappings]); n != 0 {
+		t.Errorf("after round 2: %d blocks left in the trie", n)
+	}
+	if n := testutil.Entries(t, s.maps[stacksMapUnwindRules]); n != 0 {
+		t.Errorf("after round 2: %d rules left", n)
+	}
 }

@@ -20,6 +20,7 @@ const (
 // cacheEntry is one cached file, reached from s.files by each of its keys.
 type cacheEntry struct {
 	info *elfInfo // nil: not an ELF file
+	code uint64   // the file's id in the kernel's unwind rules (codeID)
 	keys []fileKey
 	used uint64 // s.tick when last used
 	cost int    // bytes charged to s.bytes
@@ -64,7 +65,7 @@ func (s *Symbolizer) load(pid int, m *mapping) *cacheEntry {
 			return e
 		}
 	}
-	e := &cacheEntry{info: info}
+	e := &cacheEntry{info: info, code: codeID(info.build, m.key)}
 	if info.build != (buildKey{}) {
 		s.builds[info.build] = e
 	}

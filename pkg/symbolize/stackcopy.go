@@ -7,27 +7,26 @@ import "encoding/binary"
 const maxRulesPerFile = 1 << 14
 
 // ruleAt returns the unwind rule of the frame whose lookup address is addr
-// (a return address minus one). An address outside any mapping ends the
-// stack; code without call-frame information (anonymous executable memory:
-// JIT compilers) is assumed to keep frame pointers, as perf assumes.
-func (s *Symbolizer) ruleAt(pm *procMaps, addr uint64) Rule {
+// (a return address minus one), and whose it is (CodeRule). An address
+// outside any mapping ends the stack; code without call-frame information
+// (anonymous executable memory: JIT compilers) is assumed to keep frame
+// pointers, as perf assumes.
+func (s *Symbolizer) ruleAt(pm *procMaps, addr uint64) CodeRule {
 	m := pm.find(addr)
 	if m == nil {
-		return endRule
+		return CodeRule{Rule: endRule}
 	}
-	if m.path == "" {
-		return fpRule
-	}
-	e := s.elfFor(pm.pid, m)
+	e := s.codeOf(pm.pid, m)
 	if e == nil {
-		return fpRule
+		return CodeRule{Rule: fpRule}
 	}
-	vaddr, ok := e.info.vaddr(addr - m.start + m.offset)
+	off := addr - m.start + m.offset
+	vaddr, ok := e.info.vaddr(off)
 	if !ok {
-		return endRule
+		return CodeRule{Rule: endRule, File: e.code, Offset: off}
 	}
 	if r, ok := e.rules[vaddr]; ok {
-		return r
+		return CodeRule{Rule: r, File: e.code, Offset: off}
 	}
 	r, found, err := e.info.rule(vaddr)
 	switch {
@@ -40,7 +39,7 @@ func (s *Symbolizer) ruleAt(pm *procMaps, addr uint64) Rule {
 		e.rules = map[uint64]Rule{}
 	}
 	e.rules[vaddr] = r
-	return r
+	return CodeRule{Rule: r, File: e.code, Offset: off}
 }
 
 // StackCopy is a thread's stack from a frame on: the frame's return address
@@ -56,15 +55,15 @@ type StackCopy struct {
 // copy's frames with the call-frame information of the mapped files and
 // returns the return addresses of the callers of c.PC (at most max), and the
 // rule of every frame it used, by lookup address (return address - 1, or
-// c.PC itself when Exact), for
-// the kernel to walk those frames itself next time. The rule of the last
+// c.PC itself when Exact), with the file it is of, for the kernel to walk
+// those frames itself next time. The rule of the last
 // frame reached is included even when the copy ends before its caller: rules
 // depend on the code alone, and the kernel reads the live stack.
-func (s *Symbolizer) UnwindCopy(pid int, c StackCopy, max int) (pcs []uint64, rules map[uint64]Rule) {
+func (s *Symbolizer) UnwindCopy(pid int, c StackCopy, max int) (pcs []uint64, rules map[uint64]CodeRule) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	pm := s.procMaps(pid)
-	rules = map[uint64]Rule{}
+	rules = map[uint64]CodeRule{}
 	read := func(addr uint64) (uint64, bool) {
 		if addr < c.SP || addr-c.SP+8 > uint64(len(c.Stack)) {
 			return 0, false
@@ -77,8 +76,9 @@ func (s *Symbolizer) UnwindCopy(pid int, c StackCopy, max int) (pcs []uint64, ru
 		at = pc
 	}
 	for len(pcs) < max && pc != 0 {
-		r := s.ruleAt(pm, at)
-		rules[at] = r
+		cr := s.ruleAt(pm, at)
+		rules[at] = cr
+		r := cr.Rule
 		if r.CFA == CFAEnd {
 			break
 		}

@@ -56,6 +56,7 @@ type mapping struct {
 	offset     uint64 // file offset mapped at start
 	path       string // path inside the process's root; empty for anon and pseudo mappings
 	deleted    bool
+	exec       bool
 	key        fileKey
 }
 
@@ -186,7 +187,8 @@ func (s *Symbolizer) readMaps(pid int) ([]mapping, error) {
 func (s *Symbolizer) mappings(pid int, pms []*procfs.ProcMap) []mapping {
 	maps := make([]mapping, 0, len(pms))
 	for _, pm := range pms {
-		m := mapping{start: uint64(pm.StartAddr), end: uint64(pm.EndAddr), offset: uint64(pm.Offset)}
+		m := mapping{start: uint64(pm.StartAddr), end: uint64(pm.EndAddr), offset: uint64(pm.Offset),
+			exec: pm.Perms != nil && pm.Perms.Execute}
 		// Anonymous and pseudo mappings ([vdso], [stack], ...) are kept so
 		// that addresses in them count as mapped and do not force a re-read.
 		if strings.HasPrefix(pm.Pathname, "/") {

@@ -2,6 +2,7 @@ package unwind
 
 import (
 	"encoding/binary"
+	"math/bits"
 	"slices"
 
 	"github.com/cilium/ebpf"
@@ -15,7 +16,7 @@ const MaxFrames = len(unwindUnwoundStack{}.Pcs)
 
 // Maps are one object's maps of bpf/unwind.h; they are Tables.
 type Maps struct {
-	Rules, Stacks, Pending *ebpf.Map
+	Rules, Mappings, Stacks, Pending *ebpf.Map
 }
 
 // Decode reads a record of the object's unwind_requests ring buffer.
@@ -25,16 +26,31 @@ func (m Maps) Decode(raw []byte) (Request, error) {
 		return Request{}, err
 	}
 	return Request{
-		MM: r.Mm, Hash: r.Hash, TGID: r.Tgid, StackID: r.StackId, SP: r.Sp, BP: r.Bp, Exact: r.Exact != 0,
+		MM: r.Mm, ASID: r.Asid, Hash: r.Hash, TGID: r.Tgid, StackID: r.StackId, SP: r.Sp, BP: r.Bp, Exact: r.Exact != 0,
 		Max:   min(int(r.Max), MaxFrames),
 		PCs:   slices.Clone(r.Pcs[:min(int(r.N), MaxFrames)]),
 		Stack: slices.Clone(r.Stack[:min(int(r.Copied), len(r.Stack))]),
 	}, nil
 }
 
-func (m Maps) SetRule(mm uint64, tgid uint32, addr uint64, r symbolize.Rule) error {
-	return m.Rules.Update(unwindUnwindKey{Mm: mm, Pc: addr, Tgid: tgid},
+func (m Maps) SetRule(file, at uint64, r symbolize.Rule) error {
+	return m.Rules.Update(unwindUnwindKey{File: file, At: at},
 		unwindUnwindRule{Cfa: r.CFA, Rbp: r.RBP, CfaOff: r.CFAOffset, RbpOff: r.RBPOffset}, ebpf.UpdateAny)
+}
+
+// mappingKey is b as the trie has it: big-endian after the prefix length
+// (byte-reversed here: the objects are x86's, little-endian).
+func mappingKey(b Block) unwindUnwindMappingKey {
+	return unwindUnwindMappingKey{Prefixlen: uint32(32 + 64 + b.Bits), Tgid: bits.ReverseBytes32(b.TGID),
+		Asid: bits.ReverseBytes64(b.ASID), Addr: bits.ReverseBytes64(b.Addr)}
+}
+
+func (m Maps) SetMapping(b Block, c symbolize.CodeMapping) error {
+	return m.Mappings.Update(mappingKey(b), unwindUnwindMapping{File: c.File, Bias: c.Bias, Start: c.Start, End: c.End}, ebpf.UpdateAny)
+}
+
+func (m Maps) DeleteMapping(b Block) error {
+	return m.Mappings.Delete(mappingKey(b))
 }
 
 func (m Maps) SetStack(id int32, pcs []uint64, truncated bool) error {
@@ -59,8 +75,7 @@ func (m Maps) Done(mm, hash uint64) error {
 	return m.Pending.Delete(unwindUnwindPendingKey{Mm: mm, Hash: hash})
 }
 
-// DropRules deletes the rules of the processes for which tracked is false
-// (called with the owner's state, every few polls).
-func (m Maps) DropRules(tracked func(tgid uint32) bool) error {
-	return bpfobj.DeleteWhere(m.Rules, func(key unwindUnwindKey, _ unwindUnwindRule) bool { return !tracked(key.Tgid) })
+// DropRules deletes the rules of the code for which live is false.
+func (m Maps) DropRules(live func(file uint64) bool) error {
+	return bpfobj.DeleteWhere(m.Rules, func(key unwindUnwindKey, _ unwindUnwindRule) bool { return !live(key.File) })
 }

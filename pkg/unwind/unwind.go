@@ -4,7 +4,10 @@
 // Server finishes that stack from the kernel's copy of the stack with the
 // binaries' call-frame information (pkg/symbolize), stores it under the id
 // the kernel chose, and teaches the kernel the rules it used, so that the
-// next stack through the same code is unwound in the kernel alone.
+// next stack through the same code is unwound in the kernel alone. Rules
+// are kept by file and file offset, for every process that maps the file:
+// the Server keeps the trie of each tracked process's code mappings that
+// the kernel finds files by (mappings.go).
 //
 // pkg/stacks creates the maps once for every object and reaches them
 // through Tables.
@@ -14,11 +17,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf/ringbuf"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
 )
 
@@ -29,6 +34,7 @@ const RequestIDs = 0x40000000
 // Request is one unwind request, decoded from the owner's generated type.
 type Request struct {
 	MM      uint64
+	ASID    uint64 // the address space whose mappings the kernel looked for (ASID)
 	Hash    uint64 // of PCs: with MM, the request's key among those in flight
 	TGID    uint32
 	StackID int32
@@ -43,8 +49,15 @@ type Request struct {
 type Tables interface {
 	// Decode turns a ring buffer record into a Request.
 	Decode(raw []byte) (Request, error)
-	// SetRule stores the rule of lookup address addr in address space mm.
-	SetRule(mm uint64, tgid uint32, addr uint64, r symbolize.Rule) error
+	// SetRule stores the rule of offset at in code file (a file's id, or
+	// the own code of a process's address space: ownCode).
+	SetRule(file, at uint64, r symbolize.Rule) error
+	// DropRules deletes the rules of the code for which live is false.
+	DropRules(live func(file uint64) bool) error
+	// SetMapping enters one block of a code mapping into the trie, and
+	// DeleteMapping takes it out.
+	SetMapping(b Block, m symbolize.CodeMapping) error
+	DeleteMapping(b Block) error
 	// SetStack stores a finished stack.
 	SetStack(id int32, pcs []uint64, truncated bool) error
 	// Stack reads a stack.
@@ -56,22 +69,38 @@ type Tables interface {
 
 // Server answers one object's requests on a goroutine of its own, so that
 // the kernel learns a site's rules within microseconds, not at the next
-// poll. Canonical and Forget belong to the owner's poll goroutine.
+// poll. Canonical and Forget belong to the owner's poll goroutine; Learn
+// and Drop may be called from any.
 type Server struct {
-	tables     Tables
-	sym        *symbolize.Symbolizer
-	done       chan struct{}
-	rulesLost  atomic.Uint64
-	stacksLost atomic.Uint64
-	canon      map[int32]int32  // stack id -> the first id with its frames
-	byFrames   map[string]int32 // frames -> that first id
-	waited     map[int32]bool   // request ids waited for once in vain
+	tables       Tables
+	sym          *symbolize.Symbolizer
+	layout       func(pid int) (procinfo.Layout, error)
+	done         chan struct{}
+	rulesLost    atomic.Uint64
+	stacksLost   atomic.Uint64
+	mappingsLost atomic.Uint64
+	canon        map[int32]int32  // stack id -> the first id with its frames
+	byFrames     map[string]int32 // frames -> that first id
+	waited       map[int32]bool   // request ids waited for once in vain
+
+	// mu guards the processes known and what the trie holds of them.
+	mu    sync.Mutex
+	procs map[uint32]*proc
+	files map[uint64]int // the known processes' mappings of each file
+}
+
+// newServer is a Server that answers nothing yet; fs reads the processes'
+// layouts.
+func newServer(t Tables, sym *symbolize.Symbolizer, fs procinfo.FS) *Server {
+	return &Server{tables: t, sym: sym, layout: fs.Layout, done: make(chan struct{}),
+		canon: map[int32]int32{}, byFrames: map[string]int32{}, waited: map[int32]bool{},
+		procs: map[uint32]*proc{}, files: map[uint64]int{}}
 }
 
 // Serve starts answering the requests of r; they stop when r is closed
 // (then Wait).
-func Serve(r *ringbuf.Reader, t Tables, sym *symbolize.Symbolizer) *Server {
-	s := &Server{tables: t, sym: sym, done: make(chan struct{}), canon: map[int32]int32{}, byFrames: map[string]int32{}, waited: map[int32]bool{}}
+func Serve(r *ringbuf.Reader, t Tables, sym *symbolize.Symbolizer, fs procinfo.FS) *Server {
+	s := newServer(t, sym, fs)
 	go s.serve(r)
 	return s
 }
@@ -99,17 +128,39 @@ func (s *Server) serve(r *ringbuf.Reader) {
 // Wait returns once the goroutine has stopped (its reader closed).
 func (s *Server) Wait() { <-s.done }
 
-// answer finishes the stack of one request and stores the rules it used.
+// answer finishes the stack of one request and stores the rules it used,
+// under the keys the kernel will look them up by: where the trie maps a
+// file, the file's; first entering the process's mappings into the trie
+// if they are not there (its first request, when it was not learnt at
+// Track: an exec), or not as the rules found them (dlopen).
 func (s *Server) answer(req Request) {
 	n := len(req.PCs)
 	if n == 0 {
 		return
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.procs[req.TGID]
+	if p == nil || p.asid != req.ASID {
+		p = s.learn(req.TGID, req.ASID)
+	}
 	more, rules := s.sym.UnwindCopy(int(req.TGID), symbolize.StackCopy{
 		PC: req.PCs[n-1], SP: req.SP, BP: req.BP, Exact: req.Exact, Stack: req.Stack,
 	}, req.Max-n)
+	if p != nil && p.stale(rules) {
+		p = s.learn(req.TGID, req.ASID)
+	}
+	// p is nil where the process has exec'd since: its rules would be of
+	// an image that is gone.
 	for addr, r := range rules {
-		if err := s.tables.SetRule(req.MM, req.TGID, addr, r); err != nil {
+		if p == nil {
+			break
+		}
+		file, at, ok := p.key(req.TGID, addr, r)
+		if !ok {
+			continue
+		}
+		if err := s.tables.SetRule(file, at, r.Rule); err != nil {
 			// Full: the kernel keeps asking for these frames and each
 			// request still gets its stack, at a copy's cost.
 			s.rulesLost.Add(1)
@@ -195,8 +246,10 @@ func (s *Server) Forget(kept, referenced func(id uint32) bool) {
 }
 
 // Lost adds what this side could not store to out, under prefix: rules
-// ("<prefix>_unwind_rules") and stacks ("<prefix>_stack").
+// ("<prefix>_unwind_rules"), code mappings ("<prefix>_unwind_mappings")
+// and stacks ("<prefix>_stack").
 func (s *Server) Lost(prefix string, out map[string]uint64) {
 	out[prefix+"_unwind_rules"] = s.rulesLost.Load()
+	out[prefix+"_unwind_mappings"] = s.mappingsLost.Load()
 	out[prefix+"_stack"] += s.stacksLost.Load()
 }

@@ -15,10 +15,24 @@ import (
 
 type unwindUnwindKey struct {
 	_    structs.HostLayout
-	Mm   uint64
-	Pc   uint64
-	Tgid uint32
-	Pad  uint32
+	File uint64
+	At   uint64
+}
+
+type unwindUnwindMapping struct {
+	_     structs.HostLayout
+	File  uint64
+	Bias  uint64
+	Start uint64
+	End   uint64
+}
+
+type unwindUnwindMappingKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Tgid      uint32
+	Asid      uint64
+	Addr      uint64
 }
 
 type unwindUnwindPendingKey struct {
@@ -30,6 +44,7 @@ type unwindUnwindPendingKey struct {
 type unwindUnwindRequest struct {
 	_       structs.HostLayout
 	Mm      uint64
+	Asid    uint64
 	Hash    uint64
 	Tgid    uint32
 	StackId int32
@@ -66,6 +81,7 @@ type unwindUnwoundStack struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	unwindMapErrors                 = "errors"
+	unwindMapUnwindMappings         = "unwind_mappings"
 	unwindMapUnwindPending          = "unwind_pending"
 	unwindMapUnwindRequests         = "unwind_requests"
 	unwindMapUnwindRules            = "unwind_rules"
@@ -75,6 +91,8 @@ const (
 	unwindVarHaveTaskPtRegs         = "have_task_pt_regs"
 	unwindVarHaveTaskStorage        = "have_task_storage"
 	unwindVarUnusedUnwindKey        = "unused_unwind_key"
+	unwindVarUnusedUnwindMapping    = "unused_unwind_mapping"
+	unwindVarUnusedUnwindMappingKey = "unused_unwind_mapping_key"
 	unwindVarUnusedUnwindPendingKey = "unused_unwind_pending_key"
 	unwindVarUnusedUnwindRequest    = "unused_unwind_request"
 	unwindVarUnusedUnwindRule       = "unused_unwind_rule"
@@ -130,6 +148,7 @@ type unwindProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type unwindMapSpecs struct {
 	Errors         *ebpf.MapSpec `ebpf:"errors"`
+	UnwindMappings *ebpf.MapSpec `ebpf:"unwind_mappings"`
 	UnwindPending  *ebpf.MapSpec `ebpf:"unwind_pending"`
 	UnwindRequests *ebpf.MapSpec `ebpf:"unwind_requests"`
 	UnwindRules    *ebpf.MapSpec `ebpf:"unwind_rules"`
@@ -145,6 +164,8 @@ type unwindVariableSpecs struct {
 	HaveTaskPtRegs         *ebpf.VariableSpec `ebpf:"have_task_pt_regs"`
 	HaveTaskStorage        *ebpf.VariableSpec `ebpf:"have_task_storage"`
 	UnusedUnwindKey        *ebpf.VariableSpec `ebpf:"unused_unwind_key"`
+	UnusedUnwindMapping    *ebpf.VariableSpec `ebpf:"unused_unwind_mapping"`
+	UnusedUnwindMappingKey *ebpf.VariableSpec `ebpf:"unused_unwind_mapping_key"`
 	UnusedUnwindPendingKey *ebpf.VariableSpec `ebpf:"unused_unwind_pending_key"`
 	UnusedUnwindRequest    *ebpf.VariableSpec `ebpf:"unused_unwind_request"`
 	UnusedUnwindRule       *ebpf.VariableSpec `ebpf:"unused_unwind_rule"`
@@ -172,6 +193,7 @@ func (o *unwindObjects) Close() error {
 // It can be passed to loadUnwindObjects or ebpf.CollectionSpec.LoadAndAssign.
 type unwindMaps struct {
 	Errors         *ebpf.Map `ebpf:"errors"`
+	UnwindMappings *ebpf.Map `ebpf:"unwind_mappings"`
 	UnwindPending  *ebpf.Map `ebpf:"unwind_pending"`
 	UnwindRequests *ebpf.Map `ebpf:"unwind_requests"`
 	UnwindRules    *ebpf.Map `ebpf:"unwind_rules"`
@@ -183,6 +205,7 @@ type unwindMaps struct {
 func (m *unwindMaps) Close() error {
 	return _UnwindClose(
 		m.Errors,
+		m.UnwindMappings,
 		m.UnwindPending,
 		m.UnwindRequests,
 		m.UnwindRules,
@@ -199,6 +222,8 @@ type unwindVariables struct {
 	HaveTaskPtRegs         *ebpf.Variable `ebpf:"have_task_pt_regs"`
 	HaveTaskStorage        *ebpf.Variable `ebpf:"have_task_storage"`
 	UnusedUnwindKey        *ebpf.Variable `ebpf:"unused_unwind_key"`
+	UnusedUnwindMapping    *ebpf.Variable `ebpf:"unused_unwind_mapping"`
+	UnusedUnwindMappingKey *ebpf.Variable `ebpf:"unused_unwind_mapping_key"`
 	UnusedUnwindPendingKey *ebpf.Variable `ebpf:"unused_unwind_pending_key"`
 	UnusedUnwindRequest    *ebpf.Variable `ebpf:"unused_unwind_request"`
 	UnusedUnwindRule       *ebpf.Variable `ebpf:"unused_unwind_rule"`
