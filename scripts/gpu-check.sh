@@ -108,7 +108,7 @@ torch=0
 "$py" - "$out/torch.json" testdata/python/torchleak.py <<'PY' || torch=$?
 import json, sys
 r = json.load(open(sys.argv[1]))
-line = next(i for i, l in enumerate(open(sys.argv[2]), 1) if "alloc: leak" in l)
+line = next(i for i, l in enumerate(open(sys.argv[2]), 1) if "# alloc: leak" in l)
 leaks = [f for f in r["findings"] if f["kind"] == "gpu_memory_leak"]
 for f in r["findings"]:
     print(f"{f['kind']} ({f['severity']}): {f['summary']}")
