@@ -4,9 +4,10 @@ import "fmt"
 
 // What a view shows of each process besides its findings, declared with
 // the view's data so that the sinks need no code of their own for it: its
-// series on /metrics, the figures pkg/history records at every poll, the charts the HTML report
-// draws from them, and its part of the terminal view. Shows lists every
-// view's; a new view adds its Shown there.
+// series on /metrics, the figures pkg/history records at every poll, the
+// charts the HTML report draws from them, and its part of the terminal
+// view. Shows (model.go) lists every view's; a new view adds its Shown
+// there.
 
 // FigureKind says how a figure is measured at each poll.
 type FigureKind int
