@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,6 +31,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpuxid"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/metrics"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
@@ -1000,8 +1002,16 @@ func TestRulesContent(t *testing.T) {
 				t.Errorf("group %s: recording rule %s: only alerts are expected", g.Name, r.Record)
 				continue
 			}
-			if _, dup := alerts[r.Alert]; dup {
-				t.Errorf("alert %s defined twice", r.Alert)
+			// One name twice: a finding's warning and critical rules,
+			// alike but for their severity and threshold.
+			if first, dup := alerts[r.Alert]; dup {
+				if pair := []string{first.Labels["severity"], r.Labels["severity"]}; !slices.Equal(pair, []string{"warning", "critical"}) {
+					t.Errorf("alert %s defined twice with severities %v, want warning then critical", r.Alert, pair)
+				}
+				if first.For != r.For || !maps.Equal(first.Annotations, r.Annotations) || findingKind(first) != findingKind(r) {
+					t.Errorf("alert %s: its warning and critical rules differ in more than severity and threshold", r.Alert)
+				}
+				continue
 			}
 			alerts[r.Alert] = r
 			for _, a := range []string{"summary", "description"} {
@@ -1037,11 +1047,8 @@ func TestRulesContent(t *testing.T) {
 				if !strings.Contains(all, "$labels.site") {
 					t.Errorf("%s: annotations do not name the call site ($labels.site)", r.Alert)
 				}
-				// The finding's own severity goes through.
-				if _, ok := r.Labels["severity"]; ok {
-					t.Errorf("%s: sets severity, which would override the finding's", r.Alert)
-				}
-			} else if s := r.Labels["severity"]; s != "warning" && s != "critical" && s != "info" {
+			}
+			if s := r.Labels["severity"]; s != "warning" && s != "critical" && s != "info" {
 				t.Errorf("%s: severity label %q", r.Alert, s)
 			}
 		}
@@ -1660,6 +1667,14 @@ func TestMetricNamesExist(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The views' per-container sums are named after their metrics.
+	for _, sh := range model.Shows {
+		for _, vm := range sh.Metrics {
+			if !vm.OwnOnly {
+				defined[metrics.ContainerName(vm.Name)] = true
+			}
+		}
 	}
 	used := map[string]string{}
 	name := regexp.MustCompile(`\bautoglm_[a-z0-9_]+`)

@@ -66,8 +66,10 @@ func fastRules(t *testing.T) string {
 
 // The alerting loop, as a cluster runs it: Prometheus scrapes the daemon
 // with the rules from deploy/, a process in a pod leaks fds, and the alert
-// arrives at Alertmanager's API naming the pid, the pod and the call site.
-// Every query of the Grafana dashboard then runs on that Prometheus without
+// arrives at Alertmanager's API naming the pid and the call site. Its limit
+// then drops so that the leak turns critical: the critical alert arrives
+// while the warning one goes on, never resolved and fired again. Every
+// query of the Grafana dashboard then runs on that Prometheus without
 // error, and the key panels return data.
 func TestAlertingLoop(t *testing.T) {
 	testutil.RequireRoot(t)
@@ -111,36 +113,56 @@ scrape_configs:
 		"--web.listen-address="+promAddr)
 
 	bin := testutil.Fixture(t, "fdwork")
-	leaker := exec.Command("/bin/sh", append(inCgroup(dir), bin, "leak", "40", "90")...)
+	// A limit far enough that the leak is a warning: at 40 fds/s, 100 000
+	// fds last longer than the 10 minutes that make it critical.
+	leaker := exec.Command("/bin/sh", append(inCgroup(dir), "prlimit", "--nofile=100000:100000", bin, "leak", "40", "180")...)
 	if err := leaker.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = leaker.Process.Kill(); _ = leaker.Wait() })
 	pid := strconv.Itoa(leaker.Process.Pid)
 
-	var alert map[string]string
-	testutil.Eventually(t, 60*time.Second, "AutoglmFdLeak at Alertmanager", func() bool {
-		var alerts []struct {
-			Labels      map[string]string `json:"labels"`
-			Annotations map[string]string `json:"annotations"`
-		}
+	fdLeak := func(severity string) (amAlert, bool) {
+		var alerts []amAlert
 		if err := getJSON("http://"+amAddr+"/api/v2/alerts", &alerts); err != nil {
-			return false
+			return amAlert{}, false
 		}
 		for _, a := range alerts {
-			if a.Labels["alertname"] == "AutoglmFdLeak" && a.Labels["pid"] == pid {
-				alert = a.Labels
-				alert["summary"] = a.Annotations["summary"]
-				return true
+			if a.Labels["alertname"] == "AutoglmFdLeak" && a.Labels["pid"] == pid && a.Labels["severity"] == severity {
+				return a, true
 			}
 		}
-		return false
-	})
-	if alert["pod_uid"] != uid || alert["container_id"] != cid || alert["site"] != "leak_tick" || alert["node"] != "test-node" {
-		t.Errorf("alert labels %v: want pod_uid %s, container_id %s, site leak_tick, node test-node", alert, uid, cid)
+		return amAlert{}, false
 	}
-	if !strings.Contains(alert["summary"], "pid "+pid) || !strings.Contains(alert["summary"], "leak_tick") {
-		t.Errorf("alert summary %q does not name the pid and the call site", alert["summary"])
+	var warning amAlert
+	testutil.Eventually(t, 60*time.Second, "AutoglmFdLeak (warning) at Alertmanager", func() bool {
+		var ok bool
+		warning, ok = fdLeak("warning")
+		return ok
+	})
+	if l := warning.Labels; l["site"] != "leak_tick" || l["node"] != "test-node" || l["kind"] != "fd_leak" {
+		t.Errorf("alert labels %v: want kind fd_leak, site leak_tick, node test-node", l)
+	}
+	if sum := warning.Annotations["summary"]; !strings.Contains(sum, "pid "+pid) || !strings.Contains(sum, "leak_tick") {
+		t.Errorf("alert summary %q does not name the pid and the call site", sum)
+	}
+
+	// The escalation: a limit the leak reaches within a minute.
+	fds, err := os.ReadDir("/proc/" + pid + "/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	limit := fmt.Sprintf("--nofile=%d:%d", len(fds)+2000, len(fds)+2000)
+	if out, err := exec.Command("prlimit", "--pid", pid, limit).CombinedOutput(); err != nil {
+		t.Fatalf("prlimit: %v: %s", err, out)
+	}
+	testutil.Eventually(t, 60*time.Second, "AutoglmFdLeak (critical) at Alertmanager", func() bool {
+		_, ok := fdLeak("critical")
+		return ok
+	})
+	still, ok := fdLeak("warning")
+	if !ok || !still.StartsAt.Equal(warning.StartsAt) {
+		t.Errorf("the warning alert did not hold through the escalation: before %v, after %v (present %v)", warning.StartsAt, still.StartsAt, ok)
 	}
 
 	targets, err := deploy.DashboardTargets("1m")
@@ -178,6 +200,13 @@ func keyPanel(expr string) bool {
 		}
 	}
 	return false
+}
+
+// amAlert is an alert as Alertmanager's API lists it.
+type amAlert struct {
+	Labels      map[string]string `json:"labels"`
+	Annotations map[string]string `json:"annotations"`
+	StartsAt    time.Time         `json:"startsAt"`
 }
 
 func getJSON(u string, v any) error {

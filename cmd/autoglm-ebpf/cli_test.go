@@ -97,6 +97,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"run"}, exitUsage, "requires at least 1 arg"},
 		{[]string{"attach", "--pid", "1", "--gpu-interval", "1ms"}, exitUsage, "--gpu-interval must be at least 10ms"},
 		{[]string{"attach", "--pid", "1", "--ctx-switch-floor", "0"}, exitUsage, "--ctx-switch-floor must be positive"},
+		{[]string{"daemon", "--metrics.granularity", "pod"}, exitUsage, `--metrics.granularity must be container or process, not "pod"`},
+		{[]string{"daemon", "--metrics.process-hold", "0s"}, exitUsage, "--metrics.process-hold must be positive"},
 		{[]string{"frobnicate"}, exitUsage, "unknown command"},
 		{[]string{"attach", "--pid", "999999999"}, exitRuntime, "no process with pid 999999999"},
 	} {

@@ -45,6 +45,8 @@ type daemonFlags struct {
 	ctxFloor    float64
 	gpuBudget   gpualloc.Bytes
 	classic     bool
+	granularity string
+	hold        time.Duration
 	requireList string
 	require     []string // parsed from requireList
 }
@@ -64,6 +66,9 @@ everything and exits 0.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			rules, err := f.rules()
 			if err != nil {
+				return err
+			}
+			if _, err := f.granularityOption(); err != nil {
 				return err
 			}
 			if err := requirePrivileges(); err != nil {
@@ -90,6 +95,8 @@ everything and exits 0.`,
 	// On by default here, unlike attach: the shipped dashboard and many
 	// Prometheus servers (native histograms need a feature flag before 3.0)
 	// read the classic buckets.
+	fl.StringVar(&f.granularity, "metrics.granularity", "container", "container: series per container (its processes of one comm summed), and of its own for a process only while it has an active finding or holds half of a limit; process: every watched process has its own too (20-60 series each)")
+	fl.DurationVar(&f.hold, "metrics.process-hold", metrics.DefaultHold, "with --metrics.granularity=container, how long a process keeps its own series after it was last interesting")
 	fl.BoolVar(&f.classic, "runqueue-classic-buckets", true, "give the run-queue histogram a few classic buckets besides the native ones (--runqueue-classic-buckets=false: native only)")
 	fl.StringVar(&f.requireList, "require-views", "fd,cuda", "views that must be up for /readyz to answer 200, comma-separated (of "+strings.Join(model.Views, ", ")+"; empty: none). autoglm_view_up shows each")
 	fl.Var(&f.gpuBudget, "gpu-memory-budget", "device memory each process may use (e.g. 80GiB): a GPU leak's time to exhaustion is also judged against it (needed without NVML)")
@@ -168,7 +175,11 @@ func runDaemon(f *daemonFlags, rules daemon.Rules) error {
 	finder := daemon.NewFinder(rules, proc.WithPollCache(maps), events, f.resync)
 
 	reg := prometheus.NewRegistry()
-	sink := metrics.New(reg, version, metrics.Options{Pods: true, RunqueueClassicBuckets: f.classic})
+	gran, err := f.granularityOption()
+	if err != nil {
+		return err
+	}
+	sink := metrics.New(reg, version, metrics.Options{Pods: true, Granularity: gran, Hold: f.hold, RunqueueClassicBuckets: f.classic})
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "autoglm_watched_processes",
 			Help: "Processes the daemon watches now."}, func() float64 { return float64(finder.Watched()) }),
@@ -201,7 +212,7 @@ func runDaemon(f *daemonFlags, rules daemon.Rules) error {
 		if err != nil {
 			return model.Pod{}
 		}
-		return model.Pod{UID: pod.UID, ContainerID: pod.ContainerID, Namespace: pod.Namespace, Name: pod.Name, Container: pod.Container}
+		return model.Pod{UID: pod.UID, ContainerID: pod.ContainerID, Namespace: pod.Namespace, Name: pod.Name, Container: pod.Container, Cgroup: pod.Cgroup}
 	}
 	p, err := pipeline.New(cfg, sinks...)
 	if err != nil {
@@ -215,4 +226,18 @@ func runDaemon(f *daemonFlags, rules daemon.Rules) error {
 	}
 	stop()
 	return p.Close()
+}
+
+// granularityOption is --metrics.granularity as metrics take it.
+func (f *daemonFlags) granularityOption() (metrics.Granularity, error) {
+	switch f.granularity {
+	case "container":
+		if f.hold <= 0 {
+			return 0, usagef("--metrics.process-hold must be positive, not %s", f.hold)
+		}
+		return metrics.PerContainer, nil
+	case "process":
+		return metrics.PerProcess, nil
+	}
+	return 0, usagef("--metrics.granularity must be container or process, not %q", f.granularity)
 }

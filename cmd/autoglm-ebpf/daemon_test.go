@@ -189,10 +189,11 @@ func inCgroup(dir string) []string {
 
 // The daemon runs first; CUDA processes (the stand-in runtime, loaded late
 // with dlopen) start inside a kubelet-style cgroup and are watched within an
-// interval of loading it: their live bytes and a failed allocation's finding
-// appear on /metrics with their pid, pod UID, container id and call site;
-// their series are gone after they exit; SIGTERM exits 0 and leaves no BPF
-// program loaded.
+// interval of loading it: their container's series (by cgroup, as no API
+// server names the pod) sum their live bytes, and the process whose
+// allocation failed has series of its own and a finding with its pid and
+// call site; the series are gone after they exit; SIGTERM exits 0 and
+// leaves no BPF program loaded.
 func TestDaemonWatchesPodProcesses(t *testing.T) {
 	testutil.RequireRoot(t)
 	before := progCount(t)
@@ -207,20 +208,22 @@ func TestDaemonWatchesPodProcesses(t *testing.T) {
 	holder := testutil.StartProc(t, env, "/bin/sh", append(inCgroup(dir), bin, rt, "leak", "120")...)
 	failer := testutil.StartProc(t, env, "/bin/sh", append(inCgroup(dir), bin, rt, "fail", "120")...)
 	failer.Wait(t, "loaded", 20*time.Second)
-	pod := map[string]string{"pod_uid": uid, "container_id": cid}
+	unit := map[string]string{"cgroup": "/" + filepath.Join("kubepods", "besteffort", "pod"+uid, cid), "comm": "cudawork"}
 
 	// Watched (and so hooked) within an interval or two of the dlopen.
-	testutil.Eventually(t, 20*time.Second, "the failing process on /metrics", func() bool {
-		return len(series(d.scrape(t), "autoglm_open_fds", map[string]string{"pid": strconv.Itoa(failer.Cmd.Process.Pid), "pod_uid": uid})) > 0
+	testutil.Eventually(t, 20*time.Second, "both processes in their container's series", func() bool {
+		s := series(d.scrape(t), "autoglm_container_processes", unit)
+		return len(s) == 1 && s[0].GetGauge().GetValue() == 2
 	})
 	failer.Signal(t)
 	failer.Wait(t, "done", 10*time.Second)
-	holderPID, failerPID := strconv.Itoa(holder.Cmd.Process.Pid), strconv.Itoa(failer.Cmd.Process.Pid)
-	testutil.Eventually(t, 30*time.Second, "live bytes and the failure finding with pod labels", func() bool {
+	failerPID := strconv.Itoa(failer.Cmd.Process.Pid)
+	testutil.Eventually(t, 30*time.Second, "the container's live bytes, the failure finding and its process's own series", func() bool {
 		fams := d.scrape(t)
-		live := series(fams, "autoglm_cuda_live_bytes", merge(pod, map[string]string{"pid": holderPID, "comm": "cudawork"}))
-		found := series(fams, "autoglm_finding", merge(pod, map[string]string{"pid": failerPID, "kind": "gpu_alloc_failure", "site": "load_checkpoint"}))
-		return len(live) == 1 && live[0].GetGauge().GetValue() > 0 && len(found) == 1 && found[0].GetGauge().GetValue() == 1
+		live := series(fams, "autoglm_container_cuda_live_bytes", unit)
+		found := series(fams, "autoglm_finding", map[string]string{"pid": failerPID, "comm": "cudawork", "kind": "gpu_alloc_failure", "site": "load_checkpoint"})
+		own := series(fams, "autoglm_open_fds", map[string]string{"pid": failerPID})
+		return len(live) == 1 && live[0].GetGauge().GetValue() > 0 && len(found) == 1 && found[0].GetGauge().GetValue() > 0 && len(own) == 1
 	})
 	if fams := d.scrape(t); len(series(fams, "autoglm_watched_processes", nil)) != 1 {
 		t.Error("no autoglm_watched_processes")
@@ -232,7 +235,8 @@ func TestDaemonWatchesPodProcesses(t *testing.T) {
 	}
 	testutil.Eventually(t, 20*time.Second, "the exited processes' series to go", func() bool {
 		fams := d.scrape(t)
-		return !hasPID(fams, holder.Cmd.Process.Pid) && !hasPID(fams, failer.Cmd.Process.Pid)
+		return !hasPID(fams, holder.Cmd.Process.Pid) && !hasPID(fams, failer.Cmd.Process.Pid) &&
+			len(series(fams, "autoglm_container_processes", unit)) == 0
 	})
 	if code := d.stop(t); code != 0 {
 		t.Fatalf("daemon exited %d after SIGTERM", code)
@@ -251,17 +255,6 @@ func TestDaemonWatchesPodProcesses(t *testing.T) {
 	if !logged {
 		t.Errorf("findings log lacks the failure:\n%s", d.out)
 	}
-}
-
-func merge(a, b map[string]string) map[string]string {
-	out := map[string]string{}
-	for k, v := range a {
-		out[k] = v
-	}
-	for k, v := range b {
-		out[k] = v
-	}
-	return out
 }
 
 // Bad input is a usage error; a port in use is a clear runtime error.

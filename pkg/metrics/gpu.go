@@ -9,12 +9,12 @@ import (
 )
 
 // gpuSeries appends NVML's series: the devices', and those of the watched
-// processes on them (NVML's figures joined with the processes, whatever
-// view is up). The caller holds m.mu.
+// processes on them that have series of their own (NVML's figures joined
+// with the processes, whatever view is up). The caller holds m.mu.
 func (m *Metrics) gpuSeries(s *model.Snapshot, out []prometheus.Metric) []prometheus.Metric {
 	ids := make(map[int][]string, len(s.Processes))
 	for _, p := range s.Processes {
-		if !p.Exited {
+		if !p.Exited && m.own(s, p.PID) {
 			ids[p.PID] = m.procLabels(p)
 			for _, u := range p.CUDA.GPUUtil {
 				labels := append(append([]string{u.Label()}, ids[p.PID]...), u.Source)

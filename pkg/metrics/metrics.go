@@ -6,6 +6,11 @@
 // state follows every snapshot; the series themselves are built when a
 // scrape asks for them, at most once per snapshot: a node agent polls every
 // second and is scraped every 15 to 60.
+//
+// The daemon sums the processes of one container and comm into
+// autoglm_container_* series; in container granularity, its default, a
+// process has series of its own only while it is interesting (units.go):
+// a fleet pays per container, not per forked worker.
 package metrics
 
 import (
@@ -47,7 +52,8 @@ type descs struct {
 	shortLivedFDsDesc *prometheus.Desc
 	buildInfoDesc     *prometheus.Desc
 	// views are the views' per-process metrics (model.Shows), each with
-	// its description.
+	// its description and, where it has one, that of its per-container
+	// sum (nil for an OwnOnly metric).
 	views              []viewMetric
 	gpuUsedDesc        *prometheus.Desc
 	gpuTotalDesc       *prometheus.Desc
@@ -57,14 +63,15 @@ type descs struct {
 	gpuMemUtilDesc     *prometheus.Desc
 	gpuXIDDesc         *prometheus.Desc
 	gpuEventsDesc      *prometheus.Desc
+	unit               unitDescs
 }
 
 func newDescs(pods bool) *descs {
 	names := func(extra ...string) []string { return procNames(pods, extra...) }
 	d := &descs{}
 	d.findingDesc = prometheus.NewDesc("autoglm_finding",
-		"1 while a finding is active, 0 once it no longer holds; site is the function at the finding's call site.",
-		append([]string{"kind", "severity", "site"}, names()...), nil)
+		"A finding's severity while it is active (1 info, 2 warning, 3 critical), and once it no longer holds, minus the severity it ended with; site is the function at the finding's call site. The severity is the value, not a label, so that an escalating finding stays one series.",
+		append([]string{"kind", "site"}, names()...), nil)
 	d.findingCauseDesc = prometheus.NewDesc("autoglm_finding_caused_by",
 		"1 while a finding explained by another (cause: its kind) is active, 0 after; such a finding is not in autoglm_finding or autoglm_findings_total.",
 		append([]string{"kind", "cause"}, names()...), nil)
@@ -120,16 +127,22 @@ func newDescs(pods bool) *descs {
 		[]string{"gpu", "uuid", "type"}, nil)
 	for _, sh := range model.Shows {
 		for _, vm := range sh.Metrics {
-			d.views = append(d.views, viewMetric{vm, prometheus.NewDesc(vm.Name, vm.Help, names(vm.Labels...), nil)})
+			v := viewMetric{Metric: vm, desc: prometheus.NewDesc(vm.Name, vm.Help, names(vm.Labels...), nil)}
+			if !vm.OwnOnly {
+				v.unitDesc = unitDesc(vm.Name, vm.Help, vm.Labels...)
+			}
+			d.views = append(d.views, v)
 		}
 	}
+	d.unit = newUnitDescs()
 	return d
 }
 
-// viewMetric is a view's metric and its description.
+// viewMetric is a view's metric and its descriptions.
 type viewMetric struct {
 	model.Metric
-	desc *prometheus.Desc
+	desc     *prometheus.Desc
+	unitDesc *prometheus.Desc // its per-container sum; nil for OwnOnly
 }
 
 // all lists every description, for Describe.
@@ -137,8 +150,11 @@ func (d *descs) all() []*prometheus.Desc {
 	out := []*prometheus.Desc{d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.trackFailuresDesc, d.viewUpDesc, d.bpfMemoryDesc, d.fdListingsDesc, d.fdCopiesDesc, d.fdDescribedDesc, d.fdDeferredDesc, d.fdReadsBoundDesc, d.shortLivedDesc, d.shortLivedFDsDesc, d.buildInfoDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.gpuSMUtilDesc, d.gpuMemUtilDesc, d.gpuXIDDesc, d.gpuEventsDesc}
 	for _, v := range d.views {
 		out = append(out, v.desc)
+		if v.unitDesc != nil {
+			out = append(out, v.unitDesc)
+		}
 	}
-	return out
+	return append(out, d.unit.all()...)
 }
 
 // Metrics is a sink that serves the latest snapshot to Prometheus.
@@ -146,6 +162,8 @@ type Metrics struct {
 	d         *descs
 	pods      bool // per-process series carry pod labels
 	classic   bool // the run-queue histogram also has classic buckets
+	gran      Granularity
+	hold      time.Duration // see Options.Hold
 	mu        sync.Mutex
 	buildInfo prometheus.Metric
 	latest    *model.Snapshot     // the last Update's, without processes already served as exited
@@ -155,6 +173,9 @@ type Metrics struct {
 	// hands over a smaller value: rate() would read that as a counter reset.
 	counts map[int]*procCounts // latest's processes by pid
 	lost   map[string]uint64   // by source
+	// units are the containers' counts of their processes that are gone
+	// (with Pods).
+	units map[unitKey]*unitState
 
 	counted map[findingID]bool // findings already in findings_total
 	total   map[string]uint64  // findings_total by kind
@@ -170,6 +191,13 @@ type procCounts struct {
 	// exited: served this once (see current); the state goes, so that a
 	// reused pid starts from its own counts.
 	exited bool
+	// unit is the container the process's counts are summed in, hists its
+	// histograms by view metric, to hand them over when it leaves.
+	unit  unitKey
+	hists map[int]model.Histogram
+	// own: until when the process has series of its own in container
+	// granularity (the last time it was interesting, plus Options.Hold).
+	own time.Time
 }
 
 // seriesKey is one series of a process: a view metric (its index in
@@ -193,16 +221,40 @@ type findingID struct {
 }
 
 // findingSeries is the label set of one autoglm_finding series: kind,
-// severity, site and the process's labels (procNames) joined by NUL.
+// site and the process's labels (procNames) joined by NUL.
 type findingSeries struct {
-	kind, severity, site, proc string
+	kind, site, proc string
 }
+
+// Granularity says which processes have series of their own.
+type Granularity int
+
+const (
+	// PerProcess: every watched process has its own series (attach, run,
+	// and daemon --metrics.granularity=process).
+	PerProcess Granularity = iota
+	// PerContainer: the processes of one container (outside a pod, one
+	// cgroup) and comm are summed into autoglm_container_* series; a
+	// process has series of its own only while it is interesting.
+	PerContainer
+)
+
+// DefaultHold is how long a process keeps its own series after it was last
+// interesting, unless Options.Hold says otherwise: longer than the rules'
+// for: clauses, so that a finding that flickers does not flap its alert.
+const DefaultHold = 10 * time.Minute
 
 // Options change what is exported.
 type Options struct {
-	// Pods adds the pod labels (namespace, pod, container, pod_uid,
-	// container_id) to every per-process series: the daemon sets it.
+	// Pods adds the pod labels (namespace, pod, container) to every
+	// per-process series, and serves the per-container sums and each
+	// container's pod UID and container id in autoglm_container_info: the
+	// daemon sets it.
 	Pods bool
+	// Granularity is PerProcess unless set; PerContainer needs Pods.
+	Granularity Granularity
+	// Hold replaces DefaultHold where positive.
+	Hold time.Duration
 	// RunqueueClassicBuckets adds a few classic buckets (RunqueueBuckets)
 	// to the run-queue histogram, for scrapers without native histograms.
 	RunqueueClassicBuckets bool
@@ -233,12 +285,22 @@ func New(reg prometheus.Registerer, version string, opts ...Options) *Metrics {
 		d:         d,
 		pods:      o.Pods,
 		classic:   o.RunqueueClassicBuckets,
+		gran:      o.Granularity,
+		hold:      o.Hold,
+		units:     map[unitKey]*unitState{},
 		buildInfo: prometheus.MustNewConstMetric(d.buildInfoDesc, prometheus.GaugeValue, 1, label(version), Revision(), runtime.Version(), runtime.GOARCH),
 		counts:    map[int]*procCounts{},
 		lost:      map[string]uint64{},
 		counted:   map[findingID]bool{},
 		total:     map[string]uint64{},
 		gone:      map[int]time.Time{},
+	}
+	if m.hold <= 0 {
+		m.hold = DefaultHold
+	}
+	if !m.pods {
+		// attach and run: no containers to sum by.
+		m.gran = PerProcess
 	}
 	// Pre-create every kind, so that increase() sees the first finding.
 	for _, k := range model.Kinds {
@@ -321,25 +383,39 @@ func (m *Metrics) current(s *model.Snapshot) *model.Snapshot {
 // caller holds m.mu.
 func (m *Metrics) account(s *model.Snapshot) {
 	counts := make(map[int]*procCounts, len(s.Processes))
+	interesting := m.interesting(s)
 	for _, p := range s.Processes {
 		prev := m.counts[p.PID]
 		if prev == nil || prev.exited {
 			prev = &procCounts{}
 		}
-		c := &procCounts{counters: maps.Clone(prev.counters), exited: p.Exited}
+		c := &procCounts{counters: maps.Clone(prev.counters), exited: p.Exited, unit: unitOf(p), own: prev.own}
 		if c.counters == nil {
 			c.counters = map[seriesKey]counter{}
 		}
 		for i, vm := range m.d.views {
-			if vm.Type != model.CounterMetric {
-				continue
+			switch vm.Type {
+			case model.CounterMetric:
+				vm.Samples(p, func(v float64, labels ...string) {
+					k := seriesKey{i, strings.Join(labels, "\x00")}
+					c.counters[k] = counter{labels, max(c.counters[k].v, v)}
+				})
+			case model.HistogramMetric:
+				if h, ok := vm.Histogram(p); ok && m.pods {
+					if c.hists == nil {
+						c.hists = map[int]model.Histogram{}
+					}
+					c.hists[i] = h
+				}
 			}
-			vm.Samples(p, func(v float64, labels ...string) {
-				k := seriesKey{i, strings.Join(labels, "\x00")}
-				c.counters[k] = counter{labels, max(c.counters[k].v, v)}
-			})
+		}
+		if interesting[p.PID] {
+			c.own = s.Time.Add(m.hold)
 		}
 		counts[p.PID] = c
+	}
+	if m.pods {
+		m.handOver(s, counts)
 	}
 	m.counts = counts
 	for _, f := range s.Findings {
@@ -363,6 +439,10 @@ func (m *Metrics) render() []prometheus.Metric {
 		out = m.viewSeries(s, out)
 		out = m.gpuSeries(s, out)
 		out = m.findingSeries(s, out)
+		out = m.infoSeries(s, out)
+		if m.pods {
+			out = m.unitSeries(s, out)
+		}
 	}
 	for src, n := range m.lost {
 		out = append(out, constMetric(m.d.lostDesc, prometheus.CounterValue, float64(n), label(src)))
@@ -399,10 +479,13 @@ func (m *Metrics) render() []prometheus.Metric {
 	return out
 }
 
-// viewSeries appends the views' series of s's processes. The caller holds
-// m.mu.
+// viewSeries appends the views' series of those of s's processes that have
+// series of their own. The caller holds m.mu.
 func (m *Metrics) viewSeries(s *model.Snapshot, out []prometheus.Metric) []prometheus.Metric {
 	for _, p := range s.Processes {
+		if !m.own(s, p.PID) {
+			continue
+		}
 		id := m.procLabels(p)
 		for _, vm := range m.d.views {
 			switch vm.Type {
@@ -425,8 +508,11 @@ func (m *Metrics) viewSeries(s *model.Snapshot, out []prometheus.Metric) []prome
 
 func (m *Metrics) findingSeries(s *model.Snapshot, out []prometheus.Metric) []prometheus.Metric {
 	// Several findings of one kind and pid (one per FirstSeen) share a
-	// series; it is 1 if any of them is active.
-	active := map[findingSeries]bool{}
+	// series: the highest severity among the active ones, or without any,
+	// minus the highest among the ended ones. An ended finding keeps its
+	// severity so that a rule can tell one that began and ended between
+	// two scrapes, and how serious it was.
+	active, ended := map[findingSeries]int{}, map[findingSeries]int{}
 	procs := make(map[int]*model.Process, len(s.Processes))
 	for _, p := range s.Processes {
 		procs[p.PID] = p
@@ -452,8 +538,12 @@ func (m *Metrics) findingSeries(s *model.Snapshot, out []prometheus.Metric) []pr
 			caused[k] = caused[k] || f.Active
 			continue
 		}
-		k := findingSeries{label(f.Kind), label(f.Severity), site, strings.Join(proc, "\x00")}
-		active[k] = active[k] || f.Active
+		k := findingSeries{label(f.Kind), site, strings.Join(proc, "\x00")}
+		if f.Active {
+			active[k] = max(active[k], model.SeverityLevel(f.Severity))
+		} else {
+			ended[k] = max(ended[k], model.SeverityLevel(f.Severity))
+		}
 	}
 	for k, a := range caused {
 		v := 0.0
@@ -462,24 +552,26 @@ func (m *Metrics) findingSeries(s *model.Snapshot, out []prometheus.Metric) []pr
 		}
 		out = append(out, constMetric(m.d.findingCauseDesc, prometheus.GaugeValue, v, append(strings.Split(k.kind, "\x00"), strings.Split(k.proc, "\x00")...)...))
 	}
-	for k, a := range active {
-		v := 0.0
-		if a {
-			v = 1
+	for k, l := range ended {
+		if _, ok := active[k]; !ok {
+			active[k] = -l
 		}
-		out = append(out, constMetric(m.d.findingDesc, prometheus.GaugeValue, v, append([]string{k.kind, k.severity, k.site}, strings.Split(k.proc, "\x00")...)...))
+	}
+	for k, l := range active {
+		out = append(out, constMetric(m.d.findingDesc, prometheus.GaugeValue, float64(l), append([]string{k.kind, k.site}, strings.Split(k.proc, "\x00")...)...))
 	}
 	return out
 }
 
 // procNames are the labels of every per-process series, then extra: the pid
-// and comm, and with pods, the pod's namespace, name, container name (from
-// the API server) and pod UID and container id (from the process's cgroup).
-// Outside a pod those are empty, which Prometheus treats as absent.
+// and comm, and with pods, the pod's namespace, name and container name
+// (from the API server). Outside a pod those are empty, which Prometheus
+// treats as absent. The pod UID and container id, which change at every
+// restart, are in autoglm_container_info only.
 func procNames(pods bool, extra ...string) []string {
 	names := []string{"pid", "comm"}
 	if pods {
-		names = append(names, "namespace", "pod", "container", "pod_uid", "container_id")
+		names = append(names, "namespace", "pod", "container")
 	}
 	return append(names, extra...)
 }
@@ -488,7 +580,7 @@ func procNames(pods bool, extra ...string) []string {
 func (m *Metrics) procLabels(p *model.Process) []string {
 	id := []string{strconv.Itoa(p.PID), label(p.Comm)}
 	if m.pods {
-		id = append(id, label(p.Pod.Namespace), label(p.Pod.Name), label(p.Pod.Container), p.Pod.UID, p.Pod.ContainerID)
+		id = append(id, label(p.Pod.Namespace), label(p.Pod.Name), label(p.Pod.Container))
 	}
 	return id
 }

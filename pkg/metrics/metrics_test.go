@@ -71,9 +71,9 @@ autoglm_fds_opened_total{comm="fdwork",kind="file",pid="100"} 80
 # HELP autoglm_fds_closed_total File descriptors released since attach, by kind.
 # TYPE autoglm_fds_closed_total counter
 autoglm_fds_closed_total{comm="fdwork",kind="file",pid="100"} 23
-# HELP autoglm_finding 1 while a finding is active, 0 once it no longer holds; site is the function at the finding's call site.
+# HELP autoglm_finding A finding's severity while it is active (1 info, 2 warning, 3 critical), and once it no longer holds, minus the severity it ended with; site is the function at the finding's call site. The severity is the value, not a label, so that an escalating finding stays one series.
 # TYPE autoglm_finding gauge
-autoglm_finding{comm="fdwork",kind="fd_leak",pid="100",severity="warning",site="main.leak"} 1
+autoglm_finding{comm="fdwork",kind="fd_leak",pid="100",site="main.leak"} 2
 # HELP autoglm_bpf_events_lost_total Lost BPF events and failed map updates, by source.
 # TYPE autoglm_bpf_events_lost_total counter
 autoglm_bpf_events_lost_total{source="fd_events"} 3
@@ -118,20 +118,21 @@ func TestFindingsTotal(t *testing.T) {
 		}
 		want += fmt.Sprintf("autoglm_findings_total{kind=%q} %d\n", k, n)
 	}
-	want += `# HELP autoglm_finding 1 while a finding is active, 0 once it no longer holds; site is the function at the finding's call site.
+	want += `# HELP autoglm_finding A finding's severity while it is active (1 info, 2 warning, 3 critical), and once it no longer holds, minus the severity it ended with; site is the function at the finding's call site. The severity is the value, not a label, so that an escalating finding stays one series.
 # TYPE autoglm_finding gauge
-autoglm_finding{comm="fdwork",kind="fd_leak",pid="100",severity="warning",site="main.leak"} 1
-autoglm_finding{comm="fdwork",kind="socket_leak",pid="100",severity="warning",site="main.leak"} 0
+autoglm_finding{comm="fdwork",kind="fd_leak",pid="100",site="main.leak"} 2
+autoglm_finding{comm="fdwork",kind="socket_leak",pid="100",site="main.leak"} -2
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "autoglm_findings_total", "autoglm_finding"); err != nil {
 		t.Fatal(err)
 	}
 
-	// Once the only active one ends, the shared series reads 0.
+	// Once the only active one ends, the shared series reads minus its
+	// severity.
 	second.Active = false
 	m.Update(snap(4, p, []model.Finding{f, second, inactive}, nil))
-	if v, ok := value(t, reg, "autoglm_finding", map[string]string{"kind": "fd_leak", "pid": "100"}); !ok || v != 0 {
-		t.Errorf("autoglm_finding fd_leak = %v (present %v), want 0", v, ok)
+	if v, ok := value(t, reg, "autoglm_finding", map[string]string{"kind": "fd_leak", "pid": "100"}); !ok || v != -2 {
+		t.Errorf("autoglm_finding fd_leak = %v (present %v), want -2", v, ok)
 	}
 	if v, _ := value(t, reg, "autoglm_findings_total", map[string]string{"kind": "fd_leak"}); v != 2 {
 		t.Errorf("findings_total fd_leak = %v after both ended, want 2", v)
@@ -387,7 +388,8 @@ func TestExitedProcessStillListed(t *testing.T) {
 }
 
 // With pod labels (the daemon), every per-process series and the finding
-// name the pod; a process outside a pod has them empty.
+// name the pod; a process outside a pod has them empty. The pod UID and
+// container id are on the container's info series only.
 func TestPodLabels(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	m := New(reg, "v1.2.3", Options{Pods: true})
@@ -396,15 +398,18 @@ func TestPodLabels(t *testing.T) {
 		Namespace: "ml", Name: "serve-0", Container: "worker"}
 	m.Update(snap(1, []*model.Process{inPod, proc(200, "host", 5, 5, 0, false)}, []model.Finding{finding(100, "fdwork", true)}, nil))
 	want := `
-# HELP autoglm_finding 1 while a finding is active, 0 once it no longer holds; site is the function at the finding's call site.
+# HELP autoglm_finding A finding's severity while it is active (1 info, 2 warning, 3 critical), and once it no longer holds, minus the severity it ended with; site is the function at the finding's call site. The severity is the value, not a label, so that an escalating finding stays one series.
 # TYPE autoglm_finding gauge
-autoglm_finding{comm="fdwork",container="worker",container_id="` + strings.Repeat("ab", 32) + `",kind="fd_leak",namespace="ml",pid="100",pod="serve-0",pod_uid="3f0e9b7c-1a2b-4c3d-8e9f-0123456789ab",severity="warning",site="main.leak"} 1
+autoglm_finding{comm="fdwork",container="worker",kind="fd_leak",namespace="ml",pid="100",pod="serve-0",site="main.leak"} 2
 # HELP autoglm_open_fds Live file descriptors of the process.
 # TYPE autoglm_open_fds gauge
-autoglm_open_fds{comm="fdwork",container="worker",container_id="` + strings.Repeat("ab", 32) + `",namespace="ml",pid="100",pod="serve-0",pod_uid="3f0e9b7c-1a2b-4c3d-8e9f-0123456789ab"} 57
-autoglm_open_fds{comm="host",container="",container_id="",namespace="",pid="200",pod="",pod_uid=""} 5
+autoglm_open_fds{comm="fdwork",container="worker",namespace="ml",pid="100",pod="serve-0"} 57
+autoglm_open_fds{comm="host",container="",namespace="",pid="200",pod=""} 5
+# HELP autoglm_container_info Always 1: the pod UID and container id of a container watched processes run in, to join on (namespace, pod, container); they change at every restart, so no other series carries them.
+# TYPE autoglm_container_info gauge
+autoglm_container_info{container="worker",container_id="` + strings.Repeat("ab", 32) + `",namespace="ml",pod="serve-0",pod_uid="3f0e9b7c-1a2b-4c3d-8e9f-0123456789ab"} 1
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "autoglm_open_fds", "autoglm_finding"); err != nil {
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "autoglm_open_fds", "autoglm_finding", "autoglm_container_info"); err != nil {
 		t.Fatal(err)
 	}
 	if problems, err := testutil.GatherAndLint(reg); err != nil || len(problems) > 0 {
@@ -451,9 +456,9 @@ func TestCausedBy(t *testing.T) {
 	p := []*model.Process{proc(100, "sockwork", 57, 80, 23, false)}
 	m.Update(snap(1, p, []model.Finding{f, s}, nil))
 	want := `
-# HELP autoglm_finding 1 while a finding is active, 0 once it no longer holds; site is the function at the finding's call site.
+# HELP autoglm_finding A finding's severity while it is active (1 info, 2 warning, 3 critical), and once it no longer holds, minus the severity it ended with; site is the function at the finding's call site. The severity is the value, not a label, so that an escalating finding stays one series.
 # TYPE autoglm_finding gauge
-autoglm_finding{comm="sockwork",kind="socket_leak",pid="100",severity="warning",site="accept_conn"} 1
+autoglm_finding{comm="sockwork",kind="socket_leak",pid="100",site="accept_conn"} 2
 # HELP autoglm_finding_caused_by 1 while a finding explained by another (cause: its kind) is active, 0 after; such a finding is not in autoglm_finding or autoglm_findings_total.
 # TYPE autoglm_finding_caused_by gauge
 autoglm_finding_caused_by{cause="socket_leak",comm="sockwork",kind="fd_leak",pid="100"} 1

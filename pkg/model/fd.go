@@ -207,7 +207,7 @@ var fdShown = Shown{
 	Metrics: []Metric{
 		{Name: "autoglm_open_fds", Help: "Live file descriptors of the process.", Type: GaugeMetric,
 			Samples: func(p *Process, add func(float64, ...string)) { add(float64(p.FD.Open)) }},
-		{Name: "autoglm_fd_limit", Help: "Soft RLIMIT_NOFILE of the process.", Type: GaugeMetric,
+		{Name: "autoglm_fd_limit", Help: "Soft RLIMIT_NOFILE of the process.", Type: GaugeMetric, OwnOnly: true,
 			Samples: func(p *Process, add func(float64, ...string)) { add(float64(p.FD.Limit)) }},
 		{Name: "autoglm_fds_opened_total", Help: "File descriptors created since attach, by kind.", Type: CounterMetric, Labels: []string{"kind"},
 			Samples: func(p *Process, add func(float64, ...string)) { each(p.FD.Opened, add) }},

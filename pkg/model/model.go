@@ -16,6 +16,21 @@ const (
 	SeverityCritical = "critical"
 )
 
+// SeverityLevel orders severities: 1 info, 2 warning, 3 critical, 0 for
+// anything else. /metrics serves a finding's severity as this number, so
+// that its series keeps its identity when it escalates.
+func SeverityLevel(s string) int {
+	switch s {
+	case SeverityInfo:
+		return 1
+	case SeverityWarning:
+		return 2
+	case SeverityCritical:
+		return 3
+	}
+	return 0
+}
+
 // Finding is one detector verdict about one process.
 type Finding struct {
 	Kind      string    `json:"kind"`
@@ -59,6 +74,10 @@ type Pod struct {
 	Namespace   string `json:"namespace,omitempty"`    // from the API server, when reachable
 	Name        string `json:"pod,omitempty"`
 	Container   string `json:"container,omitempty"`
+	// Cgroup is the process's cgroup path (podinfo.Cgroup.Path): outside
+	// a pod, the unit its series are summed by (a Slurm job step, a
+	// systemd service, a login session).
+	Cgroup string `json:"cgroup,omitempty"`
 }
 
 // Process is what the pipeline knows about one target at one instant.

@@ -152,6 +152,9 @@ type Metric struct {
 	// Histogram is p's histogram, for a HistogramMetric; false when the
 	// view did not observe p.
 	Histogram func(p *Process) (Histogram, bool)
+	// OwnOnly is a figure of each process that means nothing summed (a
+	// limit): it has no per-container series.
+	OwnOnly bool
 }
 
 // each adds every count of m, labelled with its key.

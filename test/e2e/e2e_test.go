@@ -133,8 +133,8 @@ func TestShippedManifestsOnRealCluster(t *testing.T) {
 			}
 			for name, f := range fams {
 				for _, m := range f.Metric {
-					if labels(m)["pod_uid"] == work.Metadata.UID {
-						return fmt.Errorf("%s%v still there", name, labels(m))
+					if l := labels(m); l["pod_uid"] == work.Metadata.UID || l["namespace"] == workNS && l["pod"] == workPod {
+						return fmt.Errorf("%s%v still there", name, l)
 					}
 				}
 			}
@@ -334,7 +334,9 @@ func labels(m *dto.Metric) map[string]string {
 
 // checkFindings waits for the fd leak and the GPU memory leak of the
 // workload on the agent's /metrics, with the pod's labels as the API
-// server has them (names only when the agent may read pods).
+// server has them (names only when the agent may read pods), and for each
+// container's series: named, with its pod UID and container id on
+// autoglm_container_info; unnamed, by the cgroup that holds its id.
 func (c *cluster) checkFindings(ctx context.Context, t *testing.T, agent, work pod, named bool) {
 	ids := map[string]string{}
 	for _, s := range work.Status.ContainerStatuses {
@@ -343,10 +345,12 @@ func (c *cluster) checkFindings(ctx context.Context, t *testing.T, agent, work p
 	}
 	want := map[string]string{"fd_leak": "fds", "gpu_memory_leak": "gpu"}
 	for kind, container := range want {
-		expect := map[string]string{"kind": kind, "pod_uid": work.Metadata.UID, "container_id": ids[container],
-			"namespace": "", "pod": "", "container": ""}
+		expect := map[string]string{"kind": kind, "namespace": "", "pod": "", "container": ""}
+		unit := map[string]string{"namespace": "", "pod": "", "container": ""}
 		if named {
 			expect["namespace"], expect["pod"], expect["container"] = work.Metadata.Namespace, work.Metadata.Name, container
+			unit = map[string]string{"namespace": work.Metadata.Namespace, "pod": work.Metadata.Name, "container": container,
+				"pod_uid": work.Metadata.UID, "container_id": ids[container]}
 		}
 		var seen []map[string]string
 		err := poll(ctx, 3*time.Minute, func() error {
@@ -355,26 +359,43 @@ func (c *cluster) checkFindings(ctx context.Context, t *testing.T, agent, work p
 				return err
 			}
 			seen = nil
-			if f := fams["autoglm_finding"]; f != nil {
-				for _, m := range f.Metric {
-					l := labels(m)
-					seen = append(seen, l)
-					match := m.GetGauge().GetValue() == 1
-					for k, v := range expect {
-						match = match && l[k] == v
-					}
-					if match {
-						t.Logf("%s: autoglm_finding%v", agent.Metadata.Name, l)
-						return nil
-					}
+			found := false
+			for _, m := range fams["autoglm_finding"].GetMetric() {
+				l := labels(m)
+				seen = append(seen, l)
+				if m.GetGauge().GetValue() > 0 && matches(l, expect) {
+					t.Logf("%s: autoglm_finding%v", agent.Metadata.Name, l)
+					found = true
 				}
 			}
-			return fmt.Errorf("no active autoglm_finding with %v", expect)
+			if !found {
+				return fmt.Errorf("no active autoglm_finding with %v", expect)
+			}
+			series := "autoglm_container_info"
+			if !named {
+				series = "autoglm_container_processes"
+			}
+			for _, m := range fams[series].GetMetric() {
+				if l := labels(m); matches(l, unit) && (named || strings.Contains(l["cgroup"], ids[container])) {
+					return nil
+				}
+			}
+			return fmt.Errorf("no %s of container %s (%s) with %v", series, container, ids[container], unit)
 		})
 		if err != nil {
 			t.Errorf("%v; findings seen: %v", err, seen)
 		}
 	}
+}
+
+// matches says whether labels has every label of want.
+func matches(labels, want map[string]string) bool {
+	for k, v := range want {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
 }
 
 // monitoring starts Debian's Prometheus, scraping the agent's pod with the
