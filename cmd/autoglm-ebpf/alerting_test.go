@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -113,20 +114,38 @@ scrape_configs:
 		"--web.listen-address="+promAddr)
 
 	bin := testutil.Fixture(t, "fdwork")
-	// A limit far enough that the leak is a warning: at 40 fds/s, 100 000
-	// fds last longer than the 10 minutes that make it critical.
-	leaker := exec.Command("/bin/sh", append(inCgroup(dir), "prlimit", "--nofile=100000:100000", bin, "leak", "40", "180")...)
+	// A leak slow enough for the hard fd limit to last 25 minutes, past
+	// the 10 that make it critical: a warning.
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	rate := strconv.FormatUint(min(40, max(1, lim.Max/1500)), 10)
+	leaker := exec.Command("/bin/sh", append(inCgroup(dir), "prlimit", fmt.Sprintf("--nofile=%d:%d", lim.Max, lim.Max), bin, "leak", rate, "240")...)
 	if err := leaker.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = leaker.Process.Kill(); _ = leaker.Wait() })
 	pid := strconv.Itoa(leaker.Process.Pid)
 
+	var seen []amAlert // what Alertmanager had last, for a failure's log
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("alerts at Alertmanager: %+v", seen)
+			_, body := get(d.addr, "/metrics")
+			for _, l := range strings.Split(body, "\n") {
+				if strings.HasPrefix(l, "autoglm_finding") || strings.HasPrefix(l, "autoglm_open_fds") || strings.HasPrefix(l, "autoglm_container_open_fds") {
+					t.Log(l)
+				}
+			}
+		}
+	})
 	fdLeak := func(severity string) (amAlert, bool) {
 		var alerts []amAlert
 		if err := getJSON("http://"+amAddr+"/api/v2/alerts", &alerts); err != nil {
 			return amAlert{}, false
 		}
+		seen = alerts
 		for _, a := range alerts {
 			if a.Labels["alertname"] == "AutoglmFdLeak" && a.Labels["pid"] == pid && a.Labels["severity"] == severity {
 				return a, true
@@ -135,7 +154,7 @@ scrape_configs:
 		return amAlert{}, false
 	}
 	var warning amAlert
-	testutil.Eventually(t, 60*time.Second, "AutoglmFdLeak (warning) at Alertmanager", func() bool {
+	testutil.Eventually(t, 90*time.Second, "AutoglmFdLeak (warning) at Alertmanager", func() bool {
 		var ok bool
 		warning, ok = fdLeak("warning")
 		return ok
@@ -152,7 +171,7 @@ scrape_configs:
 	if err != nil {
 		t.Fatal(err)
 	}
-	limit := fmt.Sprintf("--nofile=%d:%d", len(fds)+2000, len(fds)+2000)
+	limit := fmt.Sprintf("--nofile=%d:%d", len(fds)+400, len(fds)+400)
 	if out, err := exec.Command("prlimit", "--pid", pid, limit).CombinedOutput(); err != nil {
 		t.Fatalf("prlimit: %v: %s", err, out)
 	}
