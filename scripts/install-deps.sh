@@ -3,8 +3,9 @@
 # Go (must already be on PATH), a C compiler for the test fixtures; with
 # "generate" the BPF toolchain (clang, llvm, libbpf headers, bpftool); with
 # "test" what the tests run besides the tool: bpftool (nothing left loaded),
-# Prometheus with promtool and Alertmanager (the alert rules, dashboard
-# queries and the alerting loop), Debian's python3.11 (Python frames in
+# Prometheus with promtool and Alertmanager with amtool (the alert rules,
+# dashboard queries, the alerting loop, deploy/alertmanager's configuration),
+# Debian's python3.11 (Python frames in
 # stacks), g++, readelf (binutils) and eu-stack (elfutils) (stacks of
 # code without frame pointers, held to elfutils' and binutils' unwind
 # tables), Chromium (the HTML report is rendered in
@@ -31,7 +32,7 @@ fi
 if [ "${1:-}" = test ]; then
 	command -v bpftool >/dev/null || need+=(bpftool)
 	command -v promtool >/dev/null || need+=(prometheus)
-	command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
+	{ command -v prometheus-alertmanager && command -v amtool; } >/dev/null || need+=(prometheus-alertmanager)
 	[ -x /usr/bin/python3.11 ] || need+=(python3.11) # Python frames: pkg/testutil.DebianPython
 	command -v g++ >/dev/null || need+=(g++)
 	command -v readelf >/dev/null || need+=(binutils)
