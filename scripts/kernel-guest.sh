@@ -102,7 +102,7 @@ step_check() {
 	# What check says of each view and of anything not ok, a line each.
 	awk '/^[^ ]/ { n++ } { print > (FILENAME ".row" n) }' "$out/check.log"
 	for row in "$out"/check.log.row*; do
-		if head -1 "$row" | grep -qE '^view |  (MISSING|no)  |^verdict'; then
+		if head -1 "$row" | grep -qE '^view |  (MISSING|no|absent)  |^verdict'; then
 			condense <"$row"
 		fi
 	done >"$out/check.summary"

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/cgroupmem"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/daemon"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ctxstorm"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpualloc"
@@ -187,6 +188,18 @@ func runDaemon(f *daemonFlags, rules daemon.Rules) error {
 			Help: "Processes that matched but were not watched because --max-processes was reached."},
 			func() float64 { return float64(finder.OverCap.Load()) }),
 	)
+	// The agent's own memory limit, which AutoglmEbpfMemoryNearLimit
+	// compares its RSS and BPF maps with.
+	if limit, err := cgroupmem.Find(); err != nil {
+		slog.Warn("the agent's memory cgroup not found; autoglm_memory_limit_bytes not exported", "err", err)
+	} else {
+		reg.MustRegister(limit)
+		if n, ok := limit.Read(); ok {
+			slog.Info("memory limit of the agent's cgroup", "cgroup", limit.Dir(), "bytes", n)
+		} else {
+			slog.Info("no memory limit on the agent's cgroup; autoglm_memory_limit_bytes not exported", "cgroup", limit.Dir())
+		}
+	}
 	health := &daemon.Health{Require: f.require}
 	sinks := []pipeline.Sink{sink, health}
 	if f.findingsLog {

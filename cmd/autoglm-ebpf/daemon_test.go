@@ -22,6 +22,7 @@ import (
 	pmodel "github.com/prometheus/common/model"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/gpunode"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/tracked"
 )
@@ -292,9 +293,13 @@ func TestDaemonBadInput(t *testing.T) {
 // A view that cannot load shows as autoglm_view_up 0, and /readyz answers
 // 503 naming it while it is required (the default: fd and cuda), 200 once
 // it is not. The cuda view is made to fail for real: a live allocation
-// table of 4e9 entries is refused by the kernel (E2BIG).
+// table of 4e9 entries is refused by the kernel (E2BIG). On a machine
+// without an NVIDIA GPU the cuda view is not expected: it is absent
+// instead, with autoglm_view_absent and no autoglm_view_up, and /readyz
+// says so.
 func TestDaemonViewDown(t *testing.T) {
 	testutil.RequireRoot(t)
+	noGPU := len(gpunode.Find("/proc").Node) == 0
 	for _, tc := range []struct {
 		require string
 		ready   bool
@@ -307,9 +312,19 @@ func TestDaemonViewDown(t *testing.T) {
 		mf := d.scrape(t)
 		for view, want := range map[string]float64{"fd": 1, "sched": 1, "sock": 1, "cuda": 0, "python": 1} {
 			s := series(mf, "autoglm_view_up", map[string]string{"view": view})
+			if view == "cuda" && noGPU {
+				if len(s) != 0 {
+					t.Errorf("--require-views %s: autoglm_view_up{view=\"cuda\"} = %v on a node without GPUs, want none (absent)", tc.require, s)
+				}
+				continue
+			}
 			if len(s) != 1 || s[0].GetGauge().GetValue() != want {
 				t.Errorf("--require-views %s: autoglm_view_up{view=%q} = %v, want %v", tc.require, view, s, want)
 			}
+		}
+		absent := series(mf, "autoglm_view_absent", map[string]string{"view": "cuda", "reason": "no_gpu"})
+		if noGPU != (len(absent) == 1 && absent[0].GetGauge().GetValue() == 1) {
+			t.Errorf("--require-views %s, no GPU %v: autoglm_view_absent{view=\"cuda\"} = %v", tc.require, noGPU, absent)
 		}
 		// The kernel memory of each loaded view; none for the one refused.
 		for _, view := range []string{"fd", "sched", "sock", "tracked", "stacks"} {
@@ -324,8 +339,12 @@ func TestDaemonViewDown(t *testing.T) {
 		if tc.ready && code != http.StatusOK {
 			t.Errorf("--require-views %s: /readyz %d %q, want 200", tc.require, code, body)
 		}
-		if !tc.ready && (code != http.StatusServiceUnavailable || !strings.Contains(body, "cuda: loading cuda BPF programs")) {
-			t.Errorf("--require-views %s: /readyz %d %q, want 503 naming the cuda view and why", tc.require, code, body)
+		why := "required views down: cuda: loading cuda BPF programs"
+		if noGPU {
+			why = "required views absent, not expected on this node (leave them out of --require-views on such nodes): cuda: no NVIDIA GPU on this node (loading cuda BPF programs"
+		}
+		if !tc.ready && (code != http.StatusServiceUnavailable || !strings.Contains(body, why)) {
+			t.Errorf("--require-views %s: /readyz %d %q, want 503 with %q", tc.require, code, body, why)
 		}
 		if code, _ := get(d.addr, "/healthz"); code != http.StatusOK {
 			t.Errorf("--require-views %s: /healthz %d: the loop runs", tc.require, code)

@@ -104,15 +104,34 @@ func TestHealthReady(t *testing.T) {
 	if err := h.Ready(); err == nil {
 		t.Fatal("ready before the first poll")
 	}
-	views := map[string]string{"fd": "", "sched": "", "sock": "", "cuda": "loading cuda BPF programs: map live_allocs: map create: argument list too long", "python": "", "nvml": "NVML unavailable"}
+	const e2big = "loading cuda BPF programs: map live_allocs: map create: argument list too long"
+	views := map[string]model.ViewState{"fd": {}, "sched": {}, "sock": {}, "cuda": {Down: e2big}, "python": {},
+		"nvml": {Down: "NVML unavailable: the NVIDIA kernel driver is not loaded; GPU metrics off"}}
 	h.Update(&model.Snapshot{Views: views})
 	err := h.Ready()
-	if err == nil || !strings.Contains(err.Error(), "cuda: loading cuda BPF programs") || strings.Contains(err.Error(), "nvml") {
+	if err == nil || err.Error() != "required views down: cuda: "+e2big {
 		t.Errorf("cuda down, fd and cuda required: %v", err)
 	}
 	h.Require = []string{"fd"}
 	if err := h.Ready(); err != nil {
 		t.Errorf("fd up, only fd required: %v", err)
+	}
+
+	// Absent where not expected: no fault, but a required view that is
+	// absent fails readiness, saying so apart from the views down.
+	views["cuda"] = model.ViewState{Down: e2big, Absent: model.AbsentNoGPU}
+	views["nvml"] = model.ViewState{Down: "NVML unavailable: libnvidia-ml.so.1 not found", Absent: model.AbsentNoGPU}
+	views["sock"] = model.ViewState{Down: "loading sock BPF programs: refused"}
+	h.Update(&model.Snapshot{Views: views})
+	if err := h.Ready(); err != nil {
+		t.Errorf("views absent, only fd required: %v", err)
+	}
+	h.Require = []string{"fd", "sock", "cuda"}
+	want := "required views down: sock: loading sock BPF programs: refused; " +
+		"required views absent, not expected on this node (leave them out of --require-views on such nodes): " +
+		"cuda: no NVIDIA GPU on this node (" + e2big + ")"
+	if err := h.Ready(); err == nil || err.Error() != want {
+		t.Errorf("sock down and cuda absent, both required:\n got %v\nwant %s", err, want)
 	}
 	if got, err := ParseViews(" fd, sock,,"); err != nil || !slices.Equal(got, []string{"fd", "sock"}) {
 		t.Errorf("ParseViews = %v, %v", got, err)

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -12,14 +13,14 @@ import (
 )
 
 // Health is a sink that records when the loop last ticked, for /healthz,
-// and which views are down, for /readyz.
+// and how the views stand, for /readyz.
 type Health struct {
 	// Require lists the views /readyz needs up (--require-views).
 	Require []string
 
 	last  atomic.Int64 // UnixNano of the last snapshot
 	mu    sync.Mutex
-	views map[string]string // of the last snapshot: why each view is down
+	views map[string]model.ViewState // of the last snapshot
 }
 
 // Update records the tick and the views' state.
@@ -45,21 +46,33 @@ func (h *Health) Since() (time.Duration, bool) {
 }
 
 // Ready returns nil once a poll has seen every required view up, else
-// what is missing: the views down, each with its reason.
+// what is missing: the views down, each with its reason, and the views
+// absent. A required view that is absent (not expected on this node) is
+// not ready either: requiring it says this node should have it, so a
+// DaemonSet on nodes without GPUs, or without NVML given, shows.
 func (h *Health) Ready() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.views == nil {
 		return fmt.Errorf("not polled yet")
 	}
-	var down []string
+	var down, absent, missing []string
 	for _, v := range h.Require {
-		if why := h.views[v]; why != "" {
-			down = append(down, v+": "+why)
+		switch st := h.views[v]; {
+		case st.Absent != "":
+			absent = append(absent, fmt.Sprintf("%s: %s (%s)", v, st.Absent.Meaning(), st.Down))
+		case st.Down != "":
+			down = append(down, v+": "+st.Down)
 		}
 	}
 	if len(down) > 0 {
-		return fmt.Errorf("required views down: %s", strings.Join(down, "; "))
+		missing = append(missing, "required views down: "+strings.Join(down, "; "))
+	}
+	if len(absent) > 0 {
+		missing = append(missing, "required views absent, not expected on this node (leave them out of --require-views on such nodes): "+strings.Join(absent, "; "))
+	}
+	if len(missing) > 0 {
+		return errors.New(strings.Join(missing, "; "))
 	}
 	return nil
 }

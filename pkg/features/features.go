@@ -17,6 +17,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/gpunode"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	gpusample "github.com/open-autoglm/autoglm-ebpf/pkg/nvml"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/tracefs"
 )
@@ -30,12 +32,16 @@ type Result struct {
 	OK       bool
 	Detail   string
 	Required bool // the tool cannot work without it
+	// Absent, on a line not OK, says why what it serves is not expected on
+	// this node (gpunode): its view is absent, not down.
+	Absent model.Absence
 }
 
 // Check runs the probes of the kernel and machine, NVML's included; each
-// view's are its own (pipeline.Checks). It mounts tracefs when it is
-// missing, as attaching does.
-func Check() []Result {
+// view's are its own (pipeline.Checks). devs are the node's GPUs, which say
+// whether NVML is expected. It mounts tracefs when it is missing, as
+// attaching does.
+func Check(devs gpunode.Devices) []Result {
 	var rs []Result
 	add := func(name string, required bool, err error, okDetail string) {
 		r := Result{Name: name, OK: err == nil, Required: required, Detail: okDetail}
@@ -81,7 +87,23 @@ func Check() []Result {
 
 	add("kprobe attach (optional fallback)", false, attachKprobe(), "attaches")
 	add("uprobe attach (CUDA hooks)", false, AttachUprobe(), "attaches")
-	return append(rs, nvml())
+	return append(rs, gpus(devs), nvml(gonvml.New(), devs))
+}
+
+// gpus says which GPUs the node has and which the agent was given: without
+// any, the GPU views are not expected here.
+func gpus(devs gpunode.Devices) Result {
+	r := Result{Name: "NVIDIA GPUs (/dev/nvidia[0-9]*)", OK: len(devs.Node) > 0}
+	if !r.OK {
+		r.Detail = "none on this node (its /dev and the host's): the cuda and nvml views are not expected here"
+		return r
+	}
+	given := strings.Join(devs.Agent, " ")
+	if given == "" {
+		given = "none (NVML cannot read them)"
+	}
+	r.Detail = "on the node: " + strings.Join(devs.Node, " ") + "; given to this process: " + given
+	return r
 }
 
 // kernel lists the BPF features the objects adapt to, each with what its
@@ -163,11 +185,12 @@ func AttachUprobe() error {
 
 // nvml initializes the NVIDIA management library once: GPU sampling needs
 // the library and a loaded driver.
-func nvml() Result {
+func nvml(lib gonvml.Interface, devs gpunode.Devices) Result {
 	r := Result{Name: NVML}
-	detail, err := gpusample.Probe(gonvml.New())
+	detail, err := gpusample.Probe(lib)
 	if err != nil {
 		r.Detail = err.Error() + " (everything else works)"
+		r.Absent = devs.Absence("nvml", err)
 		return r
 	}
 	r.OK, r.Detail = true, detail

@@ -42,6 +42,7 @@ type descs struct {
 	lostDesc          *prometheus.Desc
 	trackFailuresDesc *prometheus.Desc
 	viewUpDesc        *prometheus.Desc
+	viewAbsentDesc    *prometheus.Desc
 	bpfMemoryDesc     *prometheus.Desc
 	fdListingsDesc    *prometheus.Desc
 	fdCopiesDesc      *prometheus.Desc
@@ -83,8 +84,11 @@ func newDescs(pods bool) *descs {
 		"Processes a view could not follow (the other views watched them on), by view and reason (an errno name, or other).",
 		[]string{"view", "reason"}, nil)
 	d.viewUpDesc = prometheus.NewDesc("autoglm_view_up",
-		"1 when the view runs, 0 when it is down (failed to load, or still loading): fd, sched, sock, cuda, python, nvml. The log says why.",
+		"1 when the view runs, 0 when it is down (failed to load, or still loading): fd, sched, sock, cuda, python, nvml. The log says why. A view not expected on this node has autoglm_view_absent instead.",
 		[]string{"view"}, nil)
+	d.viewAbsentDesc = prometheus.NewDesc("autoglm_view_absent",
+		"1 for a view that does not run because it is not expected on this node, which is no fault; it has no autoglm_view_up. reason: no_gpu (the node has no NVIDIA GPU), no_nvml (NVML was not given to the agent: no libnvidia-ml or no GPU device nodes in its container).",
+		[]string{"view", "reason"}, nil)
 	d.bpfMemoryDesc = prometheus.NewDesc("autoglm_bpf_memory_bytes",
 		"Kernel memory of each view's BPF maps and programs (memlock; charged to the agent's memory cgroup on Linux >= 5.11), read every 10 polls.",
 		[]string{"view"}, nil)
@@ -147,7 +151,7 @@ type viewMetric struct {
 
 // all lists every description, for Describe.
 func (d *descs) all() []*prometheus.Desc {
-	out := []*prometheus.Desc{d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.trackFailuresDesc, d.viewUpDesc, d.bpfMemoryDesc, d.fdListingsDesc, d.fdCopiesDesc, d.fdDescribedDesc, d.fdDeferredDesc, d.fdReadsBoundDesc, d.shortLivedDesc, d.shortLivedFDsDesc, d.buildInfoDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.gpuSMUtilDesc, d.gpuMemUtilDesc, d.gpuXIDDesc, d.gpuEventsDesc}
+	out := []*prometheus.Desc{d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.trackFailuresDesc, d.viewUpDesc, d.viewAbsentDesc, d.bpfMemoryDesc, d.fdListingsDesc, d.fdCopiesDesc, d.fdDescribedDesc, d.fdDeferredDesc, d.fdReadsBoundDesc, d.shortLivedDesc, d.shortLivedFDsDesc, d.buildInfoDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.gpuSMUtilDesc, d.gpuMemUtilDesc, d.gpuXIDDesc, d.gpuEventsDesc}
 	for _, v := range d.views {
 		out = append(out, v.desc)
 		if v.unitDesc != nil {
@@ -451,9 +455,15 @@ func (m *Metrics) render() []prometheus.Metric {
 		for f, n := range s.TrackFailures {
 			out = append(out, constMetric(m.d.trackFailuresDesc, prometheus.CounterValue, float64(n), f.View, f.Reason))
 		}
-		for view, down := range s.Views {
+		for view, st := range s.Views {
+			// An absent view is no fault: AutoglmViewDown reads
+			// autoglm_view_up == 0, so it has none.
+			if st.Absent != "" {
+				out = append(out, constMetric(m.d.viewAbsentDesc, prometheus.GaugeValue, 1, view, string(st.Absent)))
+				continue
+			}
 			up := 0.0
-			if down == "" {
+			if st.Down == "" {
 				up = 1
 			}
 			out = append(out, constMetric(m.d.viewUpDesc, prometheus.GaugeValue, up, view))

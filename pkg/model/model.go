@@ -130,9 +130,8 @@ type Snapshot struct {
 	// GPUEventCounts counts the NVML events each device reported since
 	// the start, by kind, XIDs among them (monotonic).
 	GPUEventCounts map[GPUEventKey]uint64
-	// Views says, for each view (Views lists them), why it is down: ""
-	// when it runs, "loading" while its BPF side loads.
-	Views map[string]string
+	// Views says how each view (Views lists them) stands.
+	Views map[string]ViewState
 	// BPFMemory is the kernel memory of each loaded view's BPF maps and
 	// programs (their memlock), by view; "stacks" is that of the stack and
 	// Python frame maps the fd and cuda views share (pkg/stacks).
@@ -145,6 +144,43 @@ type Snapshot struct {
 // BPF concerns, Python frames (carried by the fd and cuda objects), and
 // NVML.
 var Views = []string{"fd", "sched", "sock", "cuda", "python", "nvml"}
+
+// ViewState is how one view stands: up, down, or absent (down where it is
+// not expected).
+type ViewState struct {
+	// Down says why the view does not run: "" when it runs, "loading"
+	// while its BPF side loads, else what failed.
+	Down string
+	// Absent, set only for a view that does not run, says why it is not
+	// expected on this node: then not running is no fault (the metrics
+	// export autoglm_view_absent for it instead of autoglm_view_up).
+	Absent Absence
+}
+
+// Absence is why a view is not expected on a node: a small fixed set, so
+// that it can be a label.
+type Absence string
+
+const (
+	// AbsentNoGPU: the node has no NVIDIA GPU (no /dev/nvidia0, ...), so
+	// the GPU views (cuda, nvml) have nothing to see.
+	AbsentNoGPU Absence = "no_gpu"
+	// AbsentNoNVML: the node has GPUs, but NVML was not given to the
+	// agent: no libnvidia-ml, or no GPU device nodes in its container
+	// (the NVIDIA container runtime did not inject them).
+	AbsentNoNVML Absence = "no_nvml"
+)
+
+// Meaning says what the absence means, for the log, `check` and /readyz.
+func (a Absence) Meaning() string {
+	switch a {
+	case AbsentNoGPU:
+		return "no NVIDIA GPU on this node"
+	case AbsentNoNVML:
+		return "NVML not given to the agent (no libnvidia-ml, or no GPU device nodes in its container: the NVIDIA container runtime did not inject them)"
+	}
+	return string(a)
+}
 
 // Shows lists what each view shows, in the order of Views.
 var Shows = []Shown{fdShown, schedShown, sockShown, cudaShown, nvmlShown}

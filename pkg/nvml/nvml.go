@@ -709,12 +709,17 @@ func supportedEvents(dev gonvml.Device) string {
 // cannot be initialized.
 var ErrUnavailable = errors.New("NVML unavailable")
 
+// ErrNoLibrary is wrapped, with ErrUnavailable, when libnvidia-ml cannot be
+// loaded: NVML was not installed or not given to this container, which is
+// no fault on a node that is not meant to have it (gpunode).
+var ErrNoLibrary = errors.New("libnvidia-ml.so.1 not found")
+
 // unavailable explains a failed nvmlInit in the terms a user can act on.
 func unavailable(ret gonvml.Return) error {
 	var reason string
 	switch ret {
 	case gonvml.ERROR_LIBRARY_NOT_FOUND:
-		reason = "libnvidia-ml.so.1 not found (no NVIDIA driver installed)"
+		return fmt.Errorf("%w: %w (no NVIDIA driver installed, or not given to this container); GPU metrics off", ErrUnavailable, ErrNoLibrary)
 	case gonvml.ERROR_DRIVER_NOT_LOADED:
 		reason = "the NVIDIA kernel driver is not loaded"
 	case gonvml.ERROR_NO_PERMISSION:

@@ -256,9 +256,10 @@ func TestInitFailure(t *testing.T) {
 	for _, c := range []struct {
 		ret    gonvml.Return
 		reason string
+		noLib  bool // the error is ErrNoLibrary: NVML not there, rather than failing
 	}{
-		{gonvml.ERROR_LIBRARY_NOT_FOUND, "libnvidia-ml.so.1 not found"},
-		{gonvml.ERROR_DRIVER_NOT_LOADED, "driver is not loaded"},
+		{gonvml.ERROR_LIBRARY_NOT_FOUND, "libnvidia-ml.so.1 not found", true},
+		{gonvml.ERROR_DRIVER_NOT_LOADED, "driver is not loaded", false},
 	} {
 		// Only Init is mocked: any other call would panic.
 		lib := &mock.Interface{InitFunc: func() gonvml.Return { return c.ret }}
@@ -271,6 +272,9 @@ func TestInitFailure(t *testing.T) {
 		if !errors.Is(err, ErrUnavailable) || !strings.HasPrefix(msg, "NVML unavailable: ") ||
 			!strings.Contains(msg, c.reason) || !strings.HasSuffix(msg, "; GPU metrics off") {
 			t.Errorf("%v: error %q, want NVML unavailable: ...%s...; GPU metrics off", c.ret, msg, c.reason)
+		}
+		if errors.Is(err, ErrNoLibrary) != c.noLib {
+			t.Errorf("%v: errors.Is(err, ErrNoLibrary) = %v, want %v", c.ret, !c.noLib, c.noLib)
 		}
 		if s.GPUs() != nil {
 			t.Errorf("%v: GPUs() = %v after failed Start, want nil", c.ret, s.GPUs())

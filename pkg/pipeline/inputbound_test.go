@@ -147,7 +147,7 @@ func TestInputBoundVerdict(t *testing.T) {
 			}
 			switch {
 			case tc.views == nil:
-			case last.Views["cuda"] == "" && last.TrackFailures[model.TrackFailure{View: "cuda", Reason: "EPERM"}] == 0:
+			case last.Views["cuda"].Down == "" && last.TrackFailures[model.TrackFailure{View: "cuda", Reason: "EPERM"}] == 0:
 				t.Fatalf("the CUDA view is up and tracks the process: views %v, track failures %v", last.Views, last.TrackFailures)
 			}
 			if verdict != tc.verdict {

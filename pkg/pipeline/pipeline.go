@@ -27,6 +27,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpualloc"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/inputbound"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/sockleak"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/gpunode"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/nvml"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
@@ -168,9 +169,11 @@ type Pipeline struct {
 	untracked     map[string]map[int]bool
 	trackFailures map[model.TrackFailure]uint64
 
-	// status: why each view is down ("" when up), for the health series
-	// and readiness.
-	status map[string]string
+	// status: how each view stands, for the health series and readiness.
+	status map[string]model.ViewState
+	// devices: the node's GPUs, which say whether a GPU view that does
+	// not run is down or absent.
+	devices gpunode.Devices
 	// memory: the kernel memory of each view's BPF objects, read every
 	// memoryEvery snapshots (each map and program is a syscall and an
 	// fdinfo read).
@@ -211,10 +214,11 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 
 		untracked:     map[string]map[int]bool{},
 		trackFailures: map[model.TrackFailure]uint64{},
-		status:        map[string]string{},
+		status:        map[string]model.ViewState{},
+		devices:       gpunode.Find(cfg.ProcRoot),
 	}
 	for _, v := range model.Views {
-		p.status[v] = "loading"
+		p.status[v] = model.ViewState{Down: "loading"}
 	}
 	// Made before the views that share them: the processes tracked, and
 	// the stack service the fd view cannot do without.
@@ -234,10 +238,10 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 		lib = gonvml.New()
 	}
 	p.gpu, p.stopGPU = nvml.New(lib), cancel
-	p.status["nvml"] = ""
-	if err := p.gpu.Start(ctx, cfg.GPUInterval); err != nil {
-		slog.Warn(err.Error())
-		p.status["nvml"] = err.Error()
+	err = p.gpu.Start(ctx, cfg.GPUInterval)
+	p.status["nvml"] = p.stateOf("nvml", err)
+	if err != nil {
+		logDown("nvml", p.status["nvml"], err)
 	}
 
 	p.judges = p.registered()
@@ -270,6 +274,26 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 	return p, nil
 }
 
+// stateOf returns the state of a view that started with err (nil: up). One
+// that does not run where it is not expected (gpunode) is absent.
+func (p *Pipeline) stateOf(view string, err error) model.ViewState {
+	if err == nil {
+		return model.ViewState{}
+	}
+	return model.ViewState{Down: err.Error(), Absent: p.devices.Absence(view, err)}
+}
+
+// logDown says, once at start, why a view does not run: at info level when
+// it is absent, which is no fault.
+func logDown(view string, st model.ViewState, err error) {
+	if st.Absent != "" {
+		slog.Info("concern absent: not expected on this node; continuing without it (autoglm_view_absent)",
+			"concern", view, "reason", st.Absent, "why", st.Absent.Meaning(), "err", err)
+		return
+	}
+	slog.Warn("concern unavailable on this machine; continuing without it (autoglm_view_up 0)", "concern", view, "err", err)
+}
+
 // arrival is the outcome of loading one view's concern.
 type arrival struct {
 	view view
@@ -292,19 +316,19 @@ func (p *Pipeline) adopt(a arrival) error {
 		defer debug.FreeOSMemory()
 	}
 	name := a.view.name
-	p.status[name] = ""
+	st := p.stateOf(name, a.err)
+	p.status[name] = st
 	for _, c := range a.view.carries {
-		p.status[c] = ""
+		p.status[c] = st
+		if st.Down != "" {
+			p.status[c] = model.ViewState{Down: fmt.Sprintf("the %s view is down", name), Absent: st.Absent}
+		}
 	}
 	if a.err != nil {
-		p.status[name] = a.err.Error()
-		for _, c := range a.view.carries {
-			p.status[c] = fmt.Sprintf("the %s view is down", name)
-		}
 		if a.view.required {
 			return a.err
 		}
-		slog.Warn("concern unavailable on this machine; continuing without it (autoglm_view_up 0)", "concern", name, "err", a.err)
+		logDown(name, st, a.err)
 		return nil
 	}
 	if p.closed {

@@ -14,6 +14,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/sockleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/fdtrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/features"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/gpunode"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/schedtrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/socktrack"
@@ -63,17 +64,27 @@ func (p *Pipeline) views() []view {
 }
 
 // Checks runs each view's probes for `check`, in the order the views fill,
-// and lists what the views that would run find.
-func Checks() (rs []features.Result, finds []string) {
+// and lists what the views that would run find. A view that would not run
+// where it is not expected (devs: the node's GPUs) is absent: its failed
+// probes say so, and absent lists it with why.
+func Checks(devs gpunode.Devices) (rs []features.Result, finds []string, absent map[string]model.Absence) {
 	var p Pipeline // the views' descriptors only: none is loaded
+	absent = map[string]model.Absence{}
 	for _, v := range p.views() {
 		got, up := v.check()
-		rs = append(rs, got...)
 		if up {
 			finds = append(finds, v.finds)
+		} else if a := devs.Absence(v.name, nil); a != "" {
+			absent[v.name] = a
+			for i := range got {
+				if !got[i].OK {
+					got[i].Absent = a
+				}
+			}
 		}
+		rs = append(rs, got...)
 	}
-	return rs, finds
+	return rs, finds, absent
 }
 
 // ordered returns vs with each view after those it names in after, in
@@ -159,7 +170,7 @@ func (p *Pipeline) judge(now time.Time, observe []*model.Process) ([]model.Findi
 	// live bytes, where it tracks the process, are filled by now. A
 	// fault names the processes on its device that are among them.
 	p.gpu.EnrichAll(observe)
-	if p.status["nvml"] == "" {
+	if p.status["nvml"].Down == "" {
 		filled["nvml"] = observe
 	}
 	// Detect.
