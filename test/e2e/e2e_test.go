@@ -393,7 +393,7 @@ func (c *cluster) checkEvent(ctx context.Context, t *testing.T) {
 		for _, l := range strings.Split(out, "\n") {
 			f := strings.Fields(l)
 			if len(f) > 4 && f[1] == "Warning" && f[2] == "FdLeak" && f[3] == "pod/"+workPod && strings.Contains(l, "cache_tokenizer") {
-				t.Logf("kubectl get events -n %s --field-selector involvedObject.name=%s:\n%s", workNS, workPod, l)
+				t.Logf("kubectl get events -n %s --field-selector involvedObject.name=%s:\n%s", workNS, workPod, out)
 				return nil
 			}
 		}
