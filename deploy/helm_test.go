@@ -68,7 +68,7 @@ func renderChart(t *testing.T, values map[string]any) []manifest {
 // `helm lint` with the default values and with every toggle on, against the
 // oldest Kubernetes supported: no error, no warning.
 func TestChartLint(t *testing.T) {
-	for _, vals := range []map[string]any{nil, allToggles()} {
+	for _, vals := range []map[string]any{nil, allToggles(), noEvents} {
 		l := lint.AllWithKubeVersion(chartDir, vals, namespace, &minKube)
 		for _, m := range l.Messages {
 			if m.Severity >= support.WarningSev {
@@ -77,6 +77,9 @@ func TestChartLint(t *testing.T) {
 		}
 	}
 }
+
+// noEvents switches off what is on by default.
+var noEvents = map[string]any{"kubernetesEvents": map[string]any{"enabled": false}}
 
 func allToggles() map[string]any {
 	return map[string]any{
@@ -184,11 +187,22 @@ func lineDiff(a, b string) string {
 	return strings.Join(out, "\n")
 }
 
-// The chart's DaemonSet passes the manifests' security assertions, with the
-// defaults and with every toggle on; the values change what they say.
+// The chart's DaemonSet and ClusterRole pass the manifests' assertions, with
+// the defaults, with every toggle on and with events off; the values change
+// what they say.
 func TestChartValues(t *testing.T) {
-	checkDaemonSet(t, renderChart(t, nil))
-	checkDaemonSet(t, renderChart(t, allToggles()))
+	for _, tt := range []struct {
+		vals   map[string]any
+		events bool
+	}{{nil, true}, {allToggles(), true}, {noEvents, false}} {
+		ms := renderChart(t, tt.vals)
+		checkDaemonSet(t, ms)
+		// Findings as events by default, the events rule with them.
+		checkRBAC(t, ms)
+		if args := only[*appsv1.DaemonSet](t, ms).Spec.Template.Spec.Containers[0].Args; slices.Contains(args, "--kubernetes.events") != tt.events {
+			t.Errorf("values %v: args %q, want --kubernetes.events: %v", tt.vals, args, tt.events)
+		}
+	}
 
 	ms := renderChart(t, map[string]any{
 		"image": map[string]any{"repository": "registry.example.com/autoglm-ebpf", "tag": "v9.9.9"},
@@ -203,7 +217,7 @@ func TestChartValues(t *testing.T) {
 	})
 	pod := only[*appsv1.DaemonSet](t, ms).Spec.Template.Spec
 	c := pod.Containers[0]
-	if c.Image != "registry.example.com/autoglm-ebpf:v9.9.9" || !slices.Equal(c.Args, []string{"daemon", "--all", "--max-processes=64"}) {
+	if c.Image != "registry.example.com/autoglm-ebpf:v9.9.9" || !slices.Equal(c.Args, []string{"daemon", "--all", "--max-processes=64", "--kubernetes.events"}) {
 		t.Errorf("image %q, args %q", c.Image, c.Args)
 	}
 	if pod.NodeSelector["cloud.google.com/gke-accelerator"] != "nvidia-h100-80gb" || len(pod.NodeSelector) != 2 ||

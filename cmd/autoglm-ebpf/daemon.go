@@ -19,6 +19,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpualloc"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/discover"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/fdtrack"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/kubeevents"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/metrics"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/nvml"
@@ -38,6 +39,7 @@ type daemonFlags struct {
 	all         bool
 	maxProcs    int
 	findingsLog bool
+	kubeEvents  bool
 	node        string
 	maxFDs      uint32
 	fdReads     int
@@ -87,6 +89,7 @@ everything and exits 0.`,
 	fl.BoolVar(&f.all, "all", false, "watch every user process (fd, sched, sock views), not only those using CUDA")
 	fl.IntVar(&f.maxProcs, "max-processes", 256, "most processes watched at once; more are counted in autoglm_processes_over_cap_total")
 	fl.BoolVar(&f.findingsLog, "findings-log", false, "also write each finding state change as a JSON line on stdout")
+	fl.BoolVar(&f.kubeEvents, "kubernetes.events", false, "report each finding that becomes active, escalates or ends as a Kubernetes event on its pod, as the kubelet reports its own (needs create and patch on events)")
 	fl.StringVar(&f.node, "node-name", os.Getenv("NODE_NAME"), "this node's name, to ask the API server for its pods (default $NODE_NAME, from the downward API)")
 	fl.Uint32Var(&f.maxFDs, "max-fds", 1<<18, "capacity of the kernel's live fd table, all processes together")
 	fl.IntVar(&f.fdReads, "fd-reads-per-poll", fdtrack.DefaultReadsPerPoll, "most fds described from /proc (a readlink each) per interval, all processes together; a larger table is filled over several intervals (autoglm_fd_descriptions_deferred_total)")
@@ -204,6 +207,14 @@ func runDaemon(f *daemonFlags, rules daemon.Rules) error {
 	sinks := []pipeline.Sink{sink, health}
 	if f.findingsLog {
 		sinks = append(sinks, daemon.NewFindingsLog(os.Stdout))
+	}
+	if f.kubeEvents {
+		// As without pod names: one warning, and the daemon goes on.
+		if podEvents, err := kubeevents.NewInCluster(f.node); err != nil {
+			slog.Warn("findings not reported as Kubernetes events", "err", err)
+		} else {
+			sinks = append(sinks, podEvents)
+		}
 	}
 	sinks = append(sinks, serveProfiles(srv))
 	srv.Serve(reg, health, 3*f.interval+5*time.Second, f.webConfig)

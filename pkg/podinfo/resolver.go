@@ -13,11 +13,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/kubeclient"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 )
 
@@ -69,26 +69,8 @@ func NewInClusterResolver(ctx context.Context, node string) *Resolver {
 
 // allPods lists and watches the pods of every node on the API server of
 // cfg, which it adjusts; NewResolver adds the selector for its node.
-//
-// It talks to the API server through a bare core/v1 RESTClient rather than
-// the generated clientset: the clientset's scheme and typed clients import
-// every API group, which doubled the binary and, as their package init
-// touches it, the daemon's resident memory. Pods need core/v1 only.
 func allPods(cfg *rest.Config) (cache.ListerWatcher, error) {
-	// core/v1 brings along the meta/v1 types a client decodes besides pods:
-	// watch events and the Status of a refused request.
-	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil {
-		return nil, err
-	}
-	cfg.APIPath = "/api"
-	cfg.GroupVersion = &corev1.SchemeGroupVersion
-	cfg.NegotiatedSerializer = serializer.NewCodecFactory(scheme).WithoutConversion()
-	// Pods are the API's bulkiest objects; protobuf decodes them with far
-	// less garbage than JSON. The codec factory serves it for any scheme.
-	cfg.ContentType = runtime.ContentTypeProtobuf
-	cfg.UserAgent = rest.DefaultKubernetesUserAgent()
-	client, err := rest.RESTClientFor(cfg)
+	client, err := kubeclient.CoreV1(cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -92,6 +92,7 @@ func TestShippedManifestsOnRealCluster(t *testing.T) {
 	c.monitoring(ctx, agent.Status.PodIP)
 
 	t.Run("FindingsCarryPodLabels", func(t *testing.T) { c.checkFindings(ctx, t, agent, work, true) })
+	t.Run("FdLeakIsAnEventOnItsPod", func(t *testing.T) { c.checkEvent(ctx, t) })
 	t.Run("FdLeakAlertReachesAlertmanager", func(t *testing.T) { c.checkAlert(ctx, t) })
 	t.Run("WithoutRBACFallsBackToCgroupLabels", func(t *testing.T) {
 		role := c.mustKubectl(ctx, "get", "clusterrole", "autoglm-ebpf", "-o", "yaml")
@@ -396,6 +397,37 @@ func matches(labels, want map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// checkEvent waits for the workload's fd leak as an event on its pod, in
+// `kubectl get events` and in `kubectl describe pod` (which selects the
+// pod's events by its UID too).
+func (c *cluster) checkEvent(ctx context.Context, t *testing.T) {
+	var last string
+	err := poll(ctx, 3*time.Minute, func() error {
+		out, err := c.kubectl(ctx, "get", "events", "-n", workNS, "--field-selector", "involvedObject.name="+workPod)
+		if err != nil {
+			return err
+		}
+		last = out
+		// LAST SEEN, TYPE, REASON, OBJECT, MESSAGE
+		for _, l := range strings.Split(out, "\n") {
+			f := strings.Fields(l)
+			if len(f) > 4 && f[1] == "Warning" && f[2] == "FdLeak" && f[3] == "pod/"+workPod && strings.Contains(l, "cache_tokenizer") {
+				t.Logf("kubectl get events -n %s --field-selector involvedObject.name=%s:\n%s", workNS, workPod, out)
+				return nil
+			}
+		}
+		return fmt.Errorf("no Warning FdLeak event on pod/%s naming cache_tokenizer", workPod)
+	})
+	if err != nil {
+		t.Errorf("%v; kubectl get events shows:\n%s", err, last)
+		return
+	}
+	described := c.mustKubectl(ctx, "describe", "pod", "-n", workNS, workPod)
+	if _, events, _ := strings.Cut(described, "\nEvents:"); !strings.Contains(events, "FdLeak") {
+		t.Errorf("kubectl describe pod shows no FdLeak event:%s", events)
+	}
 }
 
 // monitoring starts Debian's Prometheus, scraping the agent's pod with the
