@@ -22,12 +22,12 @@ make -s build fixtures
 fdwork=$PWD/testdata/bin/fdwork
 daemon=
 cleanup() {
-	for cg in "$base"/c*; do
+	for cg in "$base"/c[0-9]*; do
 		[ -d "$cg" ] || continue
 		xargs -r kill -9 <"$cg/cgroup.procs" 2>/dev/null || true
 	done
 	[ -z "$daemon" ] || { kill -TERM "$daemon" 2>/dev/null && wait "$daemon" || true; }
-	for cg in "$base"/c*; do
+	for cg in "$base"/c[0-9]*; do
 		for _ in $(seq 50); do rmdir "$cg" 2>/dev/null && break; sleep 0.1; done
 	done
 	rmdir "$base" 2>/dev/null || true
@@ -40,7 +40,8 @@ for c in $(seq "$C"); do
 	leak=$((c <= L))
 	sh -c "echo \$\$ > $base/c$c/cgroup.procs
 		for i in \$(seq $((P - leak))); do sleep 3600 & done
-		[ $leak = 1 ] && exec prlimit --nofile=100000:100000 $fdwork leak 5 3600 >/dev/null
+		ulimit -n \$(ulimit -Hn)
+		[ $leak = 1 ] && exec $fdwork leak 2 3600 >/dev/null
 		wait" &
 done
 port=$((20000 + $$ % 10000))
