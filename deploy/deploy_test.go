@@ -1463,19 +1463,75 @@ func TestDashboard(t *testing.T) {
 			t.Errorf("query not fully substituted: %s", q)
 		}
 	}
-	// The panels the deployment promises.
+	// The panels the deployment promises: per container by default, the
+	// processes nearest a limit on their own, GPU faults, the agent's own
+	// health.
 	all := strings.Join(qs, "\n")
 	for _, want := range []string{
-		"autoglm_gpu_process_memory_used_bytes", "autoglm_cuda_live_bytes", "autoglm_cuda_untracked_bytes",
-		"autoglm_open_fds", "autoglm_fd_limit", "rate(autoglm_fds_opened_total",
-		"rate(autoglm_context_switches_total",
-		"histogram_quantile(0.99, sum by (node, namespace, pod, comm, pid, le) (rate(autoglm_runqueue_latency_seconds_bucket",
-		"autoglm_sockets", "autoglm_finding{", "autoglm_bpf_events_lost_total",
+		"autoglm_container_gpu_memory_used_bytes", "autoglm_container_cuda_live_bytes", "autoglm_container_cuda_untracked_bytes",
+		"topk(10, autoglm_gpu_process_memory_used_bytes",
+		"autoglm_container_open_fds", "topk(10, autoglm_open_fds", "autoglm_fd_limit", "rate(autoglm_container_fds_opened_total",
+		"rate(autoglm_container_context_switches_total",
+		"histogram_quantile(0.99, sum by (node, instance, namespace, pod, container, cgroup, comm, le) (rate(autoglm_container_runqueue_latency_seconds_bucket",
+		"autoglm_container_sockets", "autoglm_container_gpu_sm_utilization_ratio", "autoglm_finding{",
+		"autoglm_gpu_xid_errors_total", "autoglm_gpu_events_total", "autoglm_view_up", "autoglm_bpf_memory_bytes",
+		"autoglm_track_failures_total", "process_resident_memory_bytes", "rate(process_cpu_seconds_total",
+		"autoglm_bpf_events_lost_total",
 	} {
 		if !strings.Contains(all, want) {
 			t.Errorf("no dashboard query uses %s", want)
 		}
 	}
+	perProcess := perProcessSelector()
+	for _, tg := range mustTargets(t) {
+		// A panel of per-process series shows the top few: the daemon
+		// serves them for the interesting processes only, but
+		// --metrics.granularity=process serves them for every one.
+		if perProcess.MatchString(tg.Raw) && !strings.Contains(tg.Raw, "topk(") {
+			t.Errorf("panel %q %s reads per-process series without topk: %s", tg.Panel, tg.RefID, tg.Raw)
+		}
+		// Series every exporter has (up, process_*) are the agent's only
+		// where its target serves autoglm_build_info; no job is assumed.
+		if agentScoped.MatchString(tg.Raw) && !strings.Contains(tg.Raw, "and on (cluster, job, instance) ") {
+			t.Errorf("panel %q %s: up or process_* not joined on the agent's targets: %s", tg.Panel, tg.RefID, tg.Raw)
+		}
+		if strings.Contains(tg.Raw, "job=") {
+			t.Errorf("panel %q %s names a job: %s", tg.Panel, tg.RefID, tg.Raw)
+		}
+		// autoglm_finding is the severity while active, minus it after.
+		for _, m := range findingSelector.FindAllStringSubmatch(tg.Raw, -1) {
+			if !regexp.MustCompile(`^ (> 0|== [123])\b`).MatchString(m[1]) {
+				t.Errorf("panel %q %s: autoglm_finding not compared with > 0 (active) or == a severity: %s", tg.Panel, tg.RefID, tg.Raw)
+			}
+		}
+	}
+}
+
+// agentScoped matches a selector of a series that other exporters serve too.
+var agentScoped = regexp.MustCompile(`(?:^|[^\w])(?:up|process_\w+|go_\w+)\{`)
+
+// findingSelector matches a selector of autoglm_finding and what follows.
+var findingSelector = regexp.MustCompile(`autoglm_finding\{[^}]*\}(.{0,5})`)
+
+// perProcessSelector matches a selector of a per-process series: the views'
+// metrics and NVML's per-process ones.
+func perProcessSelector() *regexp.Regexp {
+	names := []string{"autoglm_gpu_process_memory_used_bytes", "autoglm_gpu_sm_utilization_ratio", "autoglm_gpu_memory_controller_utilization_ratio"}
+	for _, sh := range model.Shows {
+		for _, vm := range sh.Metrics {
+			names = append(names, vm.Name)
+		}
+	}
+	return regexp.MustCompile(`(?:^|[^\w])(?:` + strings.Join(names, "|") + `)(?:_bucket|_sum|_count)?\{`)
+}
+
+func mustTargets(t *testing.T) []DashboardTarget {
+	t.Helper()
+	ts, err := DashboardTargets(DefaultRateInterval)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ts
 }
 
 func TestSubstituteVariables(t *testing.T) {
@@ -1497,9 +1553,13 @@ func TestSubstituteVariables(t *testing.T) {
 }
 
 // TestDashboardQueriesReturnData runs every dashboard query (and the
-// variables' label_values metrics) in promtool over synthetic series shaped
-// like the daemon's, and requires each to return something: a misspelt
-// metric or label, or a join that matches nothing, fails here.
+// variables' label_values metrics) in promtool over the series pkg/metrics
+// serves for two agents' synthetic snapshots (dashboardSeries), and
+// requires each to return something: a misspelt metric or label, a series
+// the daemon no longer serves, or a join that matches nothing, fails here.
+// The agent panels must return the agents' series only, the active
+// findings table the active finding only, and a panel of a rare event's
+// counter the events of a series that just appeared.
 func TestDashboardQueriesReturnData(t *testing.T) {
 	bin := promtool(t)
 	targets, err := DashboardTargets("1m")
@@ -1547,6 +1607,7 @@ func TestDashboardQueriesReturnData(t *testing.T) {
 		EvalTime   string   `json:"eval_time"`
 		ExpSamples []sample `json:"exp_samples"`
 	}
+	input := dashboardSeries(t)
 	var tests []exprTest
 	var order []string
 	for e := range exprs {
@@ -1557,11 +1618,46 @@ func TestDashboardQueriesReturnData(t *testing.T) {
 		// 1 when the query returns at least one series (nothing otherwise).
 		tests = append(tests, exprTest{Expr: "count(" + e + ") > bool 0", EvalTime: "10m", ExpSamples: []sample{{"{}", 1}}})
 	}
+	// Some must return exactly so many series: up and process_* of the
+	// agents, not of the other exporter beside them; the active finding,
+	// not the ended one.
+	for _, tg := range targets {
+		n := 0
+		switch {
+		case agentScoped.MatchString(tg.Raw):
+			n = agents
+		case strings.Contains(tg.Raw, "autoglm_finding{") && strings.HasSuffix(tg.Raw, "} > 0"):
+			n = 1
+		default:
+			continue
+		}
+		exprs["count("+tg.Expr+")"] = fmt.Sprintf("panel %q %s returns other than %d series", tg.Panel, tg.RefID, n)
+		tests = append(tests, exprTest{Expr: "count(" + tg.Expr + ")", EvalTime: "10m", ExpSamples: []sample{{"{}", float64(n)}}})
+	}
+	// A counter of rare events (XIDs, failures) is made by its first
+	// event: a panel counts those when the series appears, as increase()
+	// alone does not. The input's such series appear at 5m.
+	var late []string
+	for _, s := range input {
+		if strings.HasPrefix(s["values"], "_") {
+			late = append(late, s["series"][:strings.Index(s["series"], "{")]+"{")
+		}
+	}
+	for _, tg := range targets {
+		for _, m := range late {
+			if strings.Contains(tg.Raw, m) {
+				e := "sum(" + tg.Expr + ") > bool 0"
+				exprs[e] = fmt.Sprintf("panel %q %s misses the first events of a new series", tg.Panel, tg.RefID)
+				tests = append(tests, exprTest{Expr: e, EvalTime: "5m", ExpSamples: []sample{{"{}", 1}}})
+				break
+			}
+		}
+	}
 	file := map[string]any{
 		"rule_files": []string{},
 		"tests": []any{map[string]any{
 			"interval":         "15s",
-			"input_series":     dashboardSeries(),
+			"input_series":     input,
 			"promql_expr_test": tests,
 		}},
 	}
@@ -1583,6 +1679,10 @@ func TestDashboardQueriesReturnData(t *testing.T) {
 			if uerr != nil {
 				continue
 			}
+			if what, ok := exprs[q]; ok {
+				t.Errorf("%s: %s", what, q)
+				continue
+			}
 			q = strings.TrimSuffix(strings.TrimPrefix(q, "count("), ") > bool 0")
 			t.Errorf("%s returns nothing: %s", exprs[q], q)
 		}
@@ -1590,54 +1690,28 @@ func TestDashboardQueriesReturnData(t *testing.T) {
 	}
 }
 
-// dashboardSeries are 10 minutes of what two agents export: one with the
-// node label (ServiceMonitor) and a cluster label (as a Prometheus, Thanos
-// or Mimir holding several clusters adds) watching a pod's process, one
-// with neither (a plain scrape job) watching a host process.
-func dashboardSeries() []map[string]string {
-	const (
-		agent1 = `cluster="gpu-east",instance="10.0.0.5:9464",job="autoglm-ebpf",node="gpu-node-1"`
-		agent2 = `instance="10.0.0.6:9464",job="autoglm-ebpf"`
-		inPod  = `pid="4242",comm="trainer",pod_uid="7d3c2a8e-0001",container_id="containerd://4f1e",namespace="ml",pod="trainer-0",container="trainer",` + agent1
-		onHost = `pid="77",comm="nginx",` + agent2
-	)
-	var out []map[string]string
+// dashboardSeries are 10 minutes of what two agents export
+// (dashboard_series_test.go: pkg/metrics's own series for two nodes'
+// snapshots), what only the daemon's command adds, each agent's up, and
+// another exporter's up and process_* series beside agent1, which the
+// agent panels must leave out.
+func dashboardSeries(t *testing.T) []map[string]string {
+	t.Helper()
+	first, last := agent1Snapshots()
+	out := servedSeries(t, agent1Labels, first, last)
+	first, last = agent2Snapshots()
+	out = append(out, servedSeries(t, agent2Labels, first, last)...)
 	add := func(series, values string) {
 		out = append(out, map[string]string{"series": series, "values": values})
 	}
-	for _, p := range []string{inPod, onHost} {
-		add(`autoglm_open_fds{`+p+`}`, "100+1x40")
-		add(`autoglm_fd_limit{`+p+`}`, "1024x40")
-		add(`autoglm_fds_opened_total{kind="file",`+p+`}`, "0+3x40")
-		add(`autoglm_fds_closed_total{kind="file",`+p+`}`, "0+2x40")
-		add(`autoglm_context_switches_total{type="voluntary",`+p+`}`, "0+500x40")
-		add(`autoglm_context_switches_total{type="involuntary",`+p+`}`, "0+50x40")
-		for i, le := range []string{"1e-06", "1e-05", "0.0001", "0.001", "+Inf"} {
-			add(`autoglm_runqueue_latency_seconds_bucket{le="`+le+`",`+p+`}`, fmt.Sprintf("0+%dx40", 10*(i+1)))
-		}
-		add(`autoglm_runqueue_latency_seconds_sum{`+p+`}`, "0+0.01x40")
-		add(`autoglm_runqueue_latency_seconds_count{`+p+`}`, "0+50x40")
-		add(`autoglm_sockets{state="ESTABLISHED",`+p+`}`, "5x40")
-		add(`autoglm_sockets{state="CLOSE_WAIT",`+p+`}`, "0+1x40")
-		add(`autoglm_socket_fds{kind="tcp",`+p+`}`, "6x40")
-		add(`autoglm_cuda_live_bytes{`+p+`}`, "1073741824+1048576x40")
-		add(`autoglm_cuda_untracked_bytes{`+p+`}`, "536870912x40")
-		add(`autoglm_cuda_alloc_bytes_total{api="cudaMalloc",`+p+`}`, "0+1048576x40")
-		add(`autoglm_cuda_alloc_failures_total{api="cudaMalloc",error="cudaErrorMemoryAllocation",`+p+`}`, "0+1x40")
-		add(`autoglm_gpu_process_memory_used_bytes{gpu="0",`+p+`}`, "1610612736+1048576x40")
-	}
-	add(`autoglm_finding{kind="fd_leak",severity="warning",site="cache_tokenizer",`+inPod+`}`, "1x40")
-	for _, a := range []string{agent1, agent2} {
-		add(`autoglm_build_info{version="v0.1.0",`+a+`}`, "1x40")
+	for _, a := range []string{agent1Labels, agent2Labels} {
 		add(`up{`+a+`}`, "1x40")
-		add(`autoglm_findings_total{kind="fd_leak",`+a+`}`, "0 1x40")
-		add(`autoglm_bpf_events_lost_total{source="stack",`+a+`}`, "0+1x40")
 		add(`autoglm_watched_processes{`+a+`}`, "12x40")
 		add(`autoglm_processes_over_cap_total{`+a+`}`, "0x40")
-		add(`autoglm_gpu_memory_used_bytes{gpu="0",uuid="GPU-aaaa",`+a+`}`, "10737418240x40")
-		add(`autoglm_gpu_memory_total_bytes{gpu="0",uuid="GPU-aaaa",`+a+`}`, "85899345920x40")
-		add(`autoglm_gpu_utilization_ratio{gpu="0",uuid="GPU-aaaa",`+a+`}`, "0.5x40")
 	}
+	add(`up{`+otherLabels+`}`, "1x40")
+	add(`process_resident_memory_bytes{`+otherLabels+`}`, "20000000x40")
+	add(`process_cpu_seconds_total{`+otherLabels+`}`, "0+0.1x40")
 	return out
 }
 

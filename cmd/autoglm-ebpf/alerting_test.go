@@ -209,9 +209,13 @@ scrape_configs:
 	t.Logf("%d dashboard queries ran, %d without data (no GPU, no NVML here)", len(targets), empty)
 }
 
-// keyPanel: the panels a GPU-less machine must fill.
+// keyPanel: the panels a GPU-less machine must fill: the container's fds
+// and context switches, the leaking process's own fds (it has an active
+// finding), the findings, and the agent's own health.
 func keyPanel(expr string) bool {
-	for _, m := range []string{"autoglm_open_fds", "autoglm_finding", "autoglm_context_switches_total"} {
+	for _, m := range []string{"autoglm_container_open_fds", "autoglm_open_fds", "autoglm_finding",
+		"autoglm_container_context_switches_total", "autoglm_view_up", "autoglm_bpf_memory_bytes",
+		"process_resident_memory_bytes", "process_cpu_seconds_total", "autoglm_build_info"} {
 		if strings.Contains(expr, m) {
 			return true
 		}
