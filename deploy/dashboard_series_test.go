@@ -82,12 +82,12 @@ func agent1Snapshots() (first, last *model.Snapshot) {
 				Utilization: 0.6, MemoryUtilization: 0.3, PerProcessUtil: true,
 				Processes: map[int]uint64{4242: (20 + scale) << 30, 4250: 512 << 20}}},
 			GPUEventCounts: map[model.GPUEventKey]uint64{{Device: 0, UUID: "GPU-aaaa", Kind: model.GPUEventPState}: 2 + scale},
-			Views:          map[string]string{},
+			Views:          map[string]model.ViewState{},
 			BPFMemory:      map[string]uint64{"fd": 12 << 20, "sched": 4 << 20, "sock": 2 << 20, "cuda": 11 << 20, "stacks": 6 << 20},
 			FDReads:        model.FDReads{PerPoll: 8192, Listings: 3 * scale, Described: 100 * scale},
 		}
 		for _, v := range model.Views {
-			s.Views[v] = ""
+			s.Views[v] = model.ViewState{}
 		}
 		if late {
 			s.GPUXIDs = map[model.XIDKey]uint64{{Device: 0, UUID: "GPU-aaaa", XID: 79}: 1}
@@ -110,11 +110,15 @@ func agent2Snapshots() (first, last *model.Snapshot) {
 			Time: seriesT0.Add(time.Duration(sec) * time.Second), Start: seriesT0,
 			Processes: []*model.Process{p},
 			Lost:      map[string]uint64{"stack": 0},
-			Views:     map[string]string{"nvml": "NVML not found"},
+			// A node without a GPU: nvml and cuda are absent, not down.
+			Views: map[string]model.ViewState{
+				"nvml": {Down: "NVML not found", Absent: model.AbsentNoGPU},
+				"cuda": {Down: "no CUDA library", Absent: model.AbsentNoGPU},
+			},
 			BPFMemory: map[string]uint64{"fd": 12 << 20, "sched": 4 << 20, "sock": 2 << 20},
 		}
-		for _, v := range []string{"fd", "sched", "sock", "cuda", "python"} {
-			s.Views[v] = ""
+		for _, v := range []string{"fd", "sched", "sock", "python"} {
+			s.Views[v] = model.ViewState{}
 		}
 		return s
 	}
