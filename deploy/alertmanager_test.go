@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -350,12 +349,7 @@ func inhibitions(addr string, alerts map[string]map[string]string) (map[string][
 // port until the test ends, and returns its address once it is ready.
 func startAlertmanager(t *testing.T, bin string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := testutil.FreeAddr(t)
 	dir := t.TempDir()
 	cmd := exec.Command(bin, "--config.file="+amConfigFile, "--storage.path="+filepath.Join(dir, "data"),
 		"--web.listen-address="+addr, "--cluster.listen-address=")

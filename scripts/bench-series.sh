@@ -33,16 +33,19 @@ cleanup() {
 	rmdir "$base" 2>/dev/null || true
 }
 trap cleanup EXIT
+trap "exit 1" INT TERM # so that EXIT runs
 mkdir "$base"
 # The processes first, so that both daemons find the same node.
 for c in $(seq "$C"); do
 	mkdir "$base/c$c"
 	leak=$((c <= L))
+	# P processes: the shell starts P-1 sleepers and becomes the last
+	# process itself (the leaker, or one more sleeper).
 	sh -c "echo \$\$ > $base/c$c/cgroup.procs
-		for i in \$(seq $((P - leak))); do sleep 3600 & done
+		for i in \$(seq $((P - 1))); do sleep 3600 & done
 		ulimit -n \$(ulimit -Hn)
 		[ $leak = 1 ] && exec $fdwork leak 2 3600 >/dev/null
-		wait" &
+		exec sleep 3600" &
 done
 port=$((20000 + $$ % 10000))
 metrics() { curl -s "127.0.0.1:$port/metrics"; }

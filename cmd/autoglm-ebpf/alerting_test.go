@@ -80,7 +80,7 @@ func TestAlertingLoop(t *testing.T) {
 	dir := testCgroup(t, filepath.Join("kubepods", "burstable", "pod"+uid, cid))
 	d := startDaemon(t, "--all", "--match-comm", "^fdwork$")
 
-	amAddr, promAddr := freeAddr(t), freeAddr(t)
+	amAddr, promAddr := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	tmp := t.TempDir()
 	// The shipped configuration: its receivers send nowhere, its API lists
 	// every alert with what inhibits it.

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -431,12 +430,7 @@ func TestMetricsEndpoint(t *testing.T) {
 // local port, stopped when the test ends, and returns the address.
 func attachListening(t *testing.T, pid, duration string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := testutil.FreeAddr(t)
 	cmd := exec.Command(binary, "attach", "--pid", pid, "--listen", addr, "--duration", duration)
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -48,7 +48,7 @@ func startDaemon(t testing.TB, args ...string) *daemonProc {
 // launchDaemon starts a daemon without waiting for it to be ready.
 func launchDaemon(t testing.TB, args ...string) *daemonProc {
 	t.Helper()
-	d := &daemonProc{addr: freeAddr(t), out: &strings.Builder{}}
+	d := &daemonProc{addr: testutil.FreeAddr(t), out: &strings.Builder{}}
 	d.cmd = exec.Command(binary, append([]string{"daemon", "--web.listen-address", d.addr}, args...)...)
 	d.cmd.Stdout = d.out
 	d.cmd.Stderr = os.Stderr
@@ -134,16 +134,6 @@ func get(addr, path string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
-}
-
-func freeAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // testCgroup makes the cgroup rel (a path like kubepods/besteffort/pod<uid>/
@@ -558,7 +548,7 @@ func TestDaemonExporterConventionsAndRestart(t *testing.T) {
 	if err := os.WriteFile(webConfig, []byte("basic_auth_users:\n  prom: "+string(hash)+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	d := &daemonProc{addr: freeAddr(t), out: &strings.Builder{}}
+	d := &daemonProc{addr: testutil.FreeAddr(t), out: &strings.Builder{}}
 	d.cmd = exec.Command(binary, "daemon", "--listen", d.addr, "--web.config.file", webConfig)
 	d.cmd.Stderr = os.Stderr
 	if err := d.cmd.Start(); err != nil {

@@ -38,7 +38,7 @@ func TestDaemonMemoryLimit(t *testing.T) {
 		t.Fatalf("limiting %s: %v", dir, err)
 	}
 
-	d := &daemonProc{addr: freeAddr(t), out: &strings.Builder{}}
+	d := &daemonProc{addr: testutil.FreeAddr(t), out: &strings.Builder{}}
 	d.cmd = exec.Command("sh", append(inCgroup(dir), binary, "daemon", "--web.listen-address", d.addr, "--require-views", "fd")...)
 	d.cmd.Stdout, d.cmd.Stderr = d.out, os.Stderr
 	if err := d.cmd.Start(); err != nil {

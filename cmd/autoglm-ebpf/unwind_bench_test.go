@@ -4,7 +4,6 @@ import (
 	encbinary "encoding/binary"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -121,12 +120,7 @@ func unwindRound(b *testing.B, bin string, n int) unwindRun {
 		procs = append(procs, p)
 		pids = append(pids, strconv.Itoa(p.Cmd.Process.Pid))
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	addr := testutil.FreeAddr(b)
 	began := time.Now()
 	agent := exec.Command(bin, "attach", "--pid", strings.Join(pids, ","), "--web.listen-address", addr)
 	agent.Stderr = os.Stderr
