@@ -46,6 +46,7 @@ for c in $(seq "$C"); do
 		ulimit -n \$(ulimit -Hn)
 		[ $leak = 1 ] && exec $fdwork leak 2 3600 >/dev/null
 		exec sleep 3600" &
+	disown # killed with their cgroup at the end, without a job report each
 done
 port=$((20000 + $$ % 10000))
 metrics() { curl -s "127.0.0.1:$port/metrics"; }
