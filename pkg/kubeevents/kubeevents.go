@@ -102,7 +102,7 @@ func (s *Sink) Update(snap *model.Snapshot) {
 		if pod.UID == "" || pod.Namespace == "" || pod.Name == "" {
 			continue
 		}
-		if c.Event == changes.Updated && rank(c.Finding.Severity) <= rank(c.Was) {
+		if c.Event == changes.Updated && model.SeverityLevel(c.Finding.Severity) <= model.SeverityLevel(c.Was) {
 			continue // it calmed down: nothing a user must look at
 		}
 		ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: types.UID(pod.UID)}
@@ -162,21 +162,10 @@ func reason(c changes.Change) string {
 // eventType is Warning for an active warning or critical finding; Normal
 // for an info one, and for any end.
 func eventType(c changes.Change) string {
-	if c.Event == changes.Ended || rank(c.Finding.Severity) < rank(model.SeverityWarning) {
+	if c.Event == changes.Ended || model.SeverityLevel(c.Finding.Severity) < model.SeverityLevel(model.SeverityWarning) {
 		return corev1.EventTypeNormal
 	}
 	return corev1.EventTypeWarning
-}
-
-// rank orders severities, lowest first.
-func rank(severity string) int {
-	switch severity {
-	case model.SeverityCritical:
-		return 2
-	case model.SeverityWarning:
-		return 1
-	}
-	return 0
 }
 
 // message is the finding's summary, its call site where the summary does
