@@ -50,7 +50,10 @@ func (s *Symbolizer) load(pid int, m *mapping) *cacheEntry {
 		// Not cached: the file may still be reachable through another process.
 		return nil
 	}
-	info, err := parseELF(f)
+	var info *elfInfo
+	if !s.contain(nil, m.path, func() { info, err = parseELF(f) }) {
+		info, err = nil, errParserPanic
+	}
 	if err != nil {
 		f.Close()
 		e := &cacheEntry{}
