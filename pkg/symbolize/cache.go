@@ -101,7 +101,11 @@ func (s *Symbolizer) lookup(e *cacheEntry, vaddr uint64) (symbol, bool) {
 // line is e.info's source line of vaddr, which may read the file's line
 // table, with its memory charged.
 func (s *Symbolizer) line(e *cacheEntry, vaddr uint64) srcLine {
+	first := !e.info.linesRead
 	t := e.info.lines()
+	if first && e.info.linesRefused {
+		s.refused.Add(1)
+	}
 	if t == nil {
 		return srcLine{}
 	}

@@ -52,3 +52,7 @@ func (s *Symbolizer) Panics() uint64 { return s.panics.Load() }
 // errParserPanic stands for a panic in parseELF: the file is cached as not
 // ELF.
 var errParserPanic = errors.New("parsing the ELF headers panicked")
+
+// Refused is how many files had more debugging information than is read
+// for source lines (maxLineBytes): their frames have no lines.
+func (s *Symbolizer) Refused() uint64 { return s.refused.Load() }

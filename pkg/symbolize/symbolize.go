@@ -48,6 +48,9 @@ type Symbolizer struct {
 
 	// panics counts files whose reading panicked (contain).
 	panics atomic.Uint64
+	// refused counts files whose debugging information was too large
+	// to read for lines (maxLineBytes).
+	refused atomic.Uint64
 
 	// shared reads mappings through the poll's cache for Refresh (see
 	// ShareMaps); nil: Refresh reads the file itself.
