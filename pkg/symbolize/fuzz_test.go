@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
 )
 
 // fuzzSeedELF compiles testdata/target.c (-O2, -g: symbols, .eh_frame_hdr
@@ -56,14 +58,16 @@ func FuzzELF(f *testing.F) {
 		f.Add(seed[:len(seed)/2], fn+4)
 	}
 	f.Add([]byte("\x7fELF\x02\x01\x01"), uint64(0))
-	dir := f.TempDir()
 	f.Fuzz(func(t *testing.T, data []byte, vaddr uint64) {
-		path := filepath.Join(dir, "elf")
-		if err := os.WriteFile(path, data, 0o600); err != nil {
+		// In memory: a file written and truncated per input is slow, and
+		// where opening one is interrupted by the runtime's preemption
+		// signals, the retries can stall a fuzzing worker.
+		fd, err := unix.MemfdCreate("elf", unix.MFD_CLOEXEC)
+		if err != nil {
 			t.Fatal(err)
 		}
-		file, err := os.Open(path)
-		if err != nil {
+		file := os.NewFile(uintptr(fd), "elf")
+		if _, err := file.Write(data); err != nil {
 			t.Fatal(err)
 		}
 		info, err := parseELF(file)
