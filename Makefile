@@ -68,7 +68,7 @@ test: deps test-deps build fixtures
 FUZZTIME ?= 60s
 FUZZMINIMIZETIME ?= 3s
 FUZZ := pkg/symbolize:FuzzELF pkg/symbolize:FuzzReadable pkg/procinfo:FuzzParseMaps \
-	pkg/procinfo:FuzzParseStat pkg/model:FuzzFindingJSON
+	pkg/procinfo:FuzzParseStat pkg/pyframes:FuzzLineTables pkg/model:FuzzFindingJSON
 
 fuzz: test-deps
 	@set -e; for t in $(FUZZ); do \
