@@ -10,7 +10,8 @@ import (
 // and any pod can ship a crafted binary. The parsers check what they read,
 // but one panic they did not foresee must cost that file's frames, not the
 // node's agent: the readers of a file's contents run under contain, which
-// turns a panic into "no information from this file" for good.
+// turns a panic into "no information from this file" for as long as the
+// file is cached.
 
 // panicHook, when set by a test, runs inside every contained read of a
 // file, so that a test can make the reading of a given file panic.
