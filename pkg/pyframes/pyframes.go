@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -277,8 +278,12 @@ func (t *Tracker) contained(pid int, p *proc, id uint32) (out []Frame) {
 	return t.walk(pid, p, id)
 }
 
-// panicHook, when set by a test, runs in every walk of a process's frames.
-var panicHook func(pid int)
+// panicHook, when set by a test, runs in every walk of a process's frames;
+// parseHook in every parsing of a mapped file.
+var (
+	panicHook func(pid int)
+	parseHook func(f *os.File)
+)
 
 // walk resolves the frames of stack id of p.
 func (t *Tracker) walk(pid int, p *proc, id uint32) []Frame {
@@ -449,7 +454,7 @@ func readBytes(pid int, l Layout, addr uint64) ([]byte, error) {
 var errNames = []string{"py_read_user", "py_collision", "py_store"}
 
 // Lost returns the BPF side's counters, named prefix + "_" + reason, and
-// the walks that panicked (prefix + "_py_panics").
+// the walks and file parsings that panicked (prefix + "_py_panics").
 func (t *Tracker) Lost(prefix string) (map[string]uint64, error) {
 	out := make(map[string]uint64, len(errNames))
 	for k, name := range errNames {
@@ -463,6 +468,6 @@ func (t *Tracker) Lost(prefix string) (map[string]uint64, error) {
 		}
 		out[prefix+"_"+name] = sum
 	}
-	out[prefix+"_py_panics"] = t.panics.Load()
+	out[prefix+"_py_panics"] = t.panics.Load() + elfPanics.Load()
 	return out, nil
 }
