@@ -9,7 +9,7 @@ CFLAGS  := -O1 -g -fno-omit-frame-pointer -Wall -pthread
 FIXTURES := testdata/bin/fdwork testdata/bin/demo testdata/bin/schedwork testdata/bin/sockwork testdata/bin/cudawork testdata/bin/realcuda testdata/bin/leaderexit
 GOSRC   := $(shell find cmd pkg -name '*.go' -o -name '*.o') go.mod go.sum
 
-.PHONY: build deps test-deps generate-deps generate check-generate fixtures test demo screenshot bench kernels image image-root e2e clean
+.PHONY: build deps test-deps generate-deps generate check-generate fixtures test fuzz demo screenshot bench kernels image image-root e2e clean
 
 build: $(BIN)
 
@@ -58,6 +58,23 @@ test: deps test-deps build fixtures
 	# -p 1: packages one at a time, so that tests which count the programs
 	# loaded in the kernel see only their own.
 	$(GO) test -count=1 -p 1 -timeout 20m ./...
+
+# Fuzz targets of what a process controls (the files it maps, its /proc
+# files, the report), each for FUZZTIME, one after another. A crash's input
+# is left under the package's testdata/fuzz/: fix it and commit the input,
+# which plain `go test` then runs as a regression case.
+# The engine minimizes every input that finds new code, uncounted; with the
+# default 60 s per input, a 17 KiB ELF seed takes the whole run.
+FUZZTIME ?= 60s
+FUZZMINIMIZETIME ?= 3s
+FUZZ := pkg/symbolize:FuzzELF pkg/symbolize:FuzzReadable pkg/procinfo:FuzzParseMaps \
+	pkg/procinfo:FuzzParseStat pkg/pyframes:FuzzLineTables pkg/model:FuzzFindingJSON
+
+fuzz: test-deps
+	@set -e; for t in $(FUZZ); do \
+		echo "== $${t#*:} ($(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZETIME) ./$${t%%:*}; \
+	done
 
 # The worker leaks an fd per request, bursts 3 GiB of (stand-in) GPU memory
 # at 12 s and fails an allocation at 15 s; the stand-in GPU has 1 GiB free

@@ -5,12 +5,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/procfs"
 	"golang.org/x/sys/unix"
@@ -182,17 +184,34 @@ func openMapped(procRoot string, pid int, m *procfs.ProcMap) *os.File {
 	return f
 }
 
-// parsePython reads the interpreter's symbols from f (and closes it).
-func parsePython(f *os.File) *elfPython {
+// elfPanics counts the files whose parsing panicked (parsePython), for
+// every Tracker: the files are cached for all of them.
+var elfPanics atomic.Uint64
+
+// parsePython reads the interpreter's symbols from f (and closes it). The
+// file is the process's to craft: a panic reading it is counted and logged
+// and makes it no interpreter's, rather than taking the agent down.
+func parsePython(f *os.File) (ep *elfPython) {
 	if f == nil {
 		return nil
 	}
 	defer f.Close()
+	defer func() {
+		if v := recover(); v != nil {
+			elfPanics.Add(1)
+			slog.Warn("reading a mapped file for Python's symbols panicked; it is taken for no interpreter",
+				"path", f.Name(), "panic", v)
+			ep = nil
+		}
+	}()
+	if parseHook != nil {
+		parseHook(f)
+	}
 	ef, err := elf.NewFile(f)
 	if err != nil || ef.Machine != elf.EM_X86_64 {
 		return nil
 	}
-	ep := &elfPython{}
+	ep = &elfPython{}
 	for _, p := range ef.Progs {
 		if p.Type == elf.PT_LOAD {
 			ep.loads = append(ep.loads, p.ProgHeader)

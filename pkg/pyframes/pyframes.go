@@ -18,7 +18,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -40,12 +42,18 @@ type Tracker struct {
 
 	mu    sync.Mutex
 	procs map[int]*proc
+
+	// panics counts the walks of a process's frames that panicked
+	// (Frames): its memory is the process's to craft.
+	panics atomic.Uint64
 }
 
 type proc struct {
 	in    *interp          // nil: no interpreter found (yet)
 	err   string           // why not, as last logged
 	codes map[uint64]*code // by code object address
+	// panicked: a walk of its frames panicked, and was logged.
+	panicked bool
 
 	// With no interpreter mapped, the mappings are read again only when
 	// the executable changed (an exec) or after skip more polls, a wait
@@ -242,6 +250,43 @@ func (t *Tracker) Frames(pid int, id uint32) []Frame {
 	if p == nil || p.in == nil {
 		return nil
 	}
+	return t.contained(pid, p, id)
+}
+
+// contained walks stack id of p, whose memory and code objects the process
+// controls: a panic reading them costs this stack's Python frames, is
+// counted and logged once per process, and leaves the agent running. The
+// code objects cached are dropped, in case one of them caused it.
+func (t *Tracker) contained(pid int, p *proc, id uint32) (out []Frame) {
+	defer func() {
+		v := recover()
+		if v == nil {
+			return
+		}
+		out = nil
+		t.panics.Add(1)
+		p.codes = nil
+		if !p.panicked {
+			p.panicked = true
+			slog.Warn("reading a process's Python frames panicked; its Python frames are left out",
+				"pid", pid, "panic", v)
+		}
+	}()
+	if panicHook != nil {
+		panicHook(pid)
+	}
+	return t.walk(pid, p, id)
+}
+
+// panicHook, when set by a test, runs in every walk of a process's frames;
+// parseHook in every parsing of a mapped file.
+var (
+	panicHook func(pid int)
+	parseHook func(f *os.File)
+)
+
+// walk resolves the frames of stack id of p.
+func (t *Tracker) walk(pid int, p *proc, id uint32) []Frame {
 	var st Stack
 	if err := t.maps.Stacks.Lookup(id, &st); err != nil {
 		return nil
@@ -408,7 +453,8 @@ func readBytes(pid int, l Layout, addr uint64) ([]byte, error) {
 // errNames names the py_errors counters (enum py_err).
 var errNames = []string{"py_read_user", "py_collision", "py_store"}
 
-// Lost returns the BPF side's counters, named prefix + "_" + reason.
+// Lost returns the BPF side's counters, named prefix + "_" + reason, and
+// the walks and file parsings that panicked (prefix + "_py_panics").
 func (t *Tracker) Lost(prefix string) (map[string]uint64, error) {
 	out := make(map[string]uint64, len(errNames))
 	for k, name := range errNames {
@@ -422,5 +468,6 @@ func (t *Tracker) Lost(prefix string) (map[string]uint64, error) {
 		}
 		out[prefix+"_"+name] = sum
 	}
+	out[prefix+"_py_panics"] = t.panics.Load() + elfPanics.Load()
 	return out, nil
 }

@@ -208,14 +208,18 @@ func (s *Service) Memory() uint64 {
 }
 
 // Lost returns what the service could not keep, by source: rules and
-// stacks user space could not store, and the Python frame walker's
-// counters ("stacks_py_*").
+// stacks user space could not store, the Python frame walker's
+// counters ("stacks_py_*"), and the files whose reading panicked
+// ("stacks_symbolize_panics": their frames left unsymbolized). Files whose
+// debugging information is over the bound for lines are not losses: an
+// interpreter built with full debug information is one, on every node.
 func (s *Service) Lost() (map[string]uint64, error) {
 	out, err := s.py.Lost("stacks")
 	if err != nil {
 		return nil, err
 	}
 	s.unwinder.Lost("stacks", out)
+	out["stacks_symbolize_panics"] = s.sym.Panics()
 	return out, nil
 }
 

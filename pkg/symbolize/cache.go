@@ -50,7 +50,10 @@ func (s *Symbolizer) load(pid int, m *mapping) *cacheEntry {
 		// Not cached: the file may still be reachable through another process.
 		return nil
 	}
-	info, err := parseELF(f)
+	var info *elfInfo
+	if !s.contain(nil, m.path, func() { info, err = parseELF(f) }) {
+		info, err = nil, errParserPanic
+	}
 	if err != nil {
 		f.Close()
 		e := &cacheEntry{}
@@ -98,7 +101,11 @@ func (s *Symbolizer) lookup(e *cacheEntry, vaddr uint64) (symbol, bool) {
 // line is e.info's source line of vaddr, which may read the file's line
 // table, with its memory charged.
 func (s *Symbolizer) line(e *cacheEntry, vaddr uint64) srcLine {
+	first := !e.info.linesRead
 	t := e.info.lines()
+	if first && e.info.linesRefused {
+		s.refused.Add(1)
+	}
 	if t == nil {
 		return srcLine{}
 	}

@@ -16,7 +16,9 @@ func readable(name string) string {
 		return name
 	}
 	out, err := demangle.ToString(name, demangle.NoParams, demangle.NoClones)
-	if err != nil {
+	// Some malformed Rust names ("_RC0") demangle to nothing without an
+	// error: a frame must keep a function name.
+	if err != nil || out == "" {
 		return name
 	}
 	return out

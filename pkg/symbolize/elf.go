@@ -34,6 +34,8 @@ type elfInfo struct {
 	// lineTab gives source lines (lines); linesRead once it was looked for.
 	lineTab   *lineTable
 	linesRead bool
+	// linesRefused: its debugging information is over maxLineBytes.
+	linesRefused bool
 }
 
 // load is a PT_LOAD program header: file bytes [off, off+filesz) are mapped

@@ -51,20 +51,32 @@ func (e *elfInfo) lines() *lineTable {
 	if err != nil {
 		return nil
 	}
-	size := 0
+	var size uint64
 	for _, sec := range ef.Sections {
-		if strings.HasPrefix(sec.Name, ".debug_") || strings.HasPrefix(sec.Name, ".zdebug_") {
-			size += int(sec.Size)
+		if !strings.HasPrefix(sec.Name, ".debug_") && !strings.HasPrefix(sec.Name, ".zdebug_") {
+			continue
 		}
+		if strings.HasPrefix(sec.Name, ".zdebug_") {
+			// Its size is the compressed one until opened, which reads
+			// the size it decompresses to: what DWARF reads, and a
+			// crafted file can make that thousands of times larger.
+			sec.Open()
+		}
+		// Summed without overflow: a crafted size must not wrap under the bound.
+		if sec.Size > maxLineBytes-size {
+			e.linesRefused = true
+			return nil
+		}
+		size += sec.Size
 	}
-	if size == 0 || size > maxLineBytes || ef.Section(".debug_line") == nil && ef.Section(".zdebug_line") == nil {
+	if size == 0 || ef.Section(".debug_line") == nil && ef.Section(".zdebug_line") == nil {
 		return nil
 	}
 	d, err := ef.DWARF()
 	if err != nil {
 		return nil
 	}
-	t := &lineTable{d: d, bytes: size, cache: make(map[uint64]srcLine)}
+	t := &lineTable{d: d, bytes: int(size), cache: make(map[uint64]srcLine)}
 	r := d.Reader()
 	for {
 		cu, err := r.Next()

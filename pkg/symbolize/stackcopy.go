@@ -28,7 +28,13 @@ func (s *Symbolizer) ruleAt(pm *procMaps, addr uint64) CodeRule {
 	if r, ok := e.rules[vaddr]; ok {
 		return CodeRule{Rule: r, File: e.code, Offset: off}
 	}
-	r, found, err := e.info.rule(vaddr)
+	var r Rule
+	var found bool
+	var err error
+	if !s.contain(e, m.path, func() { r, found, err = e.info.rule(vaddr) }) {
+		// The file is no longer ELF to the cache: no rule of its is kept.
+		return CodeRule{Rule: endRule}
+	}
 	switch {
 	case err != nil:
 		r = endRule

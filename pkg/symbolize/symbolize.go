@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/prometheus/procfs"
@@ -44,6 +45,12 @@ type Symbolizer struct {
 	tick    uint64        // counts uses, to find the least recently used
 
 	maxBytes, maxFiles int
+
+	// panics counts files whose reading panicked (contain).
+	panics atomic.Uint64
+	// refused counts files whose debugging information was too large
+	// to read for lines (maxLineBytes).
+	refused atomic.Uint64
 
 	// shared reads mappings through the poll's cache for Refresh (see
 	// ShareMaps); nil: Refresh reads the file itself.
@@ -233,15 +240,25 @@ func (s *Symbolizer) frame(pid int, m *mapping, addr uint64, caller bool) model.
 	if e == nil {
 		return f
 	}
+	plain := f
+	if !s.contain(e, m.path, func() { s.symbolic(e, &f, caller) }) {
+		return plain
+	}
+	return f
+}
+
+// symbolic fills in what f's file says of f: its build id, the function,
+// the source line. f.Offset is the file offset on entry.
+func (s *Symbolizer) symbolic(e *cacheEntry, f *model.Frame, caller bool) {
 	f.BuildID = e.info.buildID
 	vaddr, ok := e.info.vaddr(f.Offset)
 	if !ok {
-		return f
+		return
 	}
 	f.Offset = vaddr
 	sym, ok := s.lookup(e, vaddr)
 	if !ok {
-		return f
+		return
 	}
 	f.Function, f.Offset = readable(sym.name), vaddr-sym.start
 	if f.Function != sym.name {
@@ -254,7 +271,6 @@ func (s *Symbolizer) frame(pid int, m *mapping, addr uint64, caller bool) model.
 	if l := s.line(e, at); l.line > 0 {
 		f.File, f.Line = l.file, l.line
 	}
-	return f
 }
 
 // open opens the file behind m, preferring the path inside the process's
