@@ -20,8 +20,6 @@
 package cgroupmem
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -32,6 +30,7 @@ import (
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/procfs"
 )
 
 // Limit reads the memory limit of one cgroup and its ancestors.
@@ -45,7 +44,15 @@ type Limit struct {
 
 // Find locates this process's memory cgroup.
 func Find() (*Limit, error) {
-	return find(os.DirFS("/"), os.Getpid())
+	p, err := procfs.NewDefaultFS()
+	if err != nil {
+		return nil, err
+	}
+	self, err := p.Self()
+	if err != nil {
+		return nil, err
+	}
+	return find(os.DirFS("/"), self)
 }
 
 // Dir is the cgroup's directory.
@@ -98,37 +105,48 @@ func (l *Limit) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// mount is one line of mountinfo.
+// mount is one line of mountinfo, its paths unescaped.
 type mount struct {
 	root, point, fstype string
-	options             []string // super options: a v1 hierarchy's controllers
+	super               map[string]string // super options: a v1 hierarchy's controllers
 }
 
-func find(fsys fs.FS, pid int) (*Limit, error) {
-	data, err := fs.ReadFile(fsys, "proc/self/cgroup")
+func find(fsys fs.FS, proc procfs.Proc) (*Limit, error) {
+	cgroups, err := proc.Cgroups()
 	if err != nil {
 		return nil, err
 	}
-	v1, v2, hasV2 := parseCgroup(data)
-	info, err := fs.ReadFile(fsys, "proc/self/mountinfo")
+	infos, err := proc.MountInfo()
 	if err != nil {
 		return nil, err
 	}
-	mounts := visible(parseMountinfo(info))
-	if p, ok := v1["memory"]; ok {
+	ms := make([]mount, 0, len(infos))
+	for _, m := range infos {
+		ms = append(ms, mount{root: unescape(m.Root), point: unescape(m.MountPoint), fstype: m.FSType, super: m.SuperOptions})
+	}
+	mounts := visible(ms)
+	var v2 *procfs.Cgroup
+	for i, c := range cgroups {
+		if c.HierarchyID == 0 && len(c.Controllers) == 0 {
+			v2 = &cgroups[i]
+			continue
+		}
+		if !slices.Contains(c.Controllers, "memory") {
+			continue
+		}
 		for _, m := range mounts {
-			if m.fstype == "cgroup" && slices.Contains(m.options, "memory") {
-				return locate(fsys, m, p, "memory.limit_in_bytes", pid)
+			if _, ok := m.super["memory"]; ok && m.fstype == "cgroup" {
+				return locate(fsys, m, c.Path, "memory.limit_in_bytes", proc.PID)
 			}
 		}
 	}
-	if hasV2 {
+	if v2 != nil {
 		var errs []error
 		for _, m := range mounts {
 			if m.fstype != "cgroup2" {
 				continue
 			}
-			l, err := locate(fsys, m, v2, "memory.max", pid)
+			l, err := locate(fsys, m, v2.Path, "memory.max", proc.PID)
 			if err == nil {
 				return l, nil
 			}
@@ -141,48 +159,8 @@ func find(fsys fs.FS, pid int) (*Limit, error) {
 	return nil, errors.New("no cgroup memory controller mounted")
 }
 
-// parseCgroup reads /proc/self/cgroup: the v1 path of each controller, and
-// the v2 path.
-func parseCgroup(data []byte) (v1 map[string]string, v2 string, hasV2 bool) {
-	v1 = map[string]string{}
-	for _, line := range strings.Split(string(data), "\n") {
-		id, rest, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
-		controllers, p, ok := strings.Cut(rest, ":")
-		if !ok {
-			continue
-		}
-		if id == "0" && controllers == "" {
-			v2, hasV2 = p, true
-			continue
-		}
-		for _, c := range strings.Split(controllers, ",") {
-			v1[c] = p
-		}
-	}
-	return v1, v2, hasV2
-}
-
-// parseMountinfo reads every mount of /proc/self/mountinfo, in order: a
-// later one may hide a cgroup mount.
-func parseMountinfo(data []byte) []mount {
-	var out []mount
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		// id parent major:minor root point options [optional...] - fstype source super
-		f := strings.Fields(sc.Text())
-		sep := slices.Index(f, "-")
-		if sep < 6 || len(f) < sep+4 {
-			continue
-		}
-		out = append(out, mount{root: unescape(f[3]), point: unescape(f[4]), fstype: f[sep+1], options: strings.Split(f[sep+3], ",")})
-	}
-	return out
-}
-
-// unescape undoes mountinfo's octal escapes (\040 for a space, ...).
+// unescape undoes mountinfo's octal escapes (\040 for a space, ...), which
+// procfs leaves in its paths.
 func unescape(s string) string {
 	if !strings.Contains(s, `\`) {
 		return s

@@ -1,17 +1,45 @@
 package cgroupmem
 
 import (
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"testing/fstest"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/procfs"
 )
 
 const pid = 4242
 
 func file(s string) *fstest.MapFile { return &fstest.MapFile{Data: []byte(s)} }
+
+// findIn runs find on a test tree: its proc/self files become process
+// pid's in a procfs of their own, the rest is the cgroup hierarchy.
+func findIn(t *testing.T, fsys fstest.MapFS) (*Limit, error) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), strconv.Itoa(pid))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"cgroup", "mountinfo"} {
+		if err := os.WriteFile(filepath.Join(dir, name), fsys["proc/self/"+name].Data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p, err := procfs.NewFS(filepath.Dir(dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc, err := p.Proc(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return find(fsys, proc)
+}
 
 // host is a node's cgroup v2 hierarchy under root (a path in the test fs):
 // this process's container under a burstable pod, a neighbour, and the
@@ -142,7 +170,7 @@ func TestFind(t *testing.T) {
 			errSubstr: "lists pid 4242",
 		},
 	} {
-		l, err := find(c.fsys, pid)
+		l, err := findIn(t, c.fsys)
 		if c.errSubstr != "" {
 			if err == nil || !strings.Contains(err.Error(), c.errSubstr) {
 				t.Errorf("%s: err %v, want one with %q", c.name, err, c.errSubstr)
@@ -168,7 +196,7 @@ func TestCollector(t *testing.T) {
 		"proc/self/mountinfo":      file("1000 900 0:30 / /sys/fs/cgroup ro - cgroup2 cgroup rw\n"),
 		"sys/fs/cgroup/memory.max": file("536870912\n"),
 	}
-	l, err := find(fsys, pid)
+	l, err := findIn(t, fsys)
 	if err != nil {
 		t.Fatal(err)
 	}
