@@ -21,6 +21,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -53,6 +54,13 @@ const (
 	promConfigFile = "prometheus/prometheus.yml"
 	ruleCRFile     = "kubernetes/prometheus-operator/prometheusrule.yaml"
 	dashboardFile  = "grafana/autoglm-ebpf.json"
+)
+
+// The kustomize components, opt-in parts an overlay adds, and the
+// NetworkPolicy's among them.
+const (
+	componentsDir          = "kubernetes/components"
+	networkPolicyComponent = componentsDir + "/networkpolicy"
 )
 
 // allowedCapabilities are the only capabilities the agent may add, and why.
@@ -95,6 +103,7 @@ var manifestTypes = map[string]func() any{
 	"rbac.authorization.k8s.io/v1/ClusterRoleBinding": func() any { return &rbacv1.ClusterRoleBinding{} },
 	"apps/v1/DaemonSet":                               func() any { return &appsv1.DaemonSet{} },
 	"scheduling.k8s.io/v1/PriorityClass":              func() any { return &schedulingv1.PriorityClass{} },
+	"networking.k8s.io/v1/NetworkPolicy":              func() any { return &networkingv1.NetworkPolicy{} },
 	"monitoring.coreos.com/v1/ServiceMonitor":         func() any { return &serviceMonitor{} },
 	"monitoring.coreos.com/v1/PrometheusRule":         func() any { return &prometheusRule{} },
 }
@@ -793,6 +802,71 @@ func labelsMatch(selector, labels map[string]string) bool {
 	return true
 }
 
+// ----------------------------------------------------------- NetworkPolicy
+
+// The component's NetworkPolicy admits the metrics port of the agent's pods
+// from the monitoring namespace only.
+func TestNetworkPolicy(t *testing.T) {
+	ms := loadManifests(t)
+	var np *networkingv1.NetworkPolicy
+	for _, m := range ms {
+		if p, ok := m.obj.(*networkingv1.NetworkPolicy); ok {
+			if !strings.HasPrefix(m.file, networkPolicyComponent+"/") || np != nil {
+				t.Fatalf("%s: a NetworkPolicy outside %s, or a second one", m, networkPolicyComponent)
+			}
+			np = p
+		}
+	}
+	if np == nil {
+		t.Fatalf("no NetworkPolicy in %s", networkPolicyComponent)
+	}
+	checkNetworkPolicy(t, np, only[*appsv1.DaemonSet](t, ms))
+	from := np.Spec.Ingress[0].From
+	want := []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "monitoring"}}}}
+	if !reflect.DeepEqual(from, want) {
+		t.Errorf("NetworkPolicy from %+v, want only the namespace monitoring", from)
+	}
+}
+
+// checkNetworkPolicy checks that np selects the pods of ds, restricts their
+// ingress only (the agent must reach the API server) to the container's
+// metrics port, and from some peers, not from everyone.
+func checkNetworkPolicy(t *testing.T, np *networkingv1.NetworkPolicy, ds *appsv1.DaemonSet) {
+	t.Helper()
+	sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sel.Empty() || !sel.Matches(labels.Set(ds.Spec.Template.Labels)) {
+		t.Errorf("NetworkPolicy podSelector %v does not select the DaemonSet's pods %v", sel, ds.Spec.Template.Labels)
+	}
+	if !slices.Equal(np.Spec.PolicyTypes, []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}) || len(np.Spec.Egress) > 0 {
+		t.Errorf("NetworkPolicy policyTypes %v, egress %v: want Ingress only", np.Spec.PolicyTypes, np.Spec.Egress)
+	}
+	if ds.Spec.Template.Spec.HostNetwork {
+		t.Error("the DaemonSet is on the host network, where a NetworkPolicy does not apply")
+	}
+	if len(np.Spec.Ingress) != 1 {
+		t.Fatalf("NetworkPolicy ingress %+v: want one rule", np.Spec.Ingress)
+	}
+	rule := np.Spec.Ingress[0]
+	// An empty from admits every source.
+	if len(rule.From) == 0 {
+		t.Error("NetworkPolicy admits every source (no from)")
+	}
+	for _, p := range rule.From {
+		if p.NamespaceSelector != nil && p.NamespaceSelector.Size() == 0 && p.PodSelector == nil {
+			t.Errorf("NetworkPolicy peer %+v selects every namespace", p)
+		}
+	}
+	ports := ds.Spec.Template.Spec.Containers[0].Ports
+	tcp := corev1.ProtocolTCP
+	if len(rule.Ports) != 1 || rule.Ports[0].Port == nil || *rule.Ports[0].Port != intstr.FromString(ports[0].Name) ||
+		rule.Ports[0].Protocol == nil || *rule.Ports[0].Protocol != tcp || ports[0].Name != "metrics" {
+		t.Errorf("NetworkPolicy ports %+v, want the container's metrics port (%+v), TCP", rule.Ports, ports)
+	}
+}
+
 // ------------------------------------------------------------ kustomizations
 
 func TestKustomizationsListEveryFile(t *testing.T) {
@@ -815,8 +889,13 @@ func TestKustomizationsListEveryFile(t *testing.T) {
 		if err := decodeStrict(data, &k); err != nil {
 			t.Fatalf("%s/kustomization.yaml: %v", dir, err)
 		}
-		if k.APIVersion != "kustomize.config.k8s.io/v1beta1" || k.Kind != "Kustomization" {
-			t.Errorf("%s: apiVersion/kind %s/%s", dir, k.APIVersion, k.Kind)
+		// Under components/ the opt-in parts an overlay adds.
+		want := "kustomize.config.k8s.io/v1beta1/Kustomization"
+		if strings.HasPrefix(dir, componentsDir+"/") {
+			want = "kustomize.config.k8s.io/v1alpha1/Component"
+		}
+		if got := k.APIVersion + "/" + k.Kind; got != want {
+			t.Errorf("%s: apiVersion/kind %s, want %s", dir, got, want)
 		}
 		if k.Namespace != "" && k.Namespace != namespace {
 			t.Errorf("%s: namespace %q, want %q", dir, k.Namespace, namespace)
@@ -877,10 +956,29 @@ func TestKustomizeBuild(t *testing.T) {
 	} else {
 		t.Skip("neither kustomize nor kubectl installed")
 	}
+	// A component builds only within an overlay: this one adds the
+	// NetworkPolicy to the entry point, as deploy/README.md shows.
+	overlay := t.TempDir()
+	rel := func(dir string) string {
+		abs, err := filepath.Abs(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := filepath.Rel(overlay, abs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\ncomponents:\n  - %s\n", rel("kubernetes"), rel(networkPolicyComponent))
+	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for dir, want := range map[string][]string{
 		"kubernetes":                     {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "DaemonSet", "Service"},
 		"kubernetes/base":                {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "DaemonSet", "Service"},
 		"kubernetes/prometheus-operator": {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "DaemonSet", "Service", "ServiceMonitor", "PrometheusRule"},
+		overlay:                          {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "PriorityClass", "DaemonSet", "Service", "NetworkPolicy"},
 	} {
 		out, err := exec.Command(cmd[0], append(cmd[1:], dir)...).CombinedOutput()
 		if err != nil {

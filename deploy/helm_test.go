@@ -6,13 +6,16 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
@@ -41,17 +44,7 @@ var helmLabels = []string{"app.kubernetes.io/instance", "app.kubernetes.io/versi
 // object strictly.
 func renderChart(t *testing.T, values map[string]any) []manifest {
 	t.Helper()
-	ch, err := loader.Load(chartDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caps := chartutil.DefaultCapabilities.Copy()
-	caps.KubeVersion = minKube
-	rv, err := chartutil.ToRenderValues(ch, values, chartutil.ReleaseOptions{Name: "autoglm-ebpf", Namespace: namespace, Revision: 1, IsInstall: true}, caps)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := engine.Render(ch, rv)
+	out, err := renderTemplates(t, values)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,6 +56,23 @@ func renderChart(t *testing.T, values map[string]any) []manifest {
 		ms = append(ms, decodeManifests(t, name, []byte(out[name]))...)
 	}
 	return ms
+}
+
+// renderTemplates renders the chart's templates as renderChart does; the
+// error is the templates' own (a fail on bad values).
+func renderTemplates(t *testing.T, values map[string]any) (map[string]string, error) {
+	t.Helper()
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caps := chartutil.DefaultCapabilities.Copy()
+	caps.KubeVersion = minKube
+	rv, err := chartutil.ToRenderValues(ch, values, chartutil.ReleaseOptions{Name: "autoglm-ebpf", Namespace: namespace, Revision: 1, IsInstall: true}, caps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return engine.Render(ch, rv)
 }
 
 // `helm lint` with the default values and with every toggle on, against the
@@ -86,6 +96,7 @@ func allToggles() map[string]any {
 		"serviceMonitor": map[string]any{"enabled": true},
 		"prometheusRule": map[string]any{"enabled": true},
 		"dashboard":      map[string]any{"enabled": true},
+		"networkPolicy":  map[string]any{"enabled": true},
 	}
 }
 
@@ -118,7 +129,9 @@ func TestChartMatchesKustomize(t *testing.T) {
 	}
 	want := map[string]manifest{}
 	for _, m := range loadManifests(t) {
-		if m.kind != "Namespace" { // the chart makes none, as the base
+		// The chart makes no Namespace, as the base; the components are
+		// opt-in (TestChartNetworkPolicy).
+		if m.kind != "Namespace" && !strings.HasPrefix(m.file, componentsDir+"/") {
 			want[key(m)] = m
 		}
 	}
@@ -142,6 +155,82 @@ func TestChartMatchesKustomize(t *testing.T) {
 		if !bytes.Equal(gj, wj) {
 			t.Errorf("%s: the chart's (%s) differs from %s:\n%s", k, g.file, want[k].file, lineDiff(string(wj), string(gj)))
 		}
+	}
+}
+
+// With networkPolicy.enabled the chart renders the kustomize component's
+// NetworkPolicy, Helm's labels aside; the values choose whom it admits, and
+// none at all is refused rather than rendered as a policy admitting all.
+func TestChartNetworkPolicy(t *testing.T) {
+	policies := func(ms []manifest) []*networkingv1.NetworkPolicy {
+		var nps []*networkingv1.NetworkPolicy
+		for _, m := range ms {
+			if np, ok := m.obj.(*networkingv1.NetworkPolicy); ok {
+				stripHelmLabels(t, m)
+				nps = append(nps, np)
+			}
+		}
+		return nps
+	}
+	if nps := policies(renderChart(t, nil)); len(nps) != 0 {
+		t.Errorf("the default values render %d NetworkPolicies, want none", len(nps))
+	}
+	var want *networkingv1.NetworkPolicy
+	for _, m := range loadManifests(t) {
+		if np, ok := m.obj.(*networkingv1.NetworkPolicy); ok && strings.HasPrefix(m.file, networkPolicyComponent+"/") {
+			want = np
+		}
+	}
+	if want == nil {
+		t.Fatalf("no NetworkPolicy in %s", networkPolicyComponent)
+	}
+	ms := renderChart(t, map[string]any{"networkPolicy": map[string]any{"enabled": true}})
+	nps := policies(ms)
+	if len(nps) != 1 {
+		t.Fatalf("networkPolicy.enabled renders %d NetworkPolicies, want 1", len(nps))
+	}
+	gj, err := json.MarshalIndent(nps[0], "", " ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wj, err := json.MarshalIndent(want, "", " ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(gj, wj) {
+		t.Errorf("the chart's NetworkPolicy differs from %s's:\n%s", networkPolicyComponent, lineDiff(string(wj), string(gj)))
+	}
+
+	// Helm merges maps with the defaults: selecting by another label
+	// drops the default's with null, as values.yaml says.
+	observability := map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": nil, "team": "observability"}}
+	alloy := map[string]any{"podSelector": map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/name": "alloy"}},
+		"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": "pyroscope"}}}
+	alloyPeer := networkingv1.NetworkPolicyPeer{
+		PodSelector:       &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": "alloy"}},
+		NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"kubernetes.io/metadata.name": "pyroscope"}},
+	}
+	for _, tt := range []struct {
+		vals map[string]any
+		from []networkingv1.NetworkPolicyPeer
+	}{
+		{map[string]any{"enabled": true, "namespaceSelector": observability, "from": []any{alloy}}, []networkingv1.NetworkPolicyPeer{
+			{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "observability"}}}, alloyPeer}},
+		{map[string]any{"enabled": true, "namespaceSelector": nil, "from": []any{alloy}}, []networkingv1.NetworkPolicyPeer{alloyPeer}},
+	} {
+		ms := renderChart(t, map[string]any{"networkPolicy": tt.vals})
+		nps := policies(ms)
+		if len(nps) != 1 {
+			t.Fatalf("values %v: %d NetworkPolicies, want 1", tt.vals, len(nps))
+		}
+		checkNetworkPolicy(t, nps[0], only[*appsv1.DaemonSet](t, ms))
+		if got := nps[0].Spec.Ingress[0].From; !reflect.DeepEqual(got, tt.from) {
+			t.Errorf("values %v: from %+v, want %+v", tt.vals, got, tt.from)
+		}
+	}
+	_, err = renderTemplates(t, map[string]any{"networkPolicy": map[string]any{"enabled": true, "namespaceSelector": nil}})
+	if err == nil || !strings.Contains(err.Error(), "would admit every client") {
+		t.Errorf("networkPolicy with no peers: %v, want an error saying it would admit every client", err)
 	}
 }
 

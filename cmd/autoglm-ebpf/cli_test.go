@@ -88,6 +88,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"attach", "--pid", "1", "--listen", "nohostport"}, exitUsage, `--web.listen-address "nohostport"`},
 		{[]string{"attach", "--pid", "1", "--web.listen-address", "nohostport"}, exitUsage, `--web.listen-address "nohostport"`},
 		{[]string{"attach", "--pid", "1", "--web.config.file", "web.yml"}, exitUsage, "--web.config.file needs --web.listen-address"},
+		{[]string{"run", "--web.expose-profiles", "--", "true"}, exitUsage, "--web.expose-profiles needs --web.listen-address"},
 		{[]string{"attach", "--pid", "1", "--log.level", "loud"}, exitUsage, "--log.level must be debug, info, warn or error"},
 		{[]string{"attach", "--pid", "1", "--log.format", "xml"}, exitUsage, "--log.format must be logfmt or json"},
 		// pflag takes a bare boolean flag as true and leaves the value.

@@ -32,6 +32,7 @@ import (
 type daemonFlags struct {
 	listen      string
 	webConfig   string
+	expose      bool // --web.expose-profiles
 	interval    time.Duration
 	resync      time.Duration
 	matchComm   string
@@ -63,7 +64,9 @@ func newDaemon() *cobra.Command {
 library (or has the runtime linked in), found as it execs or loads the library
 (kernel events) and by a slow resync of /proc. Serves /metrics, /healthz and
 /readyz. In a Kubernetes pod with hostPID, processes are labelled with their
-pod (from their cgroup, and names from the API server). SIGTERM detaches
+pod (from their cgroup, and names from the API server). The current
+profiles (/debug/pprof/gpu, /debug/pprof/fd) are served to loopback and
+authenticated clients only, unless --web.expose-profiles. SIGTERM detaches
 everything and exits 0.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -81,7 +84,7 @@ everything and exits 0.`,
 		},
 	}
 	fl := cmd.Flags()
-	addWebFlags(fl, &f.listen, &f.webConfig, ":9464", "/metrics, /healthz, /readyz and the current profiles (/debug/pprof/gpu, /debug/pprof/fd)")
+	addWebFlags(fl, &f.listen, &f.webConfig, &f.expose, ":9464", "/metrics, /healthz and /readyz to every client, and "+profilesHelp)
 	fl.DurationVar(&f.interval, "interval", time.Second, "how often maps are read, detectors run and new processes are watched")
 	fl.DurationVar(&f.resync, "resync", time.Minute, "how often /proc is walked for processes the kernel events missed")
 	fl.StringVar(&f.matchComm, "match-comm", "", "watch only processes whose name (comm) matches REGEX")
@@ -150,7 +153,7 @@ func runDaemon(f *daemonFlags, rules daemon.Rules) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	srv, err := daemon.Listen(f.listen, f.webConfig)
+	srv, err := daemon.Listen(f.listen, f.webConfig, f.expose)
 	if err != nil {
 		return err
 	}
@@ -217,7 +220,7 @@ func runDaemon(f *daemonFlags, rules daemon.Rules) error {
 		}
 	}
 	sinks = append(sinks, serveProfiles(srv))
-	srv.Serve(reg, health, 3*f.interval+5*time.Second, f.webConfig)
+	srv.Serve(reg, health, 3*f.interval+5*time.Second)
 
 	cfg := pipeline.DefaultConfig()
 	cfg.Interval, cfg.MaxFDs, cfg.MaxAllocs, cfg.GPUInterval = f.interval, f.maxFDs, f.maxAllocs, f.gpuEvery

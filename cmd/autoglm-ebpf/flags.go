@@ -26,11 +26,15 @@ func normalizeFlag(_ *pflag.FlagSet, name string) pflag.NormalizedName {
 const listenHelp = "; a bare :PORT binds every interface, as exporters do (127.0.0.1:PORT: this host only). --listen is the old spelling"
 
 // addWebFlags registers --web.listen-address (def: its default, "" for
-// off) and --web.config.file.
-func addWebFlags(fl *pflag.FlagSet, addr, webConfig *string, def, serves string) {
-	fl.StringVar(addr, "web.listen-address", def, "serve "+serves+" on ADDR"+listenHelp)
-	fl.StringVar(webConfig, "web.config.file", "", "exporter-toolkit web config (TLS, basic auth), as node_exporter takes it")
+// off), --web.config.file and --web.expose-profiles.
+func addWebFlags(fl *pflag.FlagSet, addr, webConfig *string, expose *bool, def, serves string) {
+	fl.StringVar(addr, "web.listen-address", def, "serve on ADDR "+serves+listenHelp)
+	fl.StringVar(webConfig, "web.config.file", "", "exporter-toolkit web config (TLS, basic auth), as node_exporter takes it; clients it authenticates (basic_auth_users, or a client certificate verified against client_ca_file) also get the profiles")
+	fl.BoolVar(expose, "web.expose-profiles", false, "serve the profiles (/debug/pprof/gpu, /debug/pprof/fd: the call stacks, file paths and function names of every watched process) to anyone who can reach --web.listen-address, unauthenticated; without it only loopback clients (kubectl port-forward) and those --web.config.file authenticates get them, others 403")
 }
+
+// profilesHelp is what --web.listen-address says of the profiles.
+const profilesHelp = "the current profiles (/debug/pprof/gpu, /debug/pprof/fd) to loopback and authenticated clients only (--web.expose-profiles: to every client)"
 
 // logFlags are the exporters' --log.level and --log.format.
 type logFlags struct {

@@ -42,6 +42,7 @@ type watchFlags struct {
 	pprof    string // folder
 	listen   string
 	web      string // --web.config.file
+	expose   bool   // --web.expose-profiles
 	failOn   []string
 	classic  bool // the run-queue histogram gets classic buckets too
 	maxFDs   uint32
@@ -59,7 +60,7 @@ func (f *watchFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.json, "json", "", "write a JSON report to FILE at the end (- for stdout)")
 	fl.StringVar(&f.html, "html", "", "write the report as a self-contained HTML page with charts to FILE at the end")
 	fl.StringVar(&f.pprof, "pprof", "", "write each process's GPU memory and fd profiles by call site (pprof format: go tool pprof, Pyroscope) into DIR at the end, as PID-gpu.pb.gz and PID-fd.pb.gz; DIR is made if missing")
-	addWebFlags(fl, &f.listen, &f.web, "", "Prometheus metrics (/metrics) and the current profiles (/debug/pprof/gpu, /debug/pprof/fd)")
+	addWebFlags(fl, &f.listen, &f.web, &f.expose, "", "Prometheus metrics (/metrics) to every client, and "+profilesHelp)
 	fl.BoolVar(&f.classic, "runqueue-classic-buckets", false, "give the run-queue histogram on /metrics a few classic buckets too, for scrapers without native histograms (--runqueue-classic-buckets=true)")
 	fl.StringSliceVar(&f.failOn, "fail-on", nil, "exit 3 if a finding of KIND[,KIND...] is made: "+strings.Join(model.Kinds, ", "))
 	fl.Uint32Var(&f.maxFDs, "max-fds", 1<<16, "capacity of the kernel's live fd table, all targets together")
@@ -120,6 +121,9 @@ func (f *watchFlags) validate() error {
 	}
 	if f.web != "" && f.listen == "" {
 		return usagef("--web.config.file needs --web.listen-address")
+	}
+	if f.expose && f.listen == "" {
+		return usagef("--web.expose-profiles needs --web.listen-address")
 	}
 	return nil
 }
@@ -253,7 +257,7 @@ const killAfter = 10 * time.Second
 func serveProfiles(srv *daemon.Server) pipeline.Sink {
 	live := &profiles.Live{}
 	for _, kind := range profiles.Kinds {
-		srv.Handle(profiles.Paths[kind], live.Handler(kind))
+		srv.HandlePrivate(profiles.Paths[kind], live.Handler(kind))
 	}
 	return live
 }
@@ -285,14 +289,14 @@ func watch(cmd *cobra.Command, f *watchFlags, start func(*pipeline.Pipeline) (fu
 		sinks = append(sinks, profiles.NewWriter(f.pprof))
 	}
 	if f.listen != "" {
-		srv, err := daemon.Listen(f.listen, f.web)
+		srv, err := daemon.Listen(f.listen, f.web, f.expose)
 		if err != nil {
 			return err
 		}
 		defer srv.Close()
 		reg := prometheus.NewRegistry()
 		sinks = append(sinks, metrics.New(reg, version, metrics.Options{RunqueueClassicBuckets: f.classic}), serveProfiles(srv))
-		srv.Serve(reg, nil, 0, f.web)
+		srv.Serve(reg, nil, 0)
 	}
 
 	cfg := pipeline.DefaultConfig()
