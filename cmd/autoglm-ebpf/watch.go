@@ -250,8 +250,6 @@ func newRun() *cobra.Command {
 // killAfter is how long `run` waits for its command after SIGTERM.
 const killAfter = 10 * time.Second
 
-// watch runs the pipeline shared by attach and run: sinks, signals,
-// --duration, and the BPF objects unloaded on every path.
 // serveProfiles adds the current profiles (profiles.Paths) to srv and
 // returns the sink that keeps them current.
 func serveProfiles(srv *daemon.Server) pipeline.Sink {
@@ -270,6 +268,8 @@ func serveProfiles(srv *daemon.Server) pipeline.Sink {
 // capped at 16 MiB); past it the runtime collects more often, never fails.
 const watchMemoryLimit = 32 << 20
 
+// watch runs the pipeline shared by attach and run: sinks, signals,
+// --duration, and the BPF objects unloaded on every path.
 func watch(cmd *cobra.Command, f *watchFlags, start func(*pipeline.Pipeline) (func(), error)) error {
 	if os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(watchMemoryLimit)
