@@ -3,6 +3,8 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/md5"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
@@ -127,6 +129,7 @@ func TestImage(t *testing.T) {
 	}
 	defer rc.Close()
 	var names []string
+	contents := map[string][]byte{}
 	for tr := tar.NewReader(rc); ; {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
@@ -136,8 +139,14 @@ func TestImage(t *testing.T) {
 			t.Fatal(err)
 		}
 		names = append(names, h.Name)
+		if h.Typeflag == tar.TypeReg {
+			if contents[h.Name], err = io.ReadAll(tr); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
-	for _, want := range []string{"usr/local/bin/autoglm-ebpf", "lib64/ld-linux-x86-64.so.2", "tmp/", "etc/passwd", "etc/group"} {
+	for _, want := range []string{"usr/local/bin/autoglm-ebpf", "lib64/ld-linux-x86-64.so.2", "tmp/", "etc/passwd", "etc/group",
+		"etc/os-release", "etc/debian_version", "var/lib/dpkg/status.d/libc6", "usr/share/doc/libc6/copyright"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("layer lacks %s: %v", want, names)
 		}
@@ -145,6 +154,7 @@ func TestImage(t *testing.T) {
 	if !slices.ContainsFunc(names, func(n string) bool { return strings.HasSuffix(n, "/libc.so.6") }) {
 		t.Errorf("layer lacks libc.so.6: %v", names)
 	}
+	checkPackageRecords(t, contents)
 
 	// As a Docker archive (manifest.json).
 	if _, err := tarball.ImageFromPath(o.out, nil); err != nil {
@@ -161,6 +171,113 @@ func TestImage(t *testing.T) {
 		t.Fatalf("podman load: %s", out)
 	}
 	runInPodman(t, "localhost/autoglm-ebpf-test:imagetest", "autoglm-ebpf "+version)
+}
+
+// checkPackageRecords checks that the layer's files record the Debian
+// packages of its files as this machine's dpkg has them: every file that
+// is not the tool's own is in a package's status.d/NAME.md5sums with its
+// checksum; each package's status.d/NAME has this machine's version of it
+// and its copyright file is there; libc6 is one of them.
+func checkPackageRecords(t *testing.T, layer map[string][]byte) {
+	t.Helper()
+	const status = "var/lib/dpkg/status.d/"
+	ours := func(name string) bool {
+		return slices.Contains([]string{"usr/local/bin/autoglm-ebpf", "etc/passwd", "etc/group"}, name) ||
+			strings.HasPrefix(name, status) || strings.HasPrefix(name, "usr/share/doc/")
+	}
+	listed := map[string]string{} // file → its checksum in an md5sums
+	var pkgs []string
+	for name, data := range layer {
+		pkg, ok := strings.CutPrefix(name, status)
+		if !ok {
+			continue
+		}
+		if pkg, ok := strings.CutSuffix(pkg, ".md5sums"); ok {
+			for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+				sum, file, ok := strings.Cut(line, "  ")
+				if !ok {
+					t.Errorf("%s: line %q", name, line)
+				}
+				listed[file] = sum
+				if _, ok := layer[file]; !ok {
+					t.Errorf("%s lists %s, which the layer lacks", pkg, file)
+				}
+			}
+			continue
+		}
+		pkgs = append(pkgs, pkg)
+		fields := map[string]string{}
+		for _, line := range strings.Split(string(data), "\n") {
+			if k, v, ok := strings.Cut(line, ": "); ok && !strings.HasPrefix(line, " ") {
+				fields[k] = v
+			}
+		}
+		if fields["Package"] != pkg {
+			t.Errorf("%s: Package %q", name, fields["Package"])
+		}
+		if _, ok := fields["Conffiles"]; ok {
+			t.Errorf("%s names configuration files the image lacks:\n%s", name, data)
+		}
+		out, err := exec.Command("dpkg-query", "--show", "--showformat", "${Version}", pkg+":"+fields["Architecture"]).Output()
+		if err != nil || fields["Version"] != string(out) {
+			t.Errorf("%s: Version %q, this machine has %q (%v)", name, fields["Version"], out, err)
+		}
+		copyright, err := os.ReadFile("/usr/share/doc/" + pkg + "/copyright")
+		if err != nil || !bytes.Equal(layer["usr/share/doc/"+pkg+"/copyright"], copyright) {
+			t.Errorf("the layer's copyright file of %s is not this machine's (%v)", pkg, err)
+		}
+	}
+	if !slices.Contains(pkgs, "libc6") {
+		t.Errorf("no status.d/libc6: %v", pkgs)
+	}
+	for name, data := range layer {
+		if ours(name) {
+			continue
+		}
+		if sum := md5.Sum(data); listed[name] != hex.EncodeToString(sum[:]) {
+			t.Errorf("%s: md5 %x, its package's md5sums says %q", name, sum, listed[name])
+		}
+	}
+}
+
+// A file that no package has is an error that names it, and so is a file
+// whose checksum is not what dpkg recorded for it.
+func TestPackageErrors(t *testing.T) {
+	stray := filepath.Join(t.TempDir(), "libstray.so")
+	if err := os.WriteFile(stray, []byte("stray"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := debianPackages([]file{{src: stray, dst: "/lib/libstray.so", packaged: true}}); err == nil || !strings.Contains(err.Error(), stray) {
+		t.Errorf("a file of no package: %v", err)
+	}
+	ref, pkgPath, err := owner("/usr/share/doc/libc6/copyright")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := debPackage{ref: ref, files: []packagedFile{{dst: "/usr/share/doc/libc6/copyright", pkgPath: pkgPath, md5: "00000000000000000000000000000000"}}}
+	if err := p.load(); err == nil || !strings.Contains(err.Error(), "differs") {
+		t.Errorf("a changed file: %v", err)
+	}
+}
+
+// dpkg lists a file under /lib or /usr/lib, whichever its package ships:
+// both names are tried.
+func TestAliases(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want []string
+	}{
+		{"/usr/lib/x86_64-linux-gnu/libc.so.6", []string{"/usr/lib/x86_64-linux-gnu/libc.so.6", "/lib/x86_64-linux-gnu/libc.so.6"}},
+		{"/lib64/ld-linux-x86-64.so.2", []string{"/lib64/ld-linux-x86-64.so.2", "/usr/lib64/ld-linux-x86-64.so.2"}},
+		{"/usr/bin/env", []string{"/usr/bin/env", "/bin/env"}},
+		{"/usr/share/doc/libc6/copyright", []string{"/usr/share/doc/libc6/copyright"}},
+		{"/etc/os-release", []string{"/etc/os-release"}},
+		{"/library/x", []string{"/library/x"}},
+	} {
+		if got := aliases(c.in); !slices.Equal(got, c.want) {
+			t.Errorf("aliases(%s) = %v, want %v", c.in, got, c.want)
+		}
+	}
 }
 
 // deploy/Dockerfile builds offline from the files -rootfs writes (podman
