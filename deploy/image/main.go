@@ -6,7 +6,9 @@
 // as ldd lists them: nothing is pulled, and the image runs the glibc the
 // binary was linked with. It records the Debian packages those files come
 // from as distroless images do (dpkg.go), so that scanners see glibc's
-// version. The archive is an OCI image layout with Docker's
+// version, and an SPDX SBOM of the image (its Debian packages and the Go
+// modules compiled into the binary) is written beside the archive
+// (sbom.go). The archive is an OCI image layout with Docker's
 // manifest.json beside it (what `docker save` writes since Docker 25), so
 // `docker load`, `podman load` and `ctr images import` all take it. With
 // -rootfs it writes the layer's files to a folder instead, for
@@ -52,9 +54,13 @@ func main() {
 	flag.StringVar(&o.source, "source", "https://github.com/open-autoglm/autoglm-ebpf", "the source label")
 	flag.StringVar(&o.repo, "repository", "ghcr.io/open-autoglm/autoglm-ebpf", "the image's name, without tag")
 	flag.StringVar(&o.out, "o", "bin/autoglm-ebpf-image.tar", "the archive to write")
+	flag.StringVar(&o.sbom, "sbom", "", "the SPDX SBOM to write (default: the archive's name with .spdx.json for .tar)")
 	rootfs := flag.String("rootfs", "", "write the image's files to this folder (made anew) instead of an archive")
 	created := flag.Int64("created", 0, "creation time and file times, seconds since the epoch (default: SOURCE_DATE_EPOCH, else 0), so that a build is reproducible")
 	flag.Parse()
+	if o.sbom == "" {
+		o.sbom = strings.TrimSuffix(o.out, ".tar") + ".spdx.json"
+	}
 	o.created = time.Unix(*created, 0).UTC()
 	if *created == 0 {
 		if s := os.Getenv("SOURCE_DATE_EPOCH"); s != "" {
@@ -114,8 +120,8 @@ func fail(err error) {
 }
 
 type options struct {
-	binary, version, revision, source, repo, out string
-	created                                      time.Time
+	binary, version, revision, source, repo, out, sbom string
+	created                                            time.Time
 }
 
 func build(o options) error {
@@ -126,7 +132,7 @@ func build(o options) error {
 	if err != nil {
 		return fmt.Errorf("image name: %w", err)
 	}
-	files, _, err := imageFiles(o.binary)
+	files, debs, err := imageFiles(o.binary)
 	if err != nil {
 		return err
 	}
@@ -165,8 +171,11 @@ func build(o options) error {
 	if img, err = mutate.ConfigFile(img, cf); err != nil {
 		return err
 	}
-	_, err = writeArchive(o.out, tag, img)
-	return err
+	digest, err := writeArchive(o.out, tag, img)
+	if err != nil {
+		return err
+	}
+	return writeSBOM(o, tag, digest, files, debs)
 }
 
 // file is one file of the layer: src on this machine (or data) at dst in

@@ -18,6 +18,11 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/package-url/packageurl-go"
+	spdxjson "github.com/spdx/tools-golang/json"
+	"github.com/spdx/tools-golang/spdx"
+	"github.com/spdx/tools-golang/spdx/v2/common"
+	"github.com/spdx/tools-golang/spdxlib"
 )
 
 // tool builds the autoglm-ebpf binary with version v.
@@ -73,12 +78,17 @@ func untar(t *testing.T, archive string) string {
 func TestImage(t *testing.T) {
 	const version = "imagetest"
 	bin := tool(t, version)
+	out := t.TempDir()
 	o := options{binary: bin, version: version, revision: "0123abc", source: "https://example.com/src", repo: "localhost/autoglm-ebpf-test",
-		out: filepath.Join(t.TempDir(), "image.tar"), created: time.Unix(1700000000, 0).UTC()}
+		out: filepath.Join(out, "image.tar"), sbom: filepath.Join(out, "image.spdx.json"), created: time.Unix(1700000000, 0).UTC()}
 	if err := build(o); err != nil {
 		t.Fatal(err)
 	}
 	first, err := os.ReadFile(o.out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstSBOM, err := os.ReadFile(o.sbom)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,6 +97,9 @@ func TestImage(t *testing.T) {
 	}
 	if again, _ := os.ReadFile(o.out); !bytes.Equal(first, again) {
 		t.Error("two builds from the same inputs differ")
+	}
+	if again, _ := os.ReadFile(o.sbom); !bytes.Equal(firstSBOM, again) {
+		t.Error("two SBOMs from the same inputs differ")
 	}
 
 	// As an OCI image layout.
@@ -107,6 +120,7 @@ func TestImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkSBOM(t, o.sbom, im.Manifests[0].Digest.Hex)
 	cf, err := img.ConfigFile()
 	if err != nil {
 		t.Fatal(err)
@@ -236,6 +250,107 @@ func checkPackageRecords(t *testing.T, layer map[string][]byte) {
 		}
 		if sum := md5.Sum(data); listed[name] != hex.EncodeToString(sum[:]) {
 			t.Errorf("%s: md5 %x, its package's md5sums says %q", name, sum, listed[name])
+		}
+	}
+}
+
+// checkSBOM checks that the SBOM is SPDX JSON that describes the image
+// (by its manifest digest) and lists libc6 at this machine's version in
+// the Debian system, and the Go standard library and modules of go.mod
+// that the binary compiles in, at the versions of this toolchain and
+// go.mod.
+func checkSBOM(t *testing.T, path, digest string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	doc, err := spdxjson.Read(f)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if err := spdxlib.ValidateDocument(doc); err != nil {
+		t.Error(err)
+	}
+	if doc.SPDXVersion != "SPDX-2.3" {
+		t.Errorf("spdxVersion %q", doc.SPDXVersion)
+	}
+	described, err := spdxlib.GetDescribedPackageIDs(doc)
+	if err != nil || len(described) != 1 {
+		t.Fatalf("described: %v, %v", described, err)
+	}
+	byID := map[common.ElementID]*spdx.Package{}
+	byName := map[string]*spdx.Package{}
+	for _, p := range doc.Packages {
+		byID[p.PackageSPDXIdentifier] = p
+		byName[p.PackageName] = p
+	}
+	image := byID[described[0]]
+	if image == nil || len(image.PackageChecksums) != 1 || image.PackageChecksums[0].Value != digest || image.PrimaryPackagePurpose != "CONTAINER" {
+		t.Errorf("the described package is not the image %s: %+v", digest, image)
+	}
+	related := func(a *spdx.Package, rel string, b *spdx.Package) bool {
+		return a != nil && b != nil && slices.ContainsFunc(doc.Relationships, func(r *spdx.Relationship) bool {
+			return r.RefA.ElementRefID == a.PackageSPDXIdentifier && r.Relationship == rel && r.RefB.ElementRefID == b.PackageSPDXIdentifier
+		})
+	}
+	purl := func(p *spdx.Package) packageurl.PackageURL {
+		for _, r := range p.PackageExternalReferences {
+			if r.RefType == "purl" {
+				u, err := packageurl.FromString(r.Locator)
+				if err != nil {
+					t.Errorf("%s: %v", p.PackageName, err)
+				}
+				return u
+			}
+		}
+		t.Errorf("%s has no purl", p.PackageName)
+		return packageurl.PackageURL{}
+	}
+
+	system := byName["debian"]
+	if !related(image, "CONTAINS", system) || system.PrimaryPackagePurpose != "OPERATING-SYSTEM" {
+		t.Errorf("the image contains no Debian system: %+v", system)
+	}
+	out, err := exec.Command("dpkg-query", "--show", "--showformat", "${Version}", "libc6:amd64").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if libc := byName["libc6"]; libc == nil || libc.PackageVersion != string(out) || !related(system, "CONTAINS", libc) {
+		t.Errorf("libc6 %s is not in the Debian system: %+v", out, libc)
+	} else if u := purl(libc); u.Type != "deb" || u.Namespace != "debian" || u.Version != string(out) || u.Qualifiers.Map()["arch"] != "amd64" {
+		t.Errorf("libc6's purl %s", u)
+	}
+
+	app := byName["github.com/open-autoglm/autoglm-ebpf"]
+	if !related(image, "CONTAINS", app) {
+		t.Errorf("the image contains no autoglm-ebpf module: %+v", app)
+	}
+	goVersion, err := exec.Command("go", "env", "GOVERSION").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if std := byName["stdlib"]; std == nil || std.PackageVersion != strings.TrimSpace(string(goVersion)) || !related(app, "DEPENDS_ON", std) {
+		t.Errorf("stdlib is not Go's %s: %+v", goVersion, std)
+	}
+	for _, mod := range []string{"github.com/cilium/ebpf", "github.com/NVIDIA/go-nvml", "github.com/prometheus/client_golang"} {
+		version, err := exec.Command("go", "list", "-m", "-f", "{{.Version}}", mod).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := strings.TrimSpace(string(version))
+		p := byName[mod]
+		if p == nil || p.PackageVersion != want || !related(app, "DEPENDS_ON", p) {
+			t.Errorf("%s is not listed at go.mod's %s: %+v", mod, want, p)
+			continue
+		}
+		// The purl parser lowercases Go paths.
+		if u := purl(p); u.Type != "golang" || !strings.EqualFold(u.Namespace+"/"+u.Name, mod) || u.Version != want {
+			t.Errorf("%s's purl %s", mod, u)
+		}
+		if len(p.PackageChecksums) != 1 {
+			t.Errorf("%s has no checksum from go.sum: %+v", mod, p.PackageChecksums)
 		}
 	}
 }
