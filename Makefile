@@ -108,7 +108,8 @@ kernels: deps build fixtures
 # The container image, built offline from bin/autoglm-ebpf and the glibc it
 # links against (deploy/image): an OCI layout archive with Docker's
 # manifest.json, for `docker load`, `podman load` or
-# `ctr -n k8s.io images import`. IMAGE_REPO names it (tag: VERSION).
+# `ctr -n k8s.io images import`, and its SPDX SBOM beside it
+# (bin/autoglm-ebpf-image.spdx.json). IMAGE_REPO names it (tag: VERSION).
 IMAGE_REPO ?= ghcr.io/open-autoglm/autoglm-ebpf
 image: deps build
 	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) $(GO) run ./deploy/image -binary $(BIN) \

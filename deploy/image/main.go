@@ -4,7 +4,11 @@
 // The binary is linked against glibc (go-nvml is a cgo package), so the one
 // layer holds it and the shared libraries it loads, taken from this machine
 // as ldd lists them: nothing is pulled, and the image runs the glibc the
-// binary was linked with. The archive is an OCI image layout with Docker's
+// binary was linked with. It records the Debian packages those files come
+// from as distroless images do (dpkg.go), so that scanners see glibc's
+// version, and an SPDX SBOM of the image (its Debian packages and the Go
+// modules compiled into the binary) is written beside the archive
+// (sbom.go). The archive is an OCI image layout with Docker's
 // manifest.json beside it (what `docker save` writes since Docker 25), so
 // `docker load`, `podman load` and `ctr images import` all take it. With
 // -rootfs it writes the layer's files to a folder instead, for
@@ -50,9 +54,13 @@ func main() {
 	flag.StringVar(&o.source, "source", "https://github.com/open-autoglm/autoglm-ebpf", "the source label")
 	flag.StringVar(&o.repo, "repository", "ghcr.io/open-autoglm/autoglm-ebpf", "the image's name, without tag")
 	flag.StringVar(&o.out, "o", "bin/autoglm-ebpf-image.tar", "the archive to write")
+	flag.StringVar(&o.sbom, "sbom", "", "the SPDX SBOM to write (default: the archive's name with .spdx.json for .tar)")
 	rootfs := flag.String("rootfs", "", "write the image's files to this folder (made anew) instead of an archive")
 	created := flag.Int64("created", 0, "creation time and file times, seconds since the epoch (default: SOURCE_DATE_EPOCH, else 0), so that a build is reproducible")
 	flag.Parse()
+	if o.sbom == "" {
+		o.sbom = strings.TrimSuffix(o.out, ".tar") + ".spdx.json"
+	}
 	o.created = time.Unix(*created, 0).UTC()
 	if *created == 0 {
 		if s := os.Getenv("SOURCE_DATE_EPOCH"); s != "" {
@@ -76,7 +84,7 @@ func main() {
 
 // writeRootfs writes the files of the image's layer under dir.
 func writeRootfs(binary, dir string) error {
-	files, err := runtimeFiles(binary)
+	files, _, err := imageFiles(binary)
 	if err != nil {
 		return err
 	}
@@ -112,8 +120,8 @@ func fail(err error) {
 }
 
 type options struct {
-	binary, version, revision, source, repo, out string
-	created                                      time.Time
+	binary, version, revision, source, repo, out, sbom string
+	created                                            time.Time
 }
 
 func build(o options) error {
@@ -124,7 +132,7 @@ func build(o options) error {
 	if err != nil {
 		return fmt.Errorf("image name: %w", err)
 	}
-	files, err := runtimeFiles(o.binary)
+	files, debs, err := imageFiles(o.binary)
 	if err != nil {
 		return err
 	}
@@ -163,7 +171,11 @@ func build(o options) error {
 	if img, err = mutate.ConfigFile(img, cf); err != nil {
 		return err
 	}
-	return writeArchive(o.out, tag, img)
+	digest, err := writeArchive(o.out, tag, img)
+	if err != nil {
+		return err
+	}
+	return writeSBOM(o, tag, digest, files, debs)
 }
 
 // file is one file of the layer: src on this machine (or data) at dst in
@@ -172,6 +184,9 @@ type file struct {
 	src, dst string
 	data     []byte
 	mode     int64
+	// packaged: src is a file of an installed Debian package, which the
+	// image records (dpkg.go).
+	packaged bool
 }
 
 // read returns the file's content: through symlinks, since the loader wants
@@ -190,6 +205,11 @@ var accounts = []file{
 	{dst: "/etc/group", data: []byte("root:x:0:\n"), mode: 0o644},
 }
 
+// release says which Debian release the libraries come from (files of
+// base-files): Trivy reads etc/debian_version, Syft and Grype
+// etc/os-release, to know whose security advisories apply.
+var release = []string{"/etc/os-release", "/etc/debian_version"}
+
 // lddLine matches "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)"
 // and "/lib64/ld-linux-x86-64.so.2 (0x...)".
 var lddLine = regexp.MustCompile(`(?:=>\s*)?(/\S+)\s+\(0x[0-9a-f]+\)`)
@@ -204,13 +224,30 @@ func runtimeFiles(binary string) ([]file, error) {
 	files := []file{{src: binary, dst: binaryPath, mode: 0o755}}
 	for _, line := range strings.Split(string(out), "\n") {
 		if m := lddLine.FindStringSubmatch(line); m != nil {
-			files = append(files, file{src: m[1], dst: m[1], mode: 0o755})
+			files = append(files, file{src: m[1], dst: m[1], mode: 0o755, packaged: true})
 		}
 	}
 	if len(files) == 1 {
 		return nil, fmt.Errorf("ldd %s listed no libraries: a static binary needs no image of this kind", binary)
 	}
+	for _, p := range release {
+		files = append(files, file{src: p, dst: p, mode: 0o644, packaged: true})
+	}
 	return append(files, accounts...), nil
+}
+
+// imageFiles returns the files of the image's layer: the binary, the
+// files of Debian packages it needs, and what records those packages.
+func imageFiles(binary string) ([]file, []debPackage, error) {
+	files, err := runtimeFiles(binary)
+	if err != nil {
+		return nil, nil, err
+	}
+	debs, err := debianPackages(files)
+	if err != nil {
+		return nil, nil, err
+	}
+	return append(files, metadataFiles(debs)...), debs, nil
 }
 
 // layer returns the uncompressed tar of files, with their parent folders,
@@ -261,27 +298,27 @@ func layer(files []file, mtime time.Time) ([]byte, error) {
 
 // writeArchive writes img as an OCI image layout (oci-layout, index.json,
 // blobs/sha256/...) plus Docker's manifest.json naming the same blobs, to
-// a file beside out renamed over it.
-func writeArchive(out string, tag name.Tag, img v1.Image) error {
+// a file beside out renamed over it, and returns the manifest's digest.
+func writeArchive(out string, tag name.Tag, img v1.Image) (v1.Hash, error) {
 	manifest, err := img.RawManifest()
 	if err != nil {
-		return err
+		return v1.Hash{}, err
 	}
 	mdigest, err := img.Digest()
 	if err != nil {
-		return err
+		return v1.Hash{}, err
 	}
 	config, err := img.RawConfigFile()
 	if err != nil {
-		return err
+		return v1.Hash{}, err
 	}
 	cdigest, err := img.ConfigName()
 	if err != nil {
-		return err
+		return v1.Hash{}, err
 	}
 	layers, err := img.Layers()
 	if err != nil {
-		return err
+		return v1.Hash{}, err
 	}
 	blob := func(h v1.Hash) string { return "blobs/" + h.Algorithm + "/" + h.Hex }
 	type entry struct {
@@ -293,16 +330,16 @@ func writeArchive(out string, tag name.Tag, img v1.Image) error {
 	for _, l := range layers {
 		d, err := l.Digest()
 		if err != nil {
-			return err
+			return v1.Hash{}, err
 		}
 		rc, err := l.Compressed()
 		if err != nil {
-			return err
+			return v1.Hash{}, err
 		}
 		data, err := io.ReadAll(rc)
 		rc.Close()
 		if err != nil {
-			return err
+			return v1.Hash{}, err
 		}
 		entries = append(entries, entry{blob(d), data})
 		layerNames = append(layerNames, blob(d))
@@ -323,20 +360,20 @@ func writeArchive(out string, tag name.Tag, img v1.Image) error {
 		}},
 	})
 	if err != nil {
-		return err
+		return v1.Hash{}, err
 	}
 	docker, err := json.Marshal([]map[string]any{{"Config": blob(cdigest), "RepoTags": []string{tag.Name()}, "Layers": layerNames}})
 	if err != nil {
-		return err
+		return v1.Hash{}, err
 	}
 	entries = append(entries, entry{"index.json", index}, entry{"manifest.json", docker})
 
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-		return err
+		return v1.Hash{}, err
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".tmp*")
 	if err != nil {
-		return err
+		return v1.Hash{}, err
 	}
 	defer os.Remove(tmp.Name())
 	tw := tar.NewWriter(tmp)
@@ -346,26 +383,26 @@ func writeArchive(out string, tag name.Tag, img v1.Image) error {
 			if strings.HasPrefix(e.name, dir) && !written[dir] {
 				written[dir] = true
 				if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: dir, Mode: 0o755}); err != nil {
-					return err
+					return v1.Hash{}, err
 				}
 			}
 		}
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: e.name, Mode: 0o644, Size: int64(len(e.data))}); err != nil {
-			return err
+			return v1.Hash{}, err
 		}
 		if _, err := tw.Write(e.data); err != nil {
-			return err
+			return v1.Hash{}, err
 		}
 	}
 	if err := tw.Close(); err != nil {
-		return err
+		return v1.Hash{}, err
 	}
 	if err := tmp.Close(); err != nil {
-		return err
+		return v1.Hash{}, err
 	}
 	if err := os.Rename(tmp.Name(), out); err != nil {
-		return err
+		return v1.Hash{}, err
 	}
 	fmt.Printf("%s: %s (%s)\n", out, tag.Name(), mdigest)
-	return nil
+	return mdigest, nil
 }

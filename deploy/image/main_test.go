@@ -3,6 +3,8 @@ package main
 import (
 	"archive/tar"
 	"bytes"
+	"crypto/md5"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
@@ -16,6 +18,11 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/package-url/packageurl-go"
+	spdxjson "github.com/spdx/tools-golang/json"
+	"github.com/spdx/tools-golang/spdx"
+	"github.com/spdx/tools-golang/spdx/v2/common"
+	"github.com/spdx/tools-golang/spdxlib"
 )
 
 // tool builds the autoglm-ebpf binary with version v.
@@ -71,12 +78,17 @@ func untar(t *testing.T, archive string) string {
 func TestImage(t *testing.T) {
 	const version = "imagetest"
 	bin := tool(t, version)
+	out := t.TempDir()
 	o := options{binary: bin, version: version, revision: "0123abc", source: "https://example.com/src", repo: "localhost/autoglm-ebpf-test",
-		out: filepath.Join(t.TempDir(), "image.tar"), created: time.Unix(1700000000, 0).UTC()}
+		out: filepath.Join(out, "image.tar"), sbom: filepath.Join(out, "image.spdx.json"), created: time.Unix(1700000000, 0).UTC()}
 	if err := build(o); err != nil {
 		t.Fatal(err)
 	}
 	first, err := os.ReadFile(o.out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstSBOM, err := os.ReadFile(o.sbom)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,6 +97,9 @@ func TestImage(t *testing.T) {
 	}
 	if again, _ := os.ReadFile(o.out); !bytes.Equal(first, again) {
 		t.Error("two builds from the same inputs differ")
+	}
+	if again, _ := os.ReadFile(o.sbom); !bytes.Equal(firstSBOM, again) {
+		t.Error("two SBOMs from the same inputs differ")
 	}
 
 	// As an OCI image layout.
@@ -105,6 +120,7 @@ func TestImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkSBOM(t, o.sbom, im.Manifests[0].Digest.Hex)
 	cf, err := img.ConfigFile()
 	if err != nil {
 		t.Fatal(err)
@@ -127,6 +143,7 @@ func TestImage(t *testing.T) {
 	}
 	defer rc.Close()
 	var names []string
+	contents := map[string][]byte{}
 	for tr := tar.NewReader(rc); ; {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
@@ -136,8 +153,14 @@ func TestImage(t *testing.T) {
 			t.Fatal(err)
 		}
 		names = append(names, h.Name)
+		if h.Typeflag == tar.TypeReg {
+			if contents[h.Name], err = io.ReadAll(tr); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
-	for _, want := range []string{"usr/local/bin/autoglm-ebpf", "lib64/ld-linux-x86-64.so.2", "tmp/", "etc/passwd", "etc/group"} {
+	for _, want := range []string{"usr/local/bin/autoglm-ebpf", "lib64/ld-linux-x86-64.so.2", "tmp/", "etc/passwd", "etc/group",
+		"etc/os-release", "etc/debian_version", "var/lib/dpkg/status.d/libc6", "usr/share/doc/libc6/copyright"} {
 		if !slices.Contains(names, want) {
 			t.Errorf("layer lacks %s: %v", want, names)
 		}
@@ -145,6 +168,7 @@ func TestImage(t *testing.T) {
 	if !slices.ContainsFunc(names, func(n string) bool { return strings.HasSuffix(n, "/libc.so.6") }) {
 		t.Errorf("layer lacks libc.so.6: %v", names)
 	}
+	checkPackageRecords(t, contents)
 
 	// As a Docker archive (manifest.json).
 	if _, err := tarball.ImageFromPath(o.out, nil); err != nil {
@@ -161,6 +185,214 @@ func TestImage(t *testing.T) {
 		t.Fatalf("podman load: %s", out)
 	}
 	runInPodman(t, "localhost/autoglm-ebpf-test:imagetest", "autoglm-ebpf "+version)
+}
+
+// checkPackageRecords checks that the layer's files record the Debian
+// packages of its files as this machine's dpkg has them: every file that
+// is not the tool's own is in a package's status.d/NAME.md5sums with its
+// checksum; each package's status.d/NAME has this machine's version of it
+// and its copyright file is there; libc6 is one of them.
+func checkPackageRecords(t *testing.T, layer map[string][]byte) {
+	t.Helper()
+	const status = "var/lib/dpkg/status.d/"
+	ours := func(name string) bool {
+		return slices.Contains([]string{"usr/local/bin/autoglm-ebpf", "etc/passwd", "etc/group"}, name) ||
+			strings.HasPrefix(name, status) || strings.HasPrefix(name, "usr/share/doc/")
+	}
+	listed := map[string]string{} // file → its checksum in an md5sums
+	var pkgs []string
+	for name, data := range layer {
+		pkg, ok := strings.CutPrefix(name, status)
+		if !ok {
+			continue
+		}
+		if pkg, ok := strings.CutSuffix(pkg, ".md5sums"); ok {
+			for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+				sum, file, ok := strings.Cut(line, "  ")
+				if !ok {
+					t.Errorf("%s: line %q", name, line)
+				}
+				listed[file] = sum
+				if _, ok := layer[file]; !ok {
+					t.Errorf("%s lists %s, which the layer lacks", pkg, file)
+				}
+			}
+			continue
+		}
+		pkgs = append(pkgs, pkg)
+		fields := map[string]string{}
+		for _, line := range strings.Split(string(data), "\n") {
+			if k, v, ok := strings.Cut(line, ": "); ok && !strings.HasPrefix(line, " ") {
+				fields[k] = v
+			}
+		}
+		if fields["Package"] != pkg {
+			t.Errorf("%s: Package %q", name, fields["Package"])
+		}
+		if _, ok := fields["Conffiles"]; ok {
+			t.Errorf("%s names configuration files the image lacks:\n%s", name, data)
+		}
+		out, err := exec.Command("dpkg-query", "--show", "--showformat", "${Version}", pkg+":"+fields["Architecture"]).Output()
+		if err != nil || fields["Version"] != string(out) {
+			t.Errorf("%s: Version %q, this machine has %q (%v)", name, fields["Version"], out, err)
+		}
+		copyright, err := os.ReadFile("/usr/share/doc/" + pkg + "/copyright")
+		if err != nil || !bytes.Equal(layer["usr/share/doc/"+pkg+"/copyright"], copyright) {
+			t.Errorf("the layer's copyright file of %s is not this machine's (%v)", pkg, err)
+		}
+	}
+	if !slices.Contains(pkgs, "libc6") {
+		t.Errorf("no status.d/libc6: %v", pkgs)
+	}
+	for name, data := range layer {
+		if ours(name) {
+			continue
+		}
+		if sum := md5.Sum(data); listed[name] != hex.EncodeToString(sum[:]) {
+			t.Errorf("%s: md5 %x, its package's md5sums says %q", name, sum, listed[name])
+		}
+	}
+}
+
+// checkSBOM checks that the SBOM is SPDX JSON that describes the image
+// (by its manifest digest) and lists libc6 at this machine's version in
+// the Debian system, and the Go standard library and modules of go.mod
+// that the binary compiles in, at the versions of this toolchain and
+// go.mod.
+func checkSBOM(t *testing.T, path, digest string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	doc, err := spdxjson.Read(f)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	if err := spdxlib.ValidateDocument(doc); err != nil {
+		t.Error(err)
+	}
+	if doc.SPDXVersion != "SPDX-2.3" {
+		t.Errorf("spdxVersion %q", doc.SPDXVersion)
+	}
+	described, err := spdxlib.GetDescribedPackageIDs(doc)
+	if err != nil || len(described) != 1 {
+		t.Fatalf("described: %v, %v", described, err)
+	}
+	byID := map[common.ElementID]*spdx.Package{}
+	byName := map[string]*spdx.Package{}
+	for _, p := range doc.Packages {
+		byID[p.PackageSPDXIdentifier] = p
+		byName[p.PackageName] = p
+	}
+	image := byID[described[0]]
+	if image == nil || len(image.PackageChecksums) != 1 || image.PackageChecksums[0].Value != digest || image.PrimaryPackagePurpose != "CONTAINER" {
+		t.Errorf("the described package is not the image %s: %+v", digest, image)
+	}
+	related := func(a *spdx.Package, rel string, b *spdx.Package) bool {
+		return a != nil && b != nil && slices.ContainsFunc(doc.Relationships, func(r *spdx.Relationship) bool {
+			return r.RefA.ElementRefID == a.PackageSPDXIdentifier && r.Relationship == rel && r.RefB.ElementRefID == b.PackageSPDXIdentifier
+		})
+	}
+	purl := func(p *spdx.Package) packageurl.PackageURL {
+		for _, r := range p.PackageExternalReferences {
+			if r.RefType == "purl" {
+				u, err := packageurl.FromString(r.Locator)
+				if err != nil {
+					t.Errorf("%s: %v", p.PackageName, err)
+				}
+				return u
+			}
+		}
+		t.Errorf("%s has no purl", p.PackageName)
+		return packageurl.PackageURL{}
+	}
+
+	system := byName["debian"]
+	if !related(image, "CONTAINS", system) || system.PrimaryPackagePurpose != "OPERATING-SYSTEM" {
+		t.Errorf("the image contains no Debian system: %+v", system)
+	}
+	out, err := exec.Command("dpkg-query", "--show", "--showformat", "${Version}", "libc6:amd64").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if libc := byName["libc6"]; libc == nil || libc.PackageVersion != string(out) || !related(system, "CONTAINS", libc) {
+		t.Errorf("libc6 %s is not in the Debian system: %+v", out, libc)
+	} else if u := purl(libc); u.Type != "deb" || u.Namespace != "debian" || u.Version != string(out) || u.Qualifiers.Map()["arch"] != "amd64" {
+		t.Errorf("libc6's purl %s", u)
+	}
+
+	app := byName["github.com/open-autoglm/autoglm-ebpf"]
+	if !related(image, "CONTAINS", app) {
+		t.Errorf("the image contains no autoglm-ebpf module: %+v", app)
+	}
+	goVersion, err := exec.Command("go", "env", "GOVERSION").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if std := byName["stdlib"]; std == nil || std.PackageVersion != strings.TrimSpace(string(goVersion)) || !related(app, "DEPENDS_ON", std) {
+		t.Errorf("stdlib is not Go's %s: %+v", goVersion, std)
+	}
+	for _, mod := range []string{"github.com/cilium/ebpf", "github.com/NVIDIA/go-nvml", "github.com/prometheus/client_golang"} {
+		version, err := exec.Command("go", "list", "-m", "-f", "{{.Version}}", mod).Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := strings.TrimSpace(string(version))
+		p := byName[mod]
+		if p == nil || p.PackageVersion != want || !related(app, "DEPENDS_ON", p) {
+			t.Errorf("%s is not listed at go.mod's %s: %+v", mod, want, p)
+			continue
+		}
+		// The purl parser lowercases Go paths.
+		if u := purl(p); u.Type != "golang" || !strings.EqualFold(u.Namespace+"/"+u.Name, mod) || u.Version != want {
+			t.Errorf("%s's purl %s", mod, u)
+		}
+		if len(p.PackageChecksums) != 1 {
+			t.Errorf("%s has no checksum from go.sum: %+v", mod, p.PackageChecksums)
+		}
+	}
+}
+
+// A file that no package has is an error that names it, and so is a file
+// whose checksum is not what dpkg recorded for it.
+func TestPackageErrors(t *testing.T) {
+	stray := filepath.Join(t.TempDir(), "libstray.so")
+	if err := os.WriteFile(stray, []byte("stray"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := debianPackages([]file{{src: stray, dst: "/lib/libstray.so", packaged: true}}); err == nil || !strings.Contains(err.Error(), stray) {
+		t.Errorf("a file of no package: %v", err)
+	}
+	ref, pkgPath, err := owner("/usr/share/doc/libc6/copyright")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := debPackage{ref: ref, files: []packagedFile{{dst: "/usr/share/doc/libc6/copyright", pkgPath: pkgPath, md5: "00000000000000000000000000000000"}}}
+	if err := p.load(); err == nil || !strings.Contains(err.Error(), "differs") {
+		t.Errorf("a changed file: %v", err)
+	}
+}
+
+// dpkg lists a file under /lib or /usr/lib, whichever its package ships:
+// both names are tried.
+func TestAliases(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want []string
+	}{
+		{"/usr/lib/x86_64-linux-gnu/libc.so.6", []string{"/usr/lib/x86_64-linux-gnu/libc.so.6", "/lib/x86_64-linux-gnu/libc.so.6"}},
+		{"/lib64/ld-linux-x86-64.so.2", []string{"/lib64/ld-linux-x86-64.so.2", "/usr/lib64/ld-linux-x86-64.so.2"}},
+		{"/usr/bin/env", []string{"/usr/bin/env", "/bin/env"}},
+		{"/usr/share/doc/libc6/copyright", []string{"/usr/share/doc/libc6/copyright"}},
+		{"/etc/os-release", []string{"/etc/os-release"}},
+		{"/library/x", []string{"/library/x"}},
+	} {
+		if got := aliases(c.in); !slices.Equal(got, c.want) {
+			t.Errorf("aliases(%s) = %v, want %v", c.in, got, c.want)
+		}
+	}
 }
 
 // deploy/Dockerfile builds offline from the files -rootfs writes (podman
