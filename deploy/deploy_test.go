@@ -967,6 +967,7 @@ func writePrometheusRule(t *testing.T) {
 		"  namespace: " + namespace + "\n" +
 		"  labels:\n" +
 		"    app.kubernetes.io/name: " + appName + "\n" +
+		"    app.kubernetes.io/instance: " + appName + "\n" +
 		"    app.kubernetes.io/part-of: " + appName + "\n" +
 		"spec:\n")
 	for _, l := range strings.SplitAfter(string(data[i+1:]), "\n") {

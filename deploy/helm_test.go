@@ -33,8 +33,9 @@ var chartFiles = map[string]string{
 // minKube is the oldest Kubernetes the manifests and the chart support.
 var minKube = chartutil.KubeVersion{Version: "v1.30.0", Major: "1", Minor: "30"}
 
-// helmLabels are the labels the chart adds to the kustomize base's.
-var helmLabels = []string{"app.kubernetes.io/instance", "app.kubernetes.io/version", "app.kubernetes.io/managed-by", "helm.sh/chart"}
+// helmLabels are the labels the chart adds to the kustomize base's (whose
+// app.kubernetes.io/instance is the default release's name).
+var helmLabels = []string{"app.kubernetes.io/version", "app.kubernetes.io/managed-by", "helm.sh/chart"}
 
 // renderChart renders the chart as `helm template autoglm-ebpf -n
 // autoglm-ebpf` would with values over the defaults, and decodes each
