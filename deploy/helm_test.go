@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -243,5 +244,41 @@ func TestChartValues(t *testing.T) {
 	}
 	if filepath.Base(chartDir) != appName {
 		t.Errorf("chart folder %s: want %s", chartDir, appName)
+	}
+}
+
+// imageRepo is the image the manifests and the chart run.
+const imageRepo = "ghcr.io/open-autoglm/autoglm-ebpf"
+
+// The image is a release's tag, never latest, and one tag everywhere: the
+// chart's appVersion (the chart's default image), the kustomize base's
+// DaemonSet and the tag its kustomization.yaml sets. `make image` tags with
+// `git describe`, which is vX.Y.Z on a release's commit.
+func TestImageVersion(t *testing.T) {
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	app := ch.Metadata.AppVersion
+	if !regexp.MustCompile(`^v[0-9]+\.[0-9]+\.[0-9]+$`).MatchString(app) {
+		t.Fatalf("Chart.yaml appVersion %q: want a release's tag, vX.Y.Z", app)
+	}
+	want := imageRepo + ":" + app
+	if img := only[*appsv1.DaemonSet](t, renderChart(t, nil)).Spec.Template.Spec.Containers[0].Image; img != want {
+		t.Errorf("the chart's default image %q, want %q", img, want)
+	}
+	if img := only[*appsv1.DaemonSet](t, loadManifests(t)).Spec.Template.Spec.Containers[0].Image; img != want {
+		t.Errorf("kubernetes/base/daemonset.yaml: image %q, want %q (the chart's appVersion)", img, want)
+	}
+	data, err := os.ReadFile("kubernetes/base/kustomization.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var k kustomization
+	if err := decodeStrict(data, &k); err != nil {
+		t.Fatal(err)
+	}
+	if len(k.Images) != 1 || k.Images[0].Name != imageRepo || k.Images[0].NewName != "" || k.Images[0].NewTag != app || k.Images[0].Digest != "" {
+		t.Errorf("kubernetes/base/kustomization.yaml images %+v: want %s with newTag %s", k.Images, imageRepo, app)
 	}
 }
