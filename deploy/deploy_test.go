@@ -107,6 +107,7 @@ type serviceMonitor struct {
 	metav1.ObjectMeta `json:"metadata"`
 	Spec              struct {
 		JobLabel          string               `json:"jobLabel,omitempty"`
+		SampleLimit       uint64               `json:"sampleLimit,omitempty"`
 		Selector          metav1.LabelSelector `json:"selector"`
 		NamespaceSelector struct {
 			Any        bool     `json:"any,omitempty"`
