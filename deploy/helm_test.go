@@ -421,6 +421,7 @@ func TestChartSchemaRejects(t *testing.T) {
 		{map[string]any{"image": map[string]any{"digest": "latest"}}, "/image/digest"},
 		{map[string]any{"priorityClass": map[string]any{"value": 2000001000}}, "/priorityClass/value"},
 		{map[string]any{"updateStrategy": map[string]any{"rollingUpdate": map[string]any{"maxSurge": 1}}}, "/updateStrategy/rollingUpdate/maxSurge"},
+		{map[string]any{"podLabels": map[string]any{"app.kubernetes.io/instance": "x"}}, "propertyName 'app.kubernetes.io/instance'"},
 	} {
 		_, err := renderValues(defaultRelease, tt.values)
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
