@@ -116,6 +116,7 @@ type serviceMonitor struct {
 	metav1.ObjectMeta `json:"metadata"`
 	Spec              struct {
 		JobLabel          string               `json:"jobLabel,omitempty"`
+		SampleLimit       uint64               `json:"sampleLimit,omitempty"`
 		Selector          metav1.LabelSelector `json:"selector"`
 		NamespaceSelector struct {
 			Any        bool     `json:"any,omitempty"`
@@ -1065,6 +1066,7 @@ func writePrometheusRule(t *testing.T) {
 		"  namespace: " + namespace + "\n" +
 		"  labels:\n" +
 		"    app.kubernetes.io/name: " + appName + "\n" +
+		"    app.kubernetes.io/instance: " + appName + "\n" +
 		"    app.kubernetes.io/part-of: " + appName + "\n" +
 		"spec:\n")
 	for _, l := range strings.SplitAfter(string(data[i+1:]), "\n") {
