@@ -95,7 +95,8 @@ def capture():
     out, f = [], sys._getframe(1)
     while f:
         co = f.f_code
-        out.append([id(co), f.f_lasti, getattr(co, "co_qualname", co.co_name), co.co_filename, f.f_lineno])
+        out.append({"code": id(co), "lasti": f.f_lasti, "function": getattr(co, "co_qualname", co.co_name),
+                    "file": co.co_filename, "line": f.f_lineno})
         f = f.f_back
     with open(sys.argv[1], "w") as w:
         json.dump(out, w)
@@ -133,7 +134,11 @@ func TestFramesFromMemory(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var own [][5]any
+			var own []struct {
+				Code, Lasti    uint64
+				Function, File string
+				Line           int
+			}
 			if err := json.Unmarshal(raw, &own); err != nil {
 				t.Fatal(err)
 			}
@@ -156,14 +161,15 @@ func TestFramesFromMemory(t *testing.T) {
 			var st Stack
 			var want []model.Frame
 			for i, f := range own {
-				code, lasti := uint64(f[0].(float64)), uint64(f[1].(float64))
-				st.Code[i] = code
+				// What the BPF side records: 3.10's f_lasti in code
+				// units, later versions' instruction pointer.
+				st.Code[i] = f.Code
 				if in.layout.Minor == 10 {
-					st.Instr[i] = lasti / 2
+					st.Instr[i] = f.Lasti / 2
 				} else {
-					st.Instr[i] = code + in.layout.CodeAdaptive + lasti
+					st.Instr[i] = f.Code + in.layout.CodeAdaptive + f.Lasti
 				}
-				want = append(want, model.Frame{Kind: model.FramePython, Function: f[2].(string), File: f[3].(string), Line: int(f[4].(float64))})
+				want = append(want, model.Frame{Kind: model.FramePython, Function: f.Function, File: f.File, Line: f.Line})
 			}
 			st.N = uint32(len(own))
 			tr, p := newTestTracker()
