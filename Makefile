@@ -60,7 +60,8 @@ test: deps test-deps build fixtures
 	$(GO) test -count=1 -p 1 -timeout 20m ./...
 
 # Fuzz targets of what a process controls (the files it maps, its /proc
-# files, the report), each for FUZZTIME, one after another. A crash's input
+# files, its Python interpreter's memory) and of the report, each for
+# FUZZTIME, one after another. A crash's input
 # is left under the package's testdata/fuzz/: fix it and commit the input,
 # which plain `go test` then runs as a regression case.
 # The engine minimizes every input that finds new code, uncounted; with the
@@ -68,7 +69,8 @@ test: deps test-deps build fixtures
 FUZZTIME ?= 60s
 FUZZMINIMIZETIME ?= 3s
 FUZZ := pkg/symbolize:FuzzELF pkg/symbolize:FuzzReadable pkg/procinfo:FuzzParseMaps \
-	pkg/procinfo:FuzzParseStat pkg/pyframes:FuzzLineTables pkg/model:FuzzFindingJSON
+	pkg/procinfo:FuzzParseStat pkg/pyframes:FuzzLineTables pkg/pyframes:FuzzPyMemory \
+	pkg/model:FuzzFindingJSON pkg/report:FuzzReport
 
 fuzz: test-deps
 	@set -e; for t in $(FUZZ); do \

@@ -92,7 +92,7 @@ func findInterp(procRoot string, pid int, maps []*procfs.ProcMap) (*interp, erro
 		if ep.codeType != 0 {
 			in.codeType = ep.codeType + bias
 		}
-		if err := in.setLayout(pid, ep); err != nil {
+		if err := in.setLayout(procMem(pid), ep); err != nil {
 			return nil, fmt.Errorf("%s: %w", m.Pathname, err)
 		}
 		return in, nil
@@ -100,8 +100,9 @@ func findInterp(procRoot string, pid int, maps []*procfs.ProcMap) (*interp, erro
 	return nil, errNoPython
 }
 
-// setLayout picks the layout of the interpreter's version.
-func (in *interp) setLayout(pid int, ep *elfPython) error {
+// setLayout picks the layout of the interpreter's version; m is the
+// process's memory, where 3.13 publishes its offsets.
+func (in *interp) setLayout(m memory, ep *elfPython) error {
 	if ep.version != 0 {
 		in.version = fmt.Sprintf("%d.%d.%d", ep.version>>24&0xff, ep.version>>16&0xff, ep.version>>8&0xff)
 	} else if ep.minor != 0 {
@@ -110,7 +111,7 @@ func (in *interp) setLayout(pid int, ep *elfPython) error {
 	switch {
 	case ep.minor >= 13:
 		raw := make([]byte, debugOffsetsSize)
-		if err := readMem(pid, in.runtime, raw); err != nil {
+		if err := m.read(in.runtime, raw); err != nil {
 			return fmt.Errorf("reading _PyRuntime.debug_offsets: %w", err)
 		}
 		l, err := layoutFromDebug(raw)
@@ -277,15 +278,26 @@ func readConst(ef *elf.File, s elf.Symbol) uint64 {
 	return uint64(binary.LittleEndian.Uint32(b[:]))
 }
 
-// readMem reads len(buf) bytes of pid's memory at addr.
-func readMem(pid int, addr uint64, buf []byte) error {
+// memory is a process's memory, which the process controls: everything
+// read from it is checked against bounds (the fuzz tests read it from
+// arbitrary bytes).
+type memory interface {
+	// read reads len(buf) bytes at addr; an error unless all of them.
+	read(addr uint64, buf []byte) error
+}
+
+// procMem is the memory of a live process, by pid.
+type procMem int
+
+// read reads len(buf) bytes of the process's memory at addr.
+func (pid procMem) read(addr uint64, buf []byte) error {
 	if len(buf) == 0 {
 		return nil
 	}
 	local := []unix.Iovec{{Base: &buf[0]}}
 	local[0].SetLen(len(buf))
 	remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: len(buf)}}
-	n, err := unix.ProcessVMReadv(pid, local, remote, 0)
+	n, err := unix.ProcessVMReadv(int(pid), local, remote, 0)
 	if err != nil {
 		return fmt.Errorf("reading %d bytes at %#x of pid %d: %w", len(buf), addr, pid, err)
 	}

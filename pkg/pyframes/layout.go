@@ -134,12 +134,21 @@ func layoutFromDebug(raw []byte) (Layout, error) {
 	if d.FreeThreaded != 0 {
 		return Layout{}, fmt.Errorf("free-threaded Python 3.%d is not supported", minor)
 	}
-	u16s := []uint64{d.Runtime.InterpretersHead, d.Interp.Next, d.Interp.ThreadsHead, d.Thread.Next, d.Thread.Interp, d.Thread.ThreadID,
-		d.Thread.CurrentFrame, d.Frame.Executable, d.Frame.Previous, d.Frame.InstrPtr, d.Frame.Owner}
-	for _, v := range u16s {
+	// The offsets are the process's to craft: user space allocates the
+	// headers they span (a code object's, a str's) before reading them, so
+	// each is bounded as the BPF side's are, and a str's fields must lie in
+	// its header. Real ones are below 256.
+	offsets := []uint64{d.Runtime.InterpretersHead, d.Interp.Next, d.Interp.ThreadsHead, d.Thread.Next, d.Thread.Interp, d.Thread.ThreadID,
+		d.Thread.CurrentFrame, d.Frame.Executable, d.Frame.Previous, d.Frame.InstrPtr, d.Frame.Owner,
+		d.Code.Filename, d.Code.Name, d.Code.Qualname, d.Code.Linetable, d.Code.Firstlineno, d.Code.CodeAdaptive,
+		d.PyObject.ObType, d.Bytes.ObSize, d.Bytes.ObSval, d.Unicode.Length, d.Unicode.State, d.Unicode.ASCIIObjectSize}
+	for _, v := range offsets {
 		if v >= none {
 			return Layout{}, fmt.Errorf("implausible debug offset %d", v)
 		}
+	}
+	if d.Unicode.Length+8 > d.Unicode.ASCIIObjectSize || d.Unicode.State+4 > d.Unicode.ASCIIObjectSize {
+		return Layout{}, fmt.Errorf("implausible str layout: length at %d, state at %d of %d bytes", d.Unicode.Length, d.Unicode.State, d.Unicode.ASCIIObjectSize)
 	}
 	return Layout{
 		Minor:      minor,

@@ -46,6 +46,10 @@ type Tracker struct {
 	// panics counts the walks of a process's frames that panicked
 	// (Frames): its memory is the process's to craft.
 	panics atomic.Uint64
+	// refused counts the code objects not read for being over a bound
+	// (a name, file name or line table too long): not losses, the
+	// process's own making.
+	refused atomic.Uint64
 }
 
 type proc struct {
@@ -165,7 +169,7 @@ func (t *Tracker) detect(pid int, p *proc) error {
 	}
 	in, err := findInterp(t.fs.Root(), pid, maps)
 	if err == nil {
-		err = in.check(pid)
+		err = in.check(procMem(pid))
 	}
 	if err != nil {
 		if !errors.Is(err, errNoPython) && err.Error() != p.err {
@@ -194,23 +198,23 @@ var errNotReady = errors.New("interpreter not initialized yet")
 // check reads the interpreter's first thread through the layout: its
 // interp must point back. A layout that does not fit (an unexpected build)
 // is refused rather than walked.
-func (in *interp) check(pid int) error {
+func (in *interp) check(m memory) error {
 	l := in.layout
-	head, err := readU64(pid, in.runtime+uint64(l.InterpHead))
+	head, err := readU64(m, in.runtime+uint64(l.InterpHead))
 	if err != nil {
 		return err
 	}
 	if head == 0 {
 		return errNotReady
 	}
-	ts, err := readU64(pid, head+uint64(l.InterpThreads))
+	ts, err := readU64(m, head+uint64(l.InterpThreads))
 	if err != nil {
 		return err
 	}
 	if ts == 0 {
 		return errNotReady
 	}
-	back, err := readU64(pid, ts+uint64(l.TstateInterp))
+	back, err := readU64(m, ts+uint64(l.TstateInterp))
 	if err != nil {
 		return err
 	}
@@ -220,9 +224,9 @@ func (in *interp) check(pid int) error {
 	return nil
 }
 
-func readU64(pid int, addr uint64) (uint64, error) {
+func readU64(m memory, addr uint64) (uint64, error) {
 	var b [8]byte
-	if err := readMem(pid, addr, b[:]); err != nil {
+	if err := m.read(addr, b[:]); err != nil {
 		return 0, err
 	}
 	return binary.LittleEndian.Uint64(b[:]), nil
@@ -291,6 +295,13 @@ func (t *Tracker) walk(pid int, p *proc, id uint32) []Frame {
 	if err := t.maps.Stacks.Lookup(id, &st); err != nil {
 		return nil
 	}
+	return t.frames(procMem(pid), p, &st)
+}
+
+// frames resolves the frames of st, a stack of p, reading m: at most
+// MaxFrames, each at most one code object's header, two strings of at most
+// maxString characters and a line table of at most maxTable bytes.
+func (t *Tracker) frames(m memory, p *proc, st *Stack) []Frame {
 	l := p.in.layout
 	var out []Frame
 	for i := 0; i < int(min(st.N, MaxFrames)); i++ {
@@ -303,7 +314,7 @@ func (t *Tracker) walk(pid int, p *proc, id uint32) []Frame {
 			}
 			continue
 		}
-		f, ok := t.frame(pid, p, st.Code[i], addr)
+		f, ok := t.frame(m, p, st.Code[i], addr)
 		if !ok {
 			continue
 		}
@@ -317,8 +328,8 @@ func (t *Tracker) walk(pid int, p *proc, id uint32) []Frame {
 const frameOwnedByCStack = 3
 
 // frame resolves one (code object, instruction) pair.
-func (t *Tracker) frame(pid int, p *proc, codeAddr, instr uint64) (Frame, bool) {
-	c, ok := t.code(pid, p, codeAddr)
+func (t *Tracker) frame(m memory, p *proc, codeAddr, instr uint64) (Frame, bool) {
+	c, ok := t.code(m, p, codeAddr)
 	if !ok {
 		return Frame{}, false
 	}
@@ -346,7 +357,7 @@ type code struct {
 // header is read each time (one small read) and compared with the cached
 // one, so a freed and reused address does not answer with stale names;
 // once the process is gone, the cached one answers.
-func (t *Tracker) code(pid int, p *proc, addr uint64) (*code, bool) {
+func (t *Tracker) code(m memory, p *proc, addr uint64) (*code, bool) {
 	l := p.in.layout
 	nameOff := l.CodeQualname
 	if nameOff == 0 {
@@ -356,7 +367,7 @@ func (t *Tracker) code(pid int, p *proc, addr uint64) (*code, bool) {
 	if addr == 0 {
 		return nil, false
 	}
-	if err := readMem(pid, addr, hdr); err != nil {
+	if err := m.read(addr, hdr); err != nil {
 		// Gone (the process exited): what was read while it lived.
 		c := p.codes[addr]
 		return c, c != nil
@@ -370,10 +381,13 @@ func (t *Tracker) code(pid int, p *proc, addr uint64) (*code, bool) {
 	if c := p.codes[addr]; c != nil && c.id == id {
 		return c, true
 	}
-	file, err1 := readUnicode(pid, l, id[0])
-	name, err2 := readUnicode(pid, l, id[1])
-	table, err3 := readBytes(pid, l, id[2])
+	file, err1 := readUnicode(m, l, id[0])
+	name, err2 := readUnicode(m, l, id[1])
+	table, err3 := readBytes(m, l, id[2])
 	if err := errors.Join(err1, err2, err3); err != nil {
+		if errors.Is(err, errOverBound) {
+			t.refused.Add(1)
+		}
 		return nil, false
 	}
 	c := &code{id: id, name: name, file: file, first: first, table: table}
@@ -387,37 +401,46 @@ func (t *Tracker) code(pid int, p *proc, addr uint64) (*code, bool) {
 	return c, true
 }
 
-// Longest string and line table read.
+// Longest string (in characters) and line table read: a code object
+// whose name, file name or line table is longer is refused (counted, its
+// frame left out). Real names and file names run to dozens of
+// characters, line tables to a few bytes per line of the function.
 const (
 	maxString = 4096
 	maxTable  = 1 << 20
 )
 
+// errOverBound: an object is longer than what is read of one.
+var errOverBound = errors.New("over the bound of what is read")
+
 // readUnicode reads a compact str object (every name and file name is one).
-func readUnicode(pid int, l Layout, addr uint64) (string, error) {
+func readUnicode(m memory, l Layout, addr uint64) (string, error) {
 	if addr == 0 {
 		return "", errors.New("NULL string")
 	}
 	hdr := make([]byte, l.CompactSize)
-	if err := readMem(pid, addr, hdr); err != nil {
+	if err := m.read(addr, hdr); err != nil {
 		return "", err
 	}
 	n := binary.LittleEndian.Uint64(hdr[l.UnicodeLength:])
 	state := binary.LittleEndian.Uint32(hdr[l.UnicodeState:])
 	kind, compact, ascii := state>>2&7, state>>5&1 == 1, state>>6&1 == 1
-	if !compact || n > maxString {
+	if !compact {
 		return "", fmt.Errorf("unsupported str object at %#x", addr)
+	}
+	if n > maxString {
+		return "", fmt.Errorf("str of %d characters at %#x: %w", n, addr, errOverBound)
 	}
 	if ascii {
 		b := make([]byte, n)
-		err := readMem(pid, addr+l.ASCIISize, b)
+		err := m.read(addr+l.ASCIISize, b)
 		return string(b), err
 	}
 	if kind != 1 && kind != 2 && kind != 4 {
 		return "", fmt.Errorf("str of kind %d at %#x", kind, addr)
 	}
 	b := make([]byte, n*uint64(kind))
-	if err := readMem(pid, addr+l.CompactSize, b); err != nil {
+	if err := m.read(addr+l.CompactSize, b); err != nil {
 		return "", err
 	}
 	r := make([]rune, n)
@@ -435,19 +458,19 @@ func readUnicode(pid int, l Layout, addr uint64) (string, error) {
 }
 
 // readBytes reads a bytes object.
-func readBytes(pid int, l Layout, addr uint64) ([]byte, error) {
+func readBytes(m memory, l Layout, addr uint64) ([]byte, error) {
 	if addr == 0 {
 		return nil, errors.New("NULL bytes")
 	}
-	n, err := readU64(pid, addr+l.BytesSize)
+	n, err := readU64(m, addr+l.BytesSize)
 	if err != nil {
 		return nil, err
 	}
 	if n > maxTable {
-		return nil, fmt.Errorf("bytes of %d at %#x", n, addr)
+		return nil, fmt.Errorf("bytes of %d at %#x: %w", n, addr, errOverBound)
 	}
 	b := make([]byte, n)
-	return b, readMem(pid, addr+l.BytesData, b)
+	return b, m.read(addr+l.BytesData, b)
 }
 
 // errNames names the py_errors counters (enum py_err).
@@ -471,3 +494,8 @@ func (t *Tracker) Lost(prefix string) (map[string]uint64, error) {
 	out[prefix+"_py_panics"] = t.panics.Load() + elfPanics.Load()
 	return out, nil
 }
+
+// Refused is how many code objects were not read for being over a bound
+// (maxString, maxTable): their frames are left out. Not among Lost: a
+// process can make them, and nothing the tool could keep was dropped.
+func (t *Tracker) Refused() uint64 { return t.refused.Load() }

@@ -118,7 +118,7 @@ func TestFindInterp(t *testing.T) {
 			if in.codeType == 0 {
 				t.Error("PyCode_Type not found")
 			}
-			if err := in.check(pid); err != nil {
+			if err := in.check(procMem(pid)); err != nil {
 				t.Error(err)
 			}
 		})
@@ -179,6 +179,7 @@ func TestLayoutFromDebug(t *testing.T) {
 	copy(d.Cookie[:], debugCookie)
 	d.Version = 0x030d00f0
 	d.Thread.ThreadID = 152
+	d.Unicode.ASCIIObjectSize, d.Unicode.Length, d.Unicode.State = 40, 16, 32
 	raw := make([]byte, debugOffsetsSize)
 	if _, err := encode(raw, &d); err != nil {
 		t.Fatal(err)
@@ -196,6 +197,18 @@ func TestLayoutFromDebug(t *testing.T) {
 	_, _ = encode(raw, &d)
 	if _, err := layoutFromDebug(raw); err == nil {
 		t.Error("a free-threaded build accepted")
+	}
+	// Crafted offsets (FuzzPyMemory's first find: a code object's
+	// header of 1.7 TB, which the agent allocated before reading).
+	d.FreeThreaded, d.Code.Filename = 0, 1<<40
+	_, _ = encode(raw, &d)
+	if _, err := layoutFromDebug(raw); err == nil {
+		t.Error("a code object field 1 TiB in accepted")
+	}
+	d.Code.Filename, d.Unicode.State = 112, 40
+	_, _ = encode(raw, &d)
+	if _, err := layoutFromDebug(raw); err == nil {
+		t.Error("a str's state past its header accepted")
 	}
 }
 

@@ -121,15 +121,26 @@ func (a axis) ticks() []tick {
 	steps := []time.Duration{time.Second, 2 * time.Second, 5 * time.Second, 10 * time.Second, 15 * time.Second, 30 * time.Second,
 		time.Minute, 2 * time.Minute, 5 * time.Minute, 10 * time.Minute, 15 * time.Minute, 30 * time.Minute,
 		time.Hour, 2 * time.Hour, 3 * time.Hour, 6 * time.Hour, 12 * time.Hour, 24 * time.Hour}
-	step := steps[len(steps)-1]
+	if span < 0 {
+		return nil
+	}
+	step := time.Duration(0)
 	for _, s := range steps {
 		if span/s <= 10 {
 			step = s
 			break
 		}
 	}
+	if step == 0 {
+		// Over ten days: whole days. A report's times are its file's to
+		// say: a span of centuries must not make millions of ticks, nor
+		// (near the largest Duration) wrap the loop around.
+		const day = 24 * time.Hour
+		step = (span/10/day + 1) * day
+	}
 	var out []tick
-	for d := time.Duration(0); d <= span; d += step {
+	for i := range span/step + 1 {
+		d := i * step
 		out = append(out, tick{Pos: a.x(a.start.Add(d)), Label: elapsed(d)})
 	}
 	return out

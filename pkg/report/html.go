@@ -4,6 +4,7 @@ import (
 	"bytes"
 	_ "embed"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"html/template"
 	"io"
@@ -101,18 +102,67 @@ func Read(path string) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	r, err := Decode(data)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return r, nil
+}
+
+// Decode reads a JSON report written by autoglm-ebpf from data.
+func Decode(data []byte) (*Report, error) {
 	var r Report
 	if err := json.Unmarshal(data, &r); err != nil {
-		return nil, fmt.Errorf("%s: not a valid JSON report: %w", path, err)
+		return nil, fmt.Errorf("not a valid JSON report: %w", err)
 	}
 	// Every report has a start and a processes list, even an empty one.
 	if r.Start.IsZero() || r.Processes == nil {
-		return nil, fmt.Errorf("%s: not an autoglm-ebpf report (no start or processes)", path)
+		return nil, errors.New("not an autoglm-ebpf report (no start or processes)")
 	}
 	if r.SchemaVersion > SchemaVersion {
-		return nil, fmt.Errorf("%s: report format %d is newer than this autoglm-ebpf reads (%d)", path, r.SchemaVersion, SchemaVersion)
+		return nil, fmt.Errorf("report format %d is newer than this autoglm-ebpf reads (%d)", r.SchemaVersion, SchemaVersion)
+	}
+	for _, p := range r.Processes {
+		if err := checkHistory(p.History); err != nil {
+			return nil, fmt.Errorf("history of process %d: %w", p.PID, err)
+		}
+	}
+	for _, g := range r.GPUs {
+		if err := checkHistory(g.History); err != nil {
+			return nil, fmt.Errorf("history of GPU %d: %w", g.Index, err)
+		}
 	}
 	return &r, nil
+}
+
+// checkHistory refuses a history whose columns do not hold one value per
+// point, as every history written does: the charts, here and in the page's
+// script, read them by point.
+func checkHistory(h *history.History) error {
+	if h == nil {
+		return nil
+	}
+	n := len(h.Time)
+	if len(h.Span) != n {
+		return fmt.Errorf("%d spans for %d points", len(h.Span), n)
+	}
+	for _, name := range slices.Sorted(maps.Keys(h.Series)) {
+		s := h.Series[name]
+		if s == nil {
+			continue
+		}
+		// Last or Mean, whichever the series has; Min and Max always.
+		for _, c := range []struct {
+			name     string
+			vals     history.Values
+			optional bool
+		}{{"min", s.Min, false}, {"max", s.Max, false}, {"last", s.Last, true}, {"mean", s.Mean, true}} {
+			if len(c.vals) != n && !(c.optional && len(c.vals) == 0) {
+				return fmt.Errorf("series %s: %d %s values for %d points", name, len(c.vals), c.name, n)
+			}
+		}
+	}
+	return nil
 }
 
 // page is what the template shows.

@@ -242,6 +242,12 @@ func TestReadErrors(t *testing.T) {
 		{write("text.json", "hello"), "not a valid JSON report"},
 		{write("other.json", `{"name": "x"}`), "not an autoglm-ebpf report"},
 		{write("newer.json", `{"schema_version": 99, "start": "2025-01-02T03:04:05Z", "processes": []}`), "newer"},
+		// The charts read every column by point: one short made the
+		// page's renderer panic.
+		{write("columns.json", `{"start": "2025-01-02T03:04:05Z", "processes": [{"pid": 7, "history": {"time_unix_ms": [1, 2], "span_ms": [1, 1],
+			"series": {"open_fds": {"unit": "", "min": [1], "max": [1, 2], "last": [1, 2]}}}}]}`), "history of process 7: series open_fds: 1 min values for 2 points"},
+		{write("spans.json", `{"start": "2025-01-02T03:04:05Z", "processes": [], "gpus": [{"index": 1, "history": {"time_unix_ms": [1], "span_ms": []}}]}`),
+			"history of GPU 1: 0 spans for 1 points"},
 	} {
 		if _, err := Read(c.path); err == nil || !strings.Contains(err.Error(), c.msg) {
 			t.Errorf("Read(%s) = %v, want an error with %q", filepath.Base(c.path), err, c.msg)
@@ -260,6 +266,24 @@ func TestReadErrors(t *testing.T) {
 	}
 	if s := b.String(); !strings.Contains(s, "no history in this report") || strings.Count(s, `data-chart=`) != 5 { // those not Optional
 		t.Errorf("schema 1 page: %d charts, no-history note %v", strings.Count(s, `data-chart=`), strings.Contains(s, "no history in this report"))
+	}
+}
+
+// A report's times are its own: the axis of a run of centuries (or of
+// the longest Duration, where stepping by days wrapped around and never
+// ended) has ten ticks or so, of an hour a few, of a negative span none.
+func TestTicksBounded(t *testing.T) {
+	for _, c := range []struct {
+		span     time.Duration
+		min, max int
+	}{
+		{0, 1, 1}, {time.Hour, 5, 11}, {30 * 24 * time.Hour, 5, 11}, {100 * 365 * 24 * time.Hour, 5, 11},
+		{math.MaxInt64, 5, 11}, {-time.Hour, 0, 0},
+	} {
+		ax := axis{start: t0, end: t0.Add(c.span)}
+		if n := len(ax.ticks()); n < c.min || n > c.max {
+			t.Errorf("a span of %v: %d ticks, want %d to %d", c.span, n, c.min, c.max)
+		}
 	}
 }
 

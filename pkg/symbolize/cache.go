@@ -68,6 +68,7 @@ func (s *Symbolizer) load(pid int, m *mapping) *cacheEntry {
 			return e
 		}
 	}
+	s.refused.Add(uint64(info.tablesRefused))
 	e := &cacheEntry{info: info, code: codeID(info.build, m.key)}
 	if info.build != (buildKey{}) {
 		s.builds[info.build] = e
@@ -94,6 +95,11 @@ func (s *Symbolizer) alias(key fileKey, e *cacheEntry) {
 // lookup is e.info.lookup, which may index a table, with the index charged.
 func (s *Symbolizer) lookup(e *cacheEntry, vaddr uint64) (symbol, bool) {
 	sym, ok := e.info.lookup(vaddr)
+	if sym.nameRefused {
+		// No name: the frame is the module's, at its offset.
+		s.refused.Add(1)
+		ok = false
+	}
 	s.charge(e)
 	return sym, ok
 }

@@ -103,6 +103,16 @@ func (r *cfiReader) need(n int) bool {
 	return true
 }
 
+// skip moves past n bytes, which must be there. n is read from the file:
+// as an int it could be negative, move back, and make a program loop.
+func (r *cfiReader) skip(n uint64) {
+	if !r.need(0) || n > uint64(len(r.b)-r.pos) {
+		r.fail()
+		return
+	}
+	r.pos += int(n)
+}
+
 func (r *cfiReader) u8() uint8 {
 	if !r.need(1) {
 		return 0
@@ -291,7 +301,7 @@ func (e *elfInfo) parseCIE(addr uint64) (*cie, error) {
 	if len(aug) > 0 && aug[0] == 'z' {
 		c.hasAug = true
 		n := r.uleb()
-		augEnd := r.pos + int(n)
+		augStart := r.pos
 		for _, a := range aug[1:] {
 			switch a {
 			case 'R':
@@ -305,7 +315,8 @@ func (e *elfInfo) parseCIE(addr uint64) (*cie, error) {
 				c.signal = true
 			}
 		}
-		r.pos = augEnd
+		r.pos = augStart
+		r.skip(n)
 	}
 	if !r.need(0) {
 		return nil, r.err
@@ -367,8 +378,7 @@ func (e *elfInfo) rule(vaddr uint64) (Rule, bool, error) {
 		return Rule{}, false, nil
 	}
 	if c.hasAug {
-		n := r.uleb()
-		r.pos += int(n)
+		r.skip(r.uleb())
 	}
 	if !r.need(0) {
 		return Rule{}, false, r.err
@@ -410,6 +420,11 @@ func (st *cfiState) rule(c *cie) Rule {
 	}
 	return out
 }
+
+// maxRemembered bounds DW_CFA_remember_state's stack: compilers nest it
+// once or twice (around epilogues); a crafted entry could otherwise keep
+// a row for each of its bytes.
+const maxRemembered = 64
 
 // run executes call-frame instructions from location loc until the row
 // covering target. init is the CIE's row, for DW_CFA_restore; addr is the
@@ -489,6 +504,9 @@ func (c *cie) run(st *cfiState, init *cfiState, prog []byte, addr, loc, target u
 			r.uleb()
 			setReg(reg, regRule{kind: ruleOther})
 		case 0x0a: // remember_state
+			if len(saved) == maxRemembered {
+				return fmt.Errorf("%w: states remembered over %d deep", errCFI, maxRemembered)
+			}
 			saved = append(saved, *st)
 		case 0x0b: // restore_state
 			if len(saved) == 0 {
@@ -505,11 +523,11 @@ func (c *cie) run(st *cfiState, init *cfiState, prog []byte, addr, loc, target u
 		case 0x0e: // def_cfa_offset
 			st.cfaOff = int64(r.uleb())
 		case 0x0f: // def_cfa_expression
-			r.pos += int(r.uleb())
+			r.skip(r.uleb())
 			st.cfaExpr = true
 		case 0x10: // expression
 			reg := r.uleb()
-			r.pos += int(r.uleb())
+			r.skip(r.uleb())
 			setReg(reg, regRule{kind: ruleOther})
 		case 0x11: // offset_extended_sf
 			reg := r.uleb()
@@ -528,7 +546,7 @@ func (c *cie) run(st *cfiState, init *cfiState, prog []byte, addr, loc, target u
 			setReg(reg, regRule{kind: ruleOther})
 		case 0x16: // val_expression
 			reg := r.uleb()
-			r.pos += int(r.uleb())
+			r.skip(r.uleb())
 			setReg(reg, regRule{kind: ruleOther})
 		case 0x2e: // GNU_args_size
 			r.uleb()

@@ -54,6 +54,12 @@ func (s *Symbolizer) Panics() uint64 { return s.panics.Load() }
 // ELF.
 var errParserPanic = errors.New("parsing the ELF headers panicked")
 
-// Refused is how many files had more debugging information than is read
-// for source lines (maxLineBytes): their frames have no lines.
+// Refused is how many times a file's contents were left unread, over a
+// bound or malformed: debugging information for lines (maxLineBytes, once
+// per file: its frames have no lines), a symbol table (maxSymtabBytes,
+// once per file: the other table answers) or a symbol's name
+// (maxNameBytes, per lookup: module+offset frames), a frame's call-frame information
+// (an entry over maxCFIEntry, a program that would loop or remember too
+// deep; once per address while its rule is cached: the stack ends there).
+// Not losses: what a file holds is its own making.
 func (s *Symbolizer) Refused() uint64 { return s.refused.Load() }

@@ -36,6 +36,8 @@ type elfInfo struct {
 	linesRead bool
 	// linesRefused: its debugging information is over maxLineBytes.
 	linesRefused bool
+	// tablesRefused: its symbol tables over maxSymtabBytes, left out.
+	tablesRefused int
 }
 
 // load is a PT_LOAD program header: file bytes [off, off+filesz) are mapped
@@ -56,6 +58,8 @@ type buildKey struct {
 type symbol struct {
 	start uint64
 	name  string
+	// nameRefused: the name runs over maxNameBytes and is left empty.
+	nameRefused bool
 }
 
 // symTable locates one raw symbol table and its string table in the file.
@@ -102,10 +106,24 @@ func parseELF(f *os.File) (*elfInfo, error) {
 	for i, sec := range ef.Sections {
 		info.secEnds[i] = sec.Addr + sec.Size
 	}
-	info.tables[0] = newSymTable(ef, elf.SHT_SYMTAB)
-	info.tables[1] = newSymTable(ef, elf.SHT_DYNSYM)
+	for i, typ := range []elf.SectionType{elf.SHT_SYMTAB, elf.SHT_DYNSYM} {
+		t := newSymTable(ef, typ)
+		if t != nil && t.size > maxSymtabBytes {
+			info.tablesRefused++
+			t = nil
+		}
+		info.tables[i] = t
+	}
 	return info, nil
 }
+
+// maxSymtabBytes bounds a symbol table that is indexed: each is streamed
+// twice and indexed at up to 16 bytes a function, under the symbolizer's
+// lock. 64 MiB is 2.8 M ELF64 symbols, four times libtorch_cpu.so's
+// functions; a larger (or crafted) table would stall stacks for seconds
+// and its index alone outgrow the tool's memory. It is left out: the
+// other table, or module+offset frames, still answer.
+const maxSymtabBytes = 64 << 20
 
 func buildID(f *elf.File) string {
 	for _, p := range f.Progs {
@@ -199,7 +217,8 @@ func (e *elfInfo) lookup(vaddr uint64) (symbol, bool) {
 			t.index = e.buildIndex(t)
 		}
 		if start, name, ok := t.index.find(vaddr); ok {
-			return symbol{start: start, name: e.readName(t, name)}, true
+			s, ok := e.readName(t, name)
+			return symbol{start: start, name: s, nameRefused: !ok}, true
 		}
 	}
 	return symbol{}, false
@@ -219,24 +238,33 @@ func (e *elfInfo) indexBytes() int {
 	return n
 }
 
+// maxNameBytes bounds a symbol's name: mangled C++ names run to hundreds
+// of bytes, and one without an end in a string table of gigabytes would
+// otherwise be read whole, for every frame in it.
+const maxNameBytes = 64 << 10
+
 // readName reads the NUL-terminated name at offset off of t's string table.
-// Like debug/elf, it gives "" for a name that runs past the table.
-func (e *elfInfo) readName(t *symTable, off uint32) string {
+// Like debug/elf, it gives "" for a name that runs past the table; and for
+// one over maxNameBytes, with ok false (refused).
+func (e *elfInfo) readName(t *symTable, off uint32) (name string, ok bool) {
 	// Most names, even mangled C++ ones, fit one read.
 	buf := make([]byte, 256)
-	var name []byte
+	var b []byte
 	for pos := uint64(off); pos < t.strSize; {
+		if len(b) >= maxNameBytes {
+			return "", false
+		}
 		n := min(uint64(len(buf)), t.strSize-pos)
 		if _, err := e.f.ReadAt(buf[:n], int64(t.strOff+pos)); err != nil {
-			return ""
+			return "", true
 		}
 		if i := bytes.IndexByte(buf[:n], 0); i >= 0 {
-			return string(append(name, buf[:i]...))
+			return string(append(b, buf[:i]...)), true
 		}
-		name = append(name, buf[:n]...)
+		b = append(b, buf[:n]...)
 		pos += n
 	}
-	return ""
+	return "", true
 }
 
 // rawSym is the part of a symbol table entry that indexing needs.

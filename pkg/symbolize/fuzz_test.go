@@ -1,11 +1,13 @@
 package symbolize
 
 import (
+	"bytes"
 	"debug/elf"
 	"encoding/hex"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -56,6 +58,16 @@ func FuzzELF(f *testing.F) {
 		// Truncated too: the tables then point past the end of the file.
 		f.Add(seed, fn+4)
 		f.Add(seed[:len(seed)/2], fn+4)
+	}
+	// A library as Debian builds and strips it (libc6's libdl.so.2, 14
+	// KiB: build-id, .eh_frame_hdr, .dynsym only), at one of its functions.
+	if lib, err := os.ReadFile("/lib/x86_64-linux-gnu/libdl.so.2"); err == nil {
+		if ef, err := elf.NewFile(bytes.NewReader(lib)); err == nil {
+			syms, _ := ef.DynamicSymbols()
+			if i := slices.IndexFunc(syms, func(s elf.Symbol) bool { return elf.ST_TYPE(s.Info) == elf.STT_FUNC && s.Value != 0 }); i >= 0 {
+				f.Add(lib, syms[i].Value+4)
+			}
+		}
 	}
 	f.Add([]byte("\x7fELF\x02\x01\x01"), uint64(0))
 	f.Fuzz(func(t *testing.T, data []byte, vaddr uint64) {

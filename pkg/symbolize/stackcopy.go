@@ -37,6 +37,9 @@ func (s *Symbolizer) ruleAt(pm *procMaps, addr uint64) CodeRule {
 	}
 	switch {
 	case err != nil:
+		// Malformed or over its bounds (a crafted entry's loop): the
+		// stack ends here, refused once per address while cached.
+		s.refused.Add(1)
 		r = endRule
 	case !found:
 		r = fpRule

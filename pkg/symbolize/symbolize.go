@@ -48,8 +48,8 @@ type Symbolizer struct {
 
 	// panics counts files whose reading panicked (contain).
 	panics atomic.Uint64
-	// refused counts files whose debugging information was too large
-	// to read for lines (maxLineBytes).
+	// refused counts what files held over a bound and was left unread
+	// (Refused).
 	refused atomic.Uint64
 
 	// shared reads mappings through the poll's cache for Refresh (see

@@ -291,7 +291,7 @@ func checkAgainstDebugElf(t *testing.T, path string) {
 			start, name, ok := tab.index.find(p)
 			var got string
 			if ok {
-				got = info.readName(tab, name)
+				got, _ = info.readName(tab, name)
 			}
 			if ok != wantOK || start != want.start || got != want.name {
 				t.Errorf("%s: table %d at %#x: got %q at %#x (%v), want %q at %#x (%v)", path, k, p, got, start, ok, want.name, want.start, wantOK)
