@@ -40,6 +40,7 @@ type descs struct {
 	findingCauseDesc  *prometheus.Desc
 	findingsTotalDesc *prometheus.Desc
 	lostDesc          *prometheus.Desc
+	refusedDesc       *prometheus.Desc
 	trackFailuresDesc *prometheus.Desc
 	viewUpDesc        *prometheus.Desc
 	viewAbsentDesc    *prometheus.Desc
@@ -80,6 +81,9 @@ func newDescs(pods bool) *descs {
 		"Distinct findings that became active, by kind; those explained by another finding are not counted.", []string{"kind"}, nil)
 	d.lostDesc = prometheus.NewDesc("autoglm_bpf_events_lost_total",
 		"Lost BPF events and failed map updates, by source.", []string{"source"}, nil)
+	d.refusedDesc = prometheus.NewDesc("autoglm_inputs_refused_total",
+		"What watched processes presented over a parser's bounds and was not read, by parser: symbolize (a mapped file's symbol table over 64 MiB, a name over 64 KiB, a call-frame program malformed or nested too deep, line tables over their bound), python (a code object's name, file name or line table over its bound). Their frames are left unsymbolized; not losses: any process can make them.",
+		[]string{"parser"}, nil)
 	d.trackFailuresDesc = prometheus.NewDesc("autoglm_track_failures_total",
 		"Processes a view could not follow (the other views watched them on), by view and reason (an errno name, or other).",
 		[]string{"view", "reason"}, nil)
@@ -151,7 +155,7 @@ type viewMetric struct {
 
 // all lists every description, for Describe.
 func (d *descs) all() []*prometheus.Desc {
-	out := []*prometheus.Desc{d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.trackFailuresDesc, d.viewUpDesc, d.viewAbsentDesc, d.bpfMemoryDesc, d.fdListingsDesc, d.fdCopiesDesc, d.fdDescribedDesc, d.fdDeferredDesc, d.fdReadsBoundDesc, d.shortLivedDesc, d.shortLivedFDsDesc, d.buildInfoDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.gpuSMUtilDesc, d.gpuMemUtilDesc, d.gpuXIDDesc, d.gpuEventsDesc}
+	out := []*prometheus.Desc{d.findingDesc, d.findingCauseDesc, d.findingsTotalDesc, d.lostDesc, d.refusedDesc, d.trackFailuresDesc, d.viewUpDesc, d.viewAbsentDesc, d.bpfMemoryDesc, d.fdListingsDesc, d.fdCopiesDesc, d.fdDescribedDesc, d.fdDeferredDesc, d.fdReadsBoundDesc, d.shortLivedDesc, d.shortLivedFDsDesc, d.buildInfoDesc, d.gpuUsedDesc, d.gpuTotalDesc, d.gpuUtilDesc, d.gpuProcessUsedDesc, d.gpuSMUtilDesc, d.gpuMemUtilDesc, d.gpuXIDDesc, d.gpuEventsDesc}
 	for _, v := range d.views {
 		out = append(out, v.desc)
 		if v.unitDesc != nil {
@@ -175,8 +179,9 @@ type Metrics struct {
 
 	// High-water marks, so that a counter never goes down even if a source
 	// hands over a smaller value: rate() would read that as a counter reset.
-	counts map[int]*procCounts // latest's processes by pid
-	lost   map[string]uint64   // by source
+	counts  map[int]*procCounts // latest's processes by pid
+	lost    map[string]uint64   // by source
+	refused map[string]uint64   // by parser
 	// units are the containers' counts of their processes that are gone
 	// (with Pods).
 	units map[unitKey]*unitState
@@ -295,6 +300,7 @@ func New(reg prometheus.Registerer, version string, opts ...Options) *Metrics {
 		buildInfo: prometheus.MustNewConstMetric(d.buildInfoDesc, prometheus.GaugeValue, 1, label(version), Revision(), runtime.Version(), runtime.GOARCH),
 		counts:    map[int]*procCounts{},
 		lost:      map[string]uint64{},
+		refused:   map[string]uint64{},
 		counted:   map[findingID]bool{},
 		total:     map[string]uint64{},
 		gone:      map[int]time.Time{},
@@ -432,6 +438,9 @@ func (m *Metrics) account(s *model.Snapshot) {
 	for src, n := range s.Lost {
 		m.lost[src] = max(m.lost[src], n)
 	}
+	for parser, n := range s.Refused {
+		m.refused[parser] = max(m.refused[parser], n)
+	}
 }
 
 // render returns every series to serve for the latest snapshot. The caller
@@ -450,6 +459,9 @@ func (m *Metrics) render() []prometheus.Metric {
 	}
 	for src, n := range m.lost {
 		out = append(out, constMetric(m.d.lostDesc, prometheus.CounterValue, float64(n), label(src)))
+	}
+	for parser, n := range m.refused {
+		out = append(out, constMetric(m.d.refusedDesc, prometheus.CounterValue, float64(n), parser))
 	}
 	if s != nil {
 		for f, n := range s.TrackFailures {

@@ -53,10 +53,12 @@ func newMetrics(t *testing.T) (*Metrics, *prometheus.Registry) {
 
 func TestValues(t *testing.T) {
 	m, reg := newMetrics(t)
-	m.Update(snap(1,
+	s := snap(1,
 		[]*model.Process{proc(100, "fdwork", 57, 80, 23, false)},
 		[]model.Finding{finding(100, "fdwork", true)},
-		map[string]uint64{"fd_events": 3}))
+		map[string]uint64{"fd_events": 3})
+	s.Refused = map[string]uint64{"symbolize": 2, "python": 0}
+	m.Update(s)
 
 	want := `
 # HELP autoglm_open_fds Live file descriptors of the process.
@@ -77,12 +79,16 @@ autoglm_finding{comm="fdwork",kind="fd_leak",pid="100",site="main.leak"} 2
 # HELP autoglm_bpf_events_lost_total Lost BPF events and failed map updates, by source.
 # TYPE autoglm_bpf_events_lost_total counter
 autoglm_bpf_events_lost_total{source="fd_events"} 3
+# HELP autoglm_inputs_refused_total What watched processes presented over a parser's bounds and was not read, by parser: symbolize (a mapped file's symbol table over 64 MiB, a name over 64 KiB, a call-frame program malformed or nested too deep, line tables over their bound), python (a code object's name, file name or line table over its bound). Their frames are left unsymbolized; not losses: any process can make them.
+# TYPE autoglm_inputs_refused_total counter
+autoglm_inputs_refused_total{parser="python"} 0
+autoglm_inputs_refused_total{parser="symbolize"} 2
 # HELP autoglm_build_info Always 1; labelled with the version of autoglm-ebpf, the VCS revision it was built from, and the Go version and architecture it was built with.
 # TYPE autoglm_build_info gauge
 autoglm_build_info{goarch="` + runtime.GOARCH + `",goversion="` + runtime.Version() + `",revision="` + Revision() + `",version="v1.2.3"} 1
 `
 	names := []string{"autoglm_open_fds", "autoglm_fd_limit", "autoglm_fds_opened_total", "autoglm_fds_closed_total",
-		"autoglm_finding", "autoglm_bpf_events_lost_total", "autoglm_build_info"}
+		"autoglm_finding", "autoglm_bpf_events_lost_total", "autoglm_inputs_refused_total", "autoglm_build_info"}
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
 		t.Fatal(err)
 	}

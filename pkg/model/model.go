@@ -120,6 +120,10 @@ type Snapshot struct {
 	Processes []*Process        // watched processes, including those that exited this interval
 	Findings  []Finding         // every finding so far, active or not
 	Lost      map[string]uint64 // lost events and failed map updates, by source (monotonic)
+	// Refused counts what watched processes presented over a parser's
+	// bounds and was not read (their frames left out), by parser;
+	// monotonic. Not losses: any process can make them.
+	Refused map[string]uint64
 	// TrackFailures counts the processes a view could not follow (the
 	// others watched them on), by view and reason; monotonic.
 	TrackFailures map[TrackFailure]uint64

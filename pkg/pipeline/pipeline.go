@@ -760,6 +760,7 @@ func (p *Pipeline) snapshot(now time.Time) *model.Snapshot {
 		} else {
 			maps.Copy(s.Lost, lost)
 		}
+		s.Refused = p.stacks.Refused()
 	}
 	if p.cfg.Source != nil {
 		if lost, err := p.cfg.Source.Lost(); err == nil {

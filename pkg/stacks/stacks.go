@@ -223,6 +223,13 @@ func (s *Service) Lost() (map[string]uint64, error) {
 	return out, nil
 }
 
+// Refused returns what was not read for being over a bound, by parser:
+// "symbolize" (ELF symbol tables, names, CFI programs and line tables of
+// mapped files) and "python" (code objects' strings and line tables).
+func (s *Service) Refused() map[string]uint64 {
+	return map[string]uint64{"symbolize": s.sym.Refused(), "python": s.py.Refused()}
+}
+
 // Canonical returns the id under which a stack is first known
 // (unwind.Server.Canonical).
 func (s *Service) Canonical(id int32) int32 {
