@@ -246,6 +246,36 @@ func TestAttachFailOnLeak(t *testing.T) {
 	}
 }
 
+// --json - writes the report, and nothing else, to standard output, the
+// live view and the summary to standard error: the runbooks stream it back
+// through kubectl exec into a file that `report` then renders.
+func TestAttachReportToStdout(t *testing.T) {
+	testutil.RequireRoot(t)
+	bin := testutil.Fixture(t, "fdwork")
+	target := testutil.Start(t, bin, "leak", "20", "60")
+	pid := target.Process.Pid
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(binary, "attach", "--pid", strconv.Itoa(pid), "--duration", "14s", "--json", "-")
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("%v; stderr:\n%s", err, stderr.String())
+	}
+	js := filepath.Join(t.TempDir(), "report.json")
+	if err := os.WriteFile(js, stdout.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := readReport(t, js)
+	if len(r.Findings) == 0 || r.Findings[0].Kind != "fd_leak" || r.Findings[0].PID != pid {
+		t.Fatalf("report findings: %+v", r.Findings)
+	}
+	if want := fmt.Sprintf("FINDING fd_leak pid=%d", pid); !strings.Contains(stderr.String(), want) {
+		t.Errorf("stderr lacks the summary's %q:\n%s", want, stderr.String())
+	}
+	if out, code := cli(t, nil, "report", js, "--html", filepath.Join(t.TempDir(), "report.html")); code != exitOK {
+		t.Errorf("report of the streamed JSON: exit %d\n%s", code, out)
+	}
+}
+
 // A target that exits while watched ends the run normally with a report.
 func TestRunTargetExits(t *testing.T) {
 	testutil.RequireRoot(t)

@@ -61,6 +61,9 @@ var Probe = sync.OnceValue(func() Kernel {
 	switch err := rlimit.RemoveMemlock(); {
 	case err != nil:
 		k.Memlock = "RLIMIT_MEMLOCK could not be raised: " + err.Error()
+		// Said before the loads fail there: their EPERM names no limit.
+		slog.Warn("RLIMIT_MEMLOCK could not be raised: kernels before 5.11 charge BPF maps to it and refuse maps over it; give the process CAP_SYS_RESOURCE or an unlimited memlock limit",
+			"limit_bytes", before.Cur, "err", err)
 	case unix.Getrlimit(unix.RLIMIT_MEMLOCK, &after) == nil && after.Cur != before.Cur:
 		k.Memlock = "RLIMIT_MEMLOCK (raised to unlimited)"
 	default:

@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -32,6 +33,9 @@ import (
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
 	"sigs.k8s.io/yaml"
+
+	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/report"
 )
 
 var (
@@ -93,6 +97,7 @@ func TestShippedManifestsOnRealCluster(t *testing.T) {
 
 	t.Run("FindingsCarryPodLabels", func(t *testing.T) { c.checkFindings(ctx, t, agent, work, true) })
 	t.Run("FdLeakIsAnEventOnItsPod", func(t *testing.T) { c.checkEvent(ctx, t) })
+	t.Run("RunbookConfirmsFdLeak", func(t *testing.T) { c.checkRunbookConfirm(ctx, t, agent, work) })
 	t.Run("FdLeakAlertReachesAlertmanager", func(t *testing.T) { c.checkAlert(ctx, t) })
 	t.Run("WithoutRBACFallsBackToCgroupLabels", func(t *testing.T) {
 		role := c.mustKubectl(ctx, "get", "clusterrole", "autoglm-ebpf", "-o", "yaml")
@@ -205,6 +210,7 @@ type pod struct {
 		Name, Namespace, UID string
 	}
 	Spec struct {
+		NodeName        string         `json:"nodeName"`
 		SecurityContext map[string]any `json:"securityContext"`
 		Containers      []struct {
 			Name            string
@@ -428,6 +434,73 @@ func (c *cluster) checkEvent(ctx context.Context, t *testing.T) {
 	if _, events, _ := strings.Cut(described, "\nEvents:"); !strings.Contains(events, "FdLeak") {
 		t.Errorf("kubectl describe pod shows no FdLeak event:%s", events)
 	}
+}
+
+// checkRunbookConfirm follows docs/runbooks.md's confirm step for the
+// workload's fd leak as an operator would: the host pid from the
+// finding's series (the alert's pid label), the agent's pod on the node by
+// label and node name, `attach --json -` in it through kubectl exec (its
+// image has no shell, cat or tar), and the report from exec's standard
+// output saved to a file that `autoglm-ebpf report` reads.
+func (c *cluster) checkRunbookConfirm(ctx context.Context, t *testing.T, agent, work pod) {
+	var pid string
+	err := poll(ctx, 3*time.Minute, func() error {
+		fams, err := scrape(agent.Status.PodIP)
+		if err != nil {
+			return err
+		}
+		for _, m := range fams["autoglm_finding"].GetMetric() {
+			if l := labels(m); m.GetGauge().GetValue() > 0 && matches(l, map[string]string{"kind": "fd_leak", "namespace": workNS, "pod": workPod}) {
+				pid = l["pid"]
+				return nil
+			}
+		}
+		return fmt.Errorf("no active fd_leak finding of %s/%s", workNS, workPod)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The runbooks' other way to a container's host pids: the cgroup of
+	// each names the container's id, whatever the driver.
+	for _, s := range work.Status.ContainerStatuses {
+		if s.Name != "fds" {
+			continue
+		}
+		_, id, _ := strings.Cut(s.ContainerID, "://")
+		if cg, err := os.ReadFile("/proc/" + pid + "/cgroup"); err != nil || !strings.Contains(string(cg), id) {
+			t.Errorf("/proc/%s/cgroup does not name container fds (%s): %q, %v", pid, id, cg, err)
+		}
+	}
+	out, err := c.kubectl(ctx, "-n", agentNS, "get", "pod", "-l", "app.kubernetes.io/name=autoglm-ebpf",
+		"--field-selector", "spec.nodeName="+agent.Spec.NodeName, "-o", "name")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if name := strings.TrimSpace(out); name != "pod/"+agent.Metadata.Name {
+		t.Fatalf("the agent's pod on node %s: %q, want pod/%s", agent.Spec.NodeName, name, agent.Metadata.Name)
+	}
+	start := time.Now()
+	out, err = c.kubectl(ctx, "-n", agentNS, "exec", "pod/"+agent.Metadata.Name, "--",
+		"autoglm-ebpf", "attach", "--pid", pid, "--duration", "20s", "--json", "-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("attach --pid %s in %s: %d bytes of report in %v", pid, agent.Metadata.Name, len(out), time.Since(start).Round(time.Second))
+	file := c.path("runbook-" + pid + ".json")
+	if err := os.WriteFile(file, []byte(out), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := report.Read(file)
+	if err != nil {
+		t.Fatalf("the report from kubectl exec's stdout: %v", err)
+	}
+	for _, f := range r.Findings {
+		if f.Kind == "fd_leak" && strconv.Itoa(f.PID) == pid && slices.ContainsFunc(f.Stack, func(fr model.Frame) bool { return fr.Function == "cache_tokenizer" }) {
+			t.Logf("report: %s", f.Summary)
+			return
+		}
+	}
+	t.Errorf("the report has no fd_leak of pid %s at cache_tokenizer: %+v", pid, r.Findings)
 }
 
 // monitoring starts Debian's Prometheus, scraping the agent's pod with the
