@@ -30,6 +30,9 @@ import (
 var binary string
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(procReadEnv); spec != "" {
+		os.Exit(procReadMain(spec))
+	}
 	dir, err := os.MkdirTemp("", "autoglm-cli")
 	if err != nil {
 		panic(err)
