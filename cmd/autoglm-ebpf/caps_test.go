@@ -222,3 +222,16 @@ func TestEachCapabilityNeeded(t *testing.T) {
 	}
 }
 
+// Under a seccomp filter that refuses bpf() and perf_event_open(), as the
+// runtimes' default profiles before containerd 1.6.9 do without
+// CAP_SYS_ADMIN, the agent has its capabilities but loads nothing: it exits
+// naming the filter as a cause, not only the capabilities it has.
+func TestSeccompRefusalNamed(t *testing.T) {
+	testutil.RequireRoot(t)
+	deny := testutil.Fixture(t, "noseccompbpf")
+	out, err := exec.Command(deny, binary, "attach", "--pid", strconv.Itoa(os.Getpid()), "--duration", "1s").CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitRuntime || !strings.Contains(string(out), "seccomp filter refused it") {
+		t.Errorf("attach under a filter refusing bpf(): %v, want exit %d naming the filter:\n%s", err, exitRuntime, out)
+	}
+}
