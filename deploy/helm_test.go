@@ -571,9 +571,9 @@ func TestChartAllValues(t *testing.T) {
 	if tm.Labels["example.com/team"] != "gpu-platform" || !labelsMatch(sel, tm.Labels) || ds.Labels["example.com/team"] != "" {
 		t.Errorf("pod labels %v, DaemonSet labels %v: want podLabels on the pod only", tm.Labels, ds.Labels)
 	}
-	if psc := pod.SecurityContext; psc == nil || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault ||
+	if psc := pod.SecurityContext; psc == nil || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeUnconfined ||
 		psc.AppArmorProfile == nil || psc.AppArmorProfile.Type != corev1.AppArmorProfileTypeRuntimeDefault || psc.RunAsUser == nil || *psc.RunAsUser != 0 {
-		t.Errorf("pod securityContext %+v: want RuntimeDefault seccomp and AppArmor, runAsUser 0 kept", psc)
+		t.Errorf("pod securityContext %+v: want Unconfined seccomp (an older runtime's node), RuntimeDefault AppArmor, runAsUser 0 kept", psc)
 	}
 	if sc := c.SecurityContext; sc == nil || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Add, []corev1.Capability{"BPF", "PERFMON"}) ||
 		!slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {

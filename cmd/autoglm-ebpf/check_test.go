@@ -14,7 +14,7 @@ import (
 // the verdict with why, apart from a probe that merely failed.
 func TestCheckOutputAbsent(t *testing.T) {
 	rs := []features.Result{
-		{Name: "privileges", OK: true, Required: true, Detail: "root"},
+		{Name: "capabilities", OK: true, Required: true, Detail: "CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH effective"},
 		{Name: "kprobe attach (optional fallback)", Detail: "unavailable"},
 		{Name: "NVIDIA GPUs (/dev/nvidia[0-9]*)", Detail: "none on this node"},
 		{Name: features.NVML, Detail: "NVML unavailable: libnvidia-ml.so.1 not found", Absent: model.AbsentNoGPU},

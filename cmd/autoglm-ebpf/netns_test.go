@@ -21,6 +21,23 @@ import (
 // manifest adds back.
 func daemonSetBounding(t *testing.T) string {
 	t.Helper()
+	return boundingSet(daemonSetCaps(t))
+}
+
+// boundingSet is setpriv's --bounding-set for exactly caps (setpriv's
+// names: lower case, no CAP_).
+func boundingSet(caps []string) string {
+	set := "-all"
+	for _, c := range caps {
+		set += ",+" + c
+	}
+	return set
+}
+
+// daemonSetCaps are the capabilities the shipped DaemonSet adds after
+// dropping ALL, in its order, as setpriv names them.
+func daemonSetCaps(t *testing.T) []string {
+	t.Helper()
 	b, err := os.ReadFile(filepath.Join(testutil.RepoRoot(), "deploy", "kubernetes", "base", "daemonset.yaml"))
 	if err != nil {
 		t.Fatal(err)
@@ -33,11 +50,11 @@ func daemonSetBounding(t *testing.T) string {
 	if sc == nil || sc.Capabilities == nil || len(sc.Capabilities.Drop) != 1 || sc.Capabilities.Drop[0] != "ALL" {
 		t.Fatalf("the DaemonSet does not drop ALL capabilities: %+v", sc)
 	}
-	set := "-all"
+	var caps []string
 	for _, c := range sc.Capabilities.Add {
-		set += ",+" + strings.ToLower(string(c))
+		caps = append(caps, strings.ToLower(string(c)))
 	}
-	return set
+	return caps
 }
 
 // A process in a network namespace of its own (a pod's) is watched by every

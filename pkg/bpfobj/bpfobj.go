@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -113,9 +114,35 @@ func (e *LoadError) Error() string {
 		return fmt.Sprintf("loading %s: %+v", e.What, ve)
 	}
 	if errors.Is(e.Err, unix.EPERM) {
-		return fmt.Sprintf("loading %s: %v (needs root or CAP_BPF+CAP_PERFMON)", e.What, e.Err)
+		return fmt.Sprintf("loading %s: %v (%s)", e.What, e.Err, EPERMCause())
 	}
 	return fmt.Sprintf("loading %s: %v", e.What, e.Err)
+}
+
+// EPERMCause says what may refuse this process's bpf() or perf_event_open()
+// with EPERM (epermCause).
+func EPERMCause() string { return epermCause(procStatus()) }
+
+// epermCause says what refuses a load with EPERM, given this process's
+// /proc/self/status: missing capabilities, or a seccomp filter. The
+// runtimes' default profiles before containerd 1.6.9 and containers/common
+// 0.60 (CRI-O, Podman) admit bpf() and perf_event_open() only to a
+// container with CAP_SYS_ADMIN, whatever CAP_BPF and CAP_PERFMON say.
+func epermCause(status string) string {
+	const caps = "needs root or CAP_BPF+CAP_PERFMON"
+	for line := range strings.Lines(status) {
+		if mode, ok := strings.CutPrefix(line, "Seccomp:"); ok && strings.TrimSpace(mode) == "2" {
+			return caps + "; or this process's seccomp filter refused it: container runtimes' default profiles before containerd 1.6.9 and containers/common 0.60 admit bpf() and perf_event_open() only with CAP_SYS_ADMIN, so run it with seccompProfile Unconfined there"
+		}
+	}
+	return caps
+}
+
+// procStatus is /proc/self/status ("" if unreadable: no seccomp filter is
+// named then).
+func procStatus() string {
+	b, _ := os.ReadFile("/proc/self/status")
+	return string(b)
 }
 
 func (e *LoadError) Unwrap() error { return e.Err }

@@ -230,3 +230,22 @@ func TestSharedKernelTypes(t *testing.T) {
 		t.Fatal("a later load reuses what was let go")
 	}
 }
+
+// A load refused with EPERM names the capabilities, and the seccomp filter
+// where the process has one (mode 2).
+func TestEPERMCause(t *testing.T) {
+	const caps = "needs root or CAP_BPF+CAP_PERFMON"
+	for _, c := range []struct {
+		status string
+		filter bool
+	}{
+		{"Name:\tautoglm-ebpf\nSeccomp:\t0\nSeccomp_filters:\t0\n", false},
+		{"Name:\tautoglm-ebpf\nSeccomp:\t2\nSeccomp_filters:\t1\n", true},
+		{"", false},
+	} {
+		got := epermCause(c.status)
+		if !strings.HasPrefix(got, caps) || strings.Contains(got, "seccomp filter") != c.filter {
+			t.Errorf("status %q: %q, want the capabilities, the filter named: %v", c.status, got, c.filter)
+		}
+	}
+}

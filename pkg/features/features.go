@@ -4,7 +4,6 @@
 package features
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -56,11 +55,7 @@ func Check(devs gpunode.Devices) []Result {
 	rs = append(rs, Result{Name: "kernel", OK: true, Detail: unix.ByteSliceToString(uts.Release[:])})
 	rs = append(rs, kernel(bpfobj.Probe())...)
 
-	var privErr error
-	if os.Geteuid() != 0 {
-		privErr = errors.New("not root: loading BPF needs root (or CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN for tracefs)")
-	}
-	add("privileges", true, privErr, "root")
+	rs = append(rs, capsResult())
 
 	_, btfErr := os.Stat("/sys/kernel/btf/vmlinux")
 	add("BTF (/sys/kernel/btf/vmlinux)", true, btfErr, "present")

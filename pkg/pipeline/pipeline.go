@@ -21,6 +21,7 @@ import (
 	gonvml "github.com/NVIDIA/go-nvml/pkg/nvml"
 	"golang.org/x/sys/unix"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/causes"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ctxstorm"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdleak"
@@ -223,6 +224,12 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 	// Made before the views that share them: the processes tracked, and
 	// the stack service the fd view cannot do without.
 	if p.tracked, err = tracked.New(cfg.MaxProcesses); err != nil {
+		// The tool's first bpf() call: EPERM here is this process's lack
+		// (its capabilities, or a seccomp filter), not a map too large;
+		// cilium/ebpf's own hint names RLIMIT_MEMLOCK.
+		if errors.Is(err, unix.EPERM) {
+			err = fmt.Errorf("%w (%s)", err, bpfobj.EPERMCause())
+		}
 		return nil, err
 	}
 	if p.stacks, err = stacks.New(stacks.Config{Proc: proc.WithPollCache(cache), Symbolizer: p.sym, Processes: p.tracked.Entries()}); err != nil {

@@ -313,9 +313,44 @@ func checkSecurityContext(t *testing.T, manifests string, running pod) {
 			!reflect.DeepEqual(want.Containers[0].SecurityContext, running.Spec.Containers[0].SecurityContext) {
 			t.Errorf("container securityContext %v, the manifest's %v", running.Spec.Containers, want.Containers)
 		}
+		checkSeccomp(t, want.SecurityContext, running)
 		return
 	}
 	t.Fatal("no DaemonSet in the manifests")
+}
+
+// checkSeccomp checks that the agent's processes on the host run under the
+// seccomp mode the pod's securityContext asks for: a filter (mode 2 in
+// /proc/PID/status) for RuntimeDefault. The findings checked after show
+// that the filter admits what the agent calls (bpf, perf_event_open).
+func checkSeccomp(t *testing.T, podSC map[string]any, running pod) {
+	prof, _ := podSC["seccompProfile"].(map[string]any)
+	want := map[any]string{"RuntimeDefault": "2", "Localhost": "2", "Unconfined": "0"}[prof["type"]]
+	if want == "" {
+		t.Fatalf("the pod's seccompProfile %v: no expected mode", prof)
+	}
+	if len(running.Status.ContainerStatuses) != 1 {
+		t.Fatalf("agent container statuses %+v", running.Status.ContainerStatuses)
+	}
+	_, id, _ := strings.Cut(running.Status.ContainerStatuses[0].ContainerID, "://")
+	found := 0
+	for _, pid := range clusterProcesses(*runDir) {
+		cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if id == "" || !strings.Contains(string(cg), id) || err != nil {
+			continue
+		}
+		found++
+		for _, l := range strings.Split(string(status), "\n") {
+			if mode, ok := strings.CutPrefix(l, "Seccomp:"); ok && strings.TrimSpace(mode) != want {
+				t.Errorf("agent pid %d: Seccomp mode %s, want %s (seccompProfile %v)", pid, strings.TrimSpace(mode), want, prof)
+			}
+		}
+	}
+	if found == 0 {
+		t.Fatalf("no process of the agent's container %q on the host", id)
+	}
+	t.Logf("the agent's %d processes run in seccomp mode %s (%v)", found, want, prof["type"])
 }
 
 func scrape(podIP string) (map[string]*dto.MetricFamily, error) {
