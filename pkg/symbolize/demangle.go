@@ -2,6 +2,7 @@ package symbolize
 
 import (
 	"strings"
+	"unicode/utf8"
 
 	"github.com/ianlancetaylor/demangle"
 )
@@ -17,8 +18,10 @@ func readable(name string) string {
 	}
 	out, err := demangle.ToString(name, demangle.NoParams, demangle.NoClones)
 	// Some malformed Rust names ("_RC0") demangle to nothing without an
-	// error: a frame must keep a function name.
-	if err != nil || out == "" {
+	// error: a frame must keep a function name. A length that ends inside
+	// a multi-byte character ("_Z6A0000ù") cuts it in two: the name stays
+	// valid UTF-8 (JSON, HTML, labels) as it came.
+	if err != nil || out == "" || (!utf8.ValidString(out) && utf8.ValidString(name)) {
 		return name
 	}
 	return out
