@@ -53,6 +53,10 @@ type CUDAStats struct {
 	// (detect/inputbound): "gpu_bound" (the GPU, busy), "input_bound"
 	// (the CPU side, while the GPU idled), "" (neither, or not known yet).
 	Verdict string
+	// Waits are the host's waits on the GPU (wait.go).
+	Waits CUDAWaits
+	// Launches counts kernel launches; nil unless --launches.
+	Launches *CUDALaunches
 }
 
 // Active reports whether the process shows any CUDA activity; sinks show

@@ -92,6 +92,7 @@ type Process struct {
 	Sched   SchedStats
 	Sock    SockStats
 	CUDA    CUDAStats
+	NCCL    NCCLStats
 }
 
 // Events counts what the kernel saw the process do since watching began:
