@@ -32,7 +32,7 @@ const defaultReceiver = "autoglm-default"
 var (
 	deviceFaults     = []string{"AutoglmGpuXid", "AutoglmGpuEccError"}
 	gpuProcessAlerts = []string{"AutoglmGpuMemoryLeak", "AutoglmGpuAllocBurst", "AutoglmGpuAllocFailure",
-		"AutoglmGpuAllocChurn", "AutoglmGpuInputBound", "AutoglmGpuProcessMemoryExhaustionPredicted",
+		"AutoglmGpuAllocChurn", "AutoglmGpuInputBound", "AutoglmGpuSyncStorm", "AutoglmGpuProcessMemoryExhaustionPredicted",
 		"AutoglmGpuXidApplication"}
 	gpuAlertsNotInhibited = map[string]string{
 		"AutoglmGpuXidUnknown":                "the device's, for an XID that may be its fault: it stays visible beside a device fault",
@@ -211,10 +211,10 @@ func TestAlertmanagerInhibitions(t *testing.T) {
 	// a pod, with the labels its rule gives it.
 	gpuAlert := func(agent map[string]string, alert, severity string) map[string]string {
 		switch alert {
-		case "AutoglmGpuMemoryLeak", "AutoglmGpuAllocBurst", "AutoglmGpuAllocFailure", "AutoglmGpuAllocChurn", "AutoglmGpuInputBound":
+		case "AutoglmGpuMemoryLeak", "AutoglmGpuAllocBurst", "AutoglmGpuAllocFailure", "AutoglmGpuAllocChurn", "AutoglmGpuInputBound", "AutoglmGpuSyncStorm":
 			kind := map[string]string{"AutoglmGpuMemoryLeak": "gpu_memory_leak", "AutoglmGpuAllocBurst": "gpu_alloc_burst",
 				"AutoglmGpuAllocFailure": "gpu_alloc_failure", "AutoglmGpuAllocChurn": "gpu_alloc_churn",
-				"AutoglmGpuInputBound": "gpu_input_bound"}[alert]
+				"AutoglmGpuInputBound": "gpu_input_bound", "AutoglmGpuSyncStorm": "gpu_sync_storm"}[alert]
 			return finding(agent, alert, severity, kind, inPod)
 		case "AutoglmGpuProcessMemoryExhaustionPredicted": // NVML's per-process series, with the device's uuid
 			l := device(agent, alert, severity, "gpu", "1", "uuid", "GPU-bbbb")

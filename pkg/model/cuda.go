@@ -53,10 +53,26 @@ type CUDAStats struct {
 	// (detect/inputbound): "gpu_bound" (the GPU, busy), "input_bound"
 	// (the CPU side, while the GPU idled), "" (neither, or not known yet).
 	Verdict string
+	// VerdictHost is what the host did over the verdict's window: how
+	// long it waited on the GPU. Nil without a verdict, or where the
+	// host's waits are not known (the process's CUDA libraries not
+	// hooked).
+	VerdictHost *VerdictHost
 	// Waits are the host's waits on the GPU (wait.go).
 	Waits CUDAWaits
 	// Launches counts kernel launches; nil unless --launches.
 	Launches *CUDALaunches
+}
+
+// VerdictHost is the host side of a verdict.
+type VerdictHost struct {
+	// WaitShare is the share of the window the thread that waited most on
+	// the GPU spent waiting (CUDAWaits.Share over the window), 0..1.
+	WaitShare float64
+	// Confirmed says, of a gpu_bound verdict, that the host waited on the
+	// GPU most of the window: the GPU was busy with the host's work, not
+	// another's, and the host could not go on without it.
+	Confirmed bool
 }
 
 // Active reports whether the process shows any CUDA activity; sinks show

@@ -227,6 +227,10 @@ func gpuFaultCard(c Card, device int, uuid string, count int, first, last time.T
 
 // GPUInputBoundEvidence is a gpu_input_bound's evidence.
 type GPUInputBoundEvidence struct {
+	// HostWaitShare is the share of the window the host waited on the GPU
+	// (the thread that waited most); absent where the waits are not known,
+	// and in reports from before they were.
+	HostWaitShare     *float64         `json:"host_wait_share,omitempty"`
 	SMUtilizationMean float64          `json:"sm_utilization_mean"`
 	StarvedShare      float64          `json:"starved_share"`
 	Verdict           string           `json:"verdict"`
@@ -257,6 +261,9 @@ func (e GPUInputBoundEvidence) EvidenceKind() string { return KindGPUInputBound 
 func (e GPUInputBoundEvidence) Card(c Card) {
 	c.Text("verdict", "verdict", e.Verdict)
 	c.Share("sm_utilization_mean", "SM utilization", e.SMUtilizationMean)
+	if e.HostWaitShare != nil {
+		c.Share("host_wait_share", "host waiting on the GPU", *e.HostWaitShare)
+	}
 	c.Share("starved_share", "intervals starved", e.StarvedShare)
 	c.Duration("window_seconds", "window", e.WindowSeconds)
 	var waiting []Row
@@ -306,7 +313,9 @@ var nvmlShown = Shown{
 	Charts: []Chart{
 		{ID: ChartGPUUtil, Title: "GPU utilization (NVML, per process)", Unit: UnitRatio, Optional: true, Rank: 20,
 			Lines: []Line{{Series: SeriesGPUSMUtil, Label: "SM (kernels running)", Color: "green"}, {Series: SeriesGPUMemUtil, Label: "memory controller", Color: "purple"}},
-			Marks: []string{KindGPUInputBound}}, // it needs the utilization this chart shows
+			// They are judged on the utilization this chart shows; a sync
+			// storm where it is known, its idle GPU.
+			Marks: []string{KindGPUInputBound, KindGPUSyncStorm}},
 	},
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpualloc"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpuxid"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/sockleak"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/syncstorm"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/fdtrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/features"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/gpunode"
@@ -139,6 +140,8 @@ func (p *Pipeline) registered() []judge {
 		{"sched", ctxstorm.New(p.cfg.CtxStorm)},
 		{"sock", sockleak.New(p.cfg.SockLeak)},
 		{"cuda", gpualloc.New(gpuAlloc)},
+		// It reads NVML's utilization where there is one, joined by then.
+		{"cuda", syncstorm.New(syncstorm.Config{})},
 		{"nvml", gpuxid.New(gpuxid.DefaultConfig())},
 	}
 }

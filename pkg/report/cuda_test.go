@@ -22,6 +22,7 @@ func TestCUDAAndGPUs(t *testing.T) {
 		Libraries: []string{"/usr/lib/libcudart.so.12"},
 		GPUUtil: []model.GPUUtil{{Device: 0, UUID: "GPU-aaaa", SM: 0.75, Memory: 0.5, Source: model.UtilProcess},
 			{Device: 1, MIG: &two, UUID: "MIG-cccc", SM: 0.25, Memory: 0.125, Source: model.UtilDevice}},
+		Verdict: "gpu_bound", VerdictHost: &model.VerdictHost{WaitShare: 0.875, Confirmed: true},
 	}
 	noNVML := proc(200, "loader", 3, false)
 	noNVML.CUDA = model.CUDAStats{Libraries: []string{"/usr/lib/libcuda.so.1"}}
@@ -58,6 +59,7 @@ func TestCUDAAndGPUs(t *testing.T) {
 		"libraries": []any{"/usr/lib/libcudart.so.12"},
 		"gpu_utilization": []any{map[string]any{"device": 0.0, "uuid": "GPU-aaaa", "sm": 0.75, "memory": 0.5, "source": "process"},
 			map[string]any{"device": 1.0, "mig_device": 2.0, "uuid": "MIG-cccc", "sm": 0.25, "memory": 0.125, "source": "device"}},
+		"verdict": "gpu_bound", "verdict_host": map[string]any{"confirmed": true, "wait_share": 0.875},
 	}
 	if !reflect.DeepEqual(cuda, want) {
 		t.Errorf("pid 100 cuda = %v\nwant %v", cuda, want)
@@ -66,8 +68,8 @@ func TestCUDAAndGPUs(t *testing.T) {
 	if err := json.Unmarshal(raw.Processes[1]["cuda"], &cuda); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := cuda["nvml_used_bytes"]; ok || cuda["alloc_bytes"] == nil {
-		t.Errorf("pid 200 cuda = %v, want no NVML figures and {} counts", cuda)
+	if _, ok := cuda["nvml_used_bytes"]; ok || cuda["alloc_bytes"] == nil || cuda["verdict_host"] != nil {
+		t.Errorf("pid 200 cuda = %v, want no NVML figures, {} counts and no verdict", cuda)
 	}
 	if _, ok := raw.Processes[2]["cuda"]; ok {
 		t.Error("cuda present for a process without CUDA activity")

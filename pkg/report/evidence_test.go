@@ -151,7 +151,7 @@ func TestEveryKindHasEvidenceRows(t *testing.T) {
 	all := []model.Evidence{
 		model.FDLeakEvidence{}, model.FDExhaustedEvidence{}, model.SocketLeakEvidence{}, model.CtxSwitchStormEvidence{},
 		model.GPUAllocBurstEvidence{}, model.GPUMemoryLeakEvidence{}, model.GPUAllocFailureEvidence{}, model.GPUAllocChurnEvidence{},
-		model.GPUXIDEvidence{}, model.GPUECCEvidence{}, model.GPUInputBoundEvidence{},
+		model.GPUXIDEvidence{}, model.GPUECCEvidence{}, model.GPUInputBoundEvidence{}, model.GPUSyncStormEvidence{},
 	}
 	clock := func(t time.Time) string { return t.Format(time.TimeOnly) }
 	var kinds []string
@@ -212,6 +212,13 @@ func TestEvidenceRowsOtherKinds(t *testing.T) {
 		{model.GPUInputBoundEvidence{SMUtilizationMean: 0.125, StarvedShare: 0.6, Waiting: []model.WaitingProcess{{PID: 9, Comm: "loader", Role: "child", RunqP99Seconds: 0.02, AllowedCPUs: 2,
 			Threads: []model.WaitingThread{{Name: "worker", TID: 10, Preempted: 12}}}}},
 			[]string{"SM utilization: 12.5 %", "intervals starved: 60 %", "[9|loader|child|20.00 ms|2] worker (tid 10) preempted 12 times"}},
+		{model.GPUInputBoundEvidence{SMUtilizationMean: 0.1, HostWaitShare: new(0.04)},
+			[]string{"host waiting on the GPU: 4 %"}},
+		{model.GPUSyncStormEvidence{CallsPerSecond: 1000, ShortShare: 1, ShortWaitSeconds: 0.001, HostWaitShare: 0.05,
+			TopSites: []model.SyncSite{{API: "cudaStreamSynchronize", CallsPerSecond: 990, CallShare: 0.99, WaitShare: 0.9, Stack: frames("train_step")}}},
+			[]string{"synchronisations: 1000 calls/s", "SM utilization: not known (no NVML)", "host thread waiting: 5 %",
+				"[cudaStreamSynchronize|990 calls/s|99 %|90 %] train_step (trainer.c:10)"}},
+		{model.GPUSyncStormEvidence{SMUtilizationMean: new(0.25)}, []string{"SM utilization: 25 %"}},
 		{model.GPUAllocChurnEvidence{BytesPerSecond: 3 << 30, PairsPerSecond: 2500.4, SynchronizingFrees: map[string]uint64{"cudaFree": 9}},
 			[]string{"allocated: 3.0 GiB/s", "alloc/free pairs: 2500 pairs/s", "synchronizing frees: cudaFree 9"}},
 	} {

@@ -76,6 +76,15 @@ type CUDA struct {
 	// What held the GPU back over the last window: gpu_bound,
 	// input_bound; absent when neither or not known.
 	Verdict string `json:"verdict,omitempty"`
+	// What the host did over the verdict's window; absent without a
+	// verdict or where the host's waits on the GPU are not known.
+	VerdictHost *VerdictHost `json:"verdict_host,omitempty"`
+}
+
+// VerdictHost is model.VerdictHost in the report.
+type VerdictHost struct {
+	Confirmed bool    `json:"confirmed"`
+	WaitShare float64 `json:"wait_share"`
 }
 
 // GPUUtil is model.GPUUtil in the report.
@@ -305,6 +314,9 @@ func cudaOf(c *model.CUDAStats) *CUDA {
 		out.GPUUtilization = append(out.GPUUtilization, GPUUtil(u))
 	}
 	out.Verdict = c.Verdict
+	if h := c.VerdictHost; h != nil {
+		out.VerdictHost = &VerdictHost{Confirmed: h.Confirmed, WaitShare: h.WaitShare}
+	}
 	return out
 }
 

@@ -9,7 +9,11 @@
 // It joins what the tool already measures: per-process SM utilization from
 // NVML (model.CUDAStats.GPUUtil) and, for the process and its children
 // (model.Process.PPID: watch them with --children), the run-queue latency
-// of each interval from the scheduler view.
+// of each interval from the scheduler view. The host side of the verdict
+// is its waits on the GPU (model.CUDAWaits.Share): a busy GPU is
+// confirmed as the bottleneck when the host waited on it most of the
+// window (model.CUDAStats.VerdictHost); a busy GPU whose host did not wait
+// is still gpu_bound, the host's work then overlapping the GPU's.
 package inputbound
 
 import (
@@ -20,6 +24,7 @@ import (
 	"time"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/episode"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/series"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
@@ -43,11 +48,14 @@ type Config struct {
 	// StarvedShare is the share of the window's intervals in which some
 	// process the GPU depends on waited so.
 	StarvedShare float64
+	// HostWaitShare is the share of the window the host's thread that
+	// waited most must have waited on the GPU to confirm gpu_bound.
+	HostWaitShare float64
 }
 
 // DefaultConfig returns the thresholds used when none are given.
 func DefaultConfig() Config {
-	return Config{Window: 30 * time.Second, BusySM: 0.8, IdleSM: 0.3, StarvedWait: 5 * time.Millisecond, MinWaits: 20, StarvedShare: 0.7}
+	return Config{Window: 30 * time.Second, BusySM: 0.8, IdleSM: 0.3, StarvedWait: 5 * time.Millisecond, MinWaits: 20, StarvedShare: 0.7, HostWaitShare: 0.5}
 }
 
 // Detector keeps a window per GPU process. Not safe for concurrent use.
@@ -70,6 +78,10 @@ type sample struct {
 	t       time.Time
 	sm      float64
 	waiting []waiter // processes that waited for a CPU in it
+	// The host's waits on the GPU in it (CUDAWaits.Share), known where
+	// the process's CUDA libraries are hooked.
+	hostWait  float64
+	hostKnown bool
 }
 
 type waiter struct {
@@ -100,6 +112,7 @@ func New(cfg Config) *Detector {
 	cfg.StarvedWait = cmp.Or(cfg.StarvedWait, def.StarvedWait)
 	cfg.MinWaits = cmp.Or(cfg.MinWaits, def.MinWaits)
 	cfg.StarvedShare = cmp.Or(cfg.StarvedShare, def.StarvedShare)
+	cfg.HostWaitShare = cmp.Or(cfg.HostWaitShare, def.HostWaitShare)
 	return &Detector{cfg: cfg, gpu: map[int]*state{}, runq: map[int]model.Histogram{}, preempted: map[int]map[int]uint64{}}
 }
 
@@ -149,7 +162,7 @@ func (d *Detector) Observe(now time.Time, procs []*model.Process) []model.Findin
 			st = &state{}
 			d.gpu[p.PID] = st
 		}
-		s := sample{t: now}
+		s := sample{t: now, hostWait: p.CUDA.Waits.Share, hostKnown: len(p.CUDA.Libraries) > 0}
 		for _, u := range p.CUDA.GPUUtil {
 			s.sm += u.SM
 		}
@@ -165,6 +178,10 @@ func (d *Detector) Observe(now time.Time, procs []*model.Process) []model.Findin
 			st.samples = st.samples[1:]
 		}
 		p.CUDA.Verdict = d.verdict(st, now)
+		p.CUDA.VerdictHost = nil
+		if share, ok := hostWait(st.samples); ok && p.CUDA.Verdict != "" {
+			p.CUDA.VerdictHost = &model.VerdictHost{WaitShare: share, Confirmed: p.CUDA.Verdict == GPUBound && share >= d.cfg.HostWaitShare}
+		}
 		out = append(out, d.observe(now, p, st, p.CUDA.Verdict == InputBound)...)
 	}
 	// The pipeline ends the findings of a process that exits.
@@ -228,6 +245,25 @@ func (d *Detector) verdict(st *state, now time.Time) string {
 	return ""
 }
 
+// hostWait is the share of the window the host waited on the GPU: each
+// interval's CUDAWaits.Share weighted by its length; false when it is not
+// known for all of the window.
+func hostWait(samples []sample) (float64, bool) {
+	var waited, span float64
+	for i, s := range samples[1:] {
+		if !s.hostKnown {
+			return 0, false
+		}
+		dt := s.t.Sub(samples[i].t).Seconds()
+		waited += s.hostWait * dt
+		span += dt
+	}
+	if span <= 0 {
+		return 0, false
+	}
+	return series.Round(waited/span, 3), true
+}
+
 func (d *Detector) finding(p *model.Process, st *state, now time.Time) model.Finding {
 	var sm float64
 	worst := map[int]waiter{} // each process's longest wait in the window
@@ -276,6 +312,10 @@ func (d *Detector) finding(p *model.Process, st *state, now time.Time) model.Fin
 		names = append(names, fmt.Sprintf("%d more", len(ws)-4))
 	}
 	span := now.Sub(st.samples[0].t)
+	var host *float64
+	if share, ok := hostWait(st.samples); ok {
+		host = &share
+	}
 	f := model.Finding{
 		Kind: model.KindGPUInputBound, PID: p.PID, Comm: p.Comm, Severity: model.SeverityWarning,
 		FirstSeen: st.since, LastSeen: now, Active: true,
@@ -283,7 +323,7 @@ func (d *Detector) finding(p *model.Process, st *state, now time.Time) model.Fin
 			100*(1-sm), span.Round(time.Second), strings.Join(names, ", ")),
 		Evidence: model.GPUInputBoundEvidence{
 			SMUtilizationMean: sm, WindowSeconds: span.Seconds(), StarvedShare: float64(starved) / float64(len(st.samples)),
-			Waiting: ev, Verdict: InputBound,
+			Waiting: ev, Verdict: InputBound, HostWaitShare: host,
 		},
 	}
 	return f

@@ -115,3 +115,47 @@ func TestInputBoundNamesThreads(t *testing.T) {
 		t.Fatalf("findings %+v", fs)
 	}
 }
+
+// The host side: a busy GPU whose host waited on it most of the window is
+// gpu_bound, confirmed; one whose host did not wait stays gpu_bound, not
+// confirmed; and an input-bound finding says how little the host waited.
+func TestHostSide(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		sm, wait  float64
+		verdict   string
+		confirmed bool
+	}{
+		{"host blocked on a busy GPU", 0.95, 0.9, GPUBound, true},
+		{"busy GPU, host not waiting", 0.95, 0.1, GPUBound, false},
+		{"idle GPU, starved CPU side", 0.05, 0.02, InputBound, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := New(Config{})
+			gpu := newProc(100, 1, "train")
+			gpu.p.CUDA.Libraries = []string{"/usr/lib/libcudart.so.12"}
+			gpu.p.CUDA.Waits.Share = c.wait
+			fs := run(d, 0, 35, gpu, c.sm, 0.05, newProc(101, 100, "worker"))
+			h := gpu.p.CUDA.VerdictHost
+			if gpu.p.CUDA.Verdict != c.verdict || h == nil || h.WaitShare != c.wait || h.Confirmed != c.confirmed {
+				t.Fatalf("verdict %q, host %+v", gpu.p.CUDA.Verdict, h)
+			}
+			if c.verdict == InputBound {
+				if len(fs) != 1 {
+					t.Fatalf("findings %+v", fs)
+				}
+				if ev := fs[0].Evidence.(model.GPUInputBoundEvidence); ev.HostWaitShare == nil || *ev.HostWaitShare != c.wait {
+					t.Errorf("evidence %+v", ev)
+				}
+			}
+		})
+	}
+	// Where the CUDA libraries are not hooked, what the host did is not
+	// known: the verdict alone, as before.
+	d := New(Config{})
+	gpu := newProc(200, 1, "train")
+	fs := run(d, 0, 35, gpu, 0.05, 0.05, newProc(201, 200, "worker"))
+	if gpu.p.CUDA.Verdict != InputBound || gpu.p.CUDA.VerdictHost != nil || len(fs) != 1 || fs[0].Evidence.(model.GPUInputBoundEvidence).HostWaitShare != nil {
+		t.Errorf("verdict %q, host %+v, findings %+v", gpu.p.CUDA.Verdict, gpu.p.CUDA.VerdictHost, fs)
+	}
+}
