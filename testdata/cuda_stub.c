@@ -6,16 +6,26 @@
  * CUDA_STUB_LIMIT (bytes, read at load): a larger request fails with
  * CUDA_ERROR_OUT_OF_MEMORY, as a full GPU would.
  * CUDA_STUB_STOP (set, read at load): the first allocation stops the
- * process (SIGSTOP) inside the call, for a debugger's view of the stack. */
+ * process (SIGSTOP) inside the call, for a debugger's view of the stack.
+ * CUDA_STUB_SYNC_US (microseconds, read at load, default 5): how long each
+ * synchronising call (cuCtxSynchronize, cuStreamSynchronize,
+ * cuEventSynchronize, the synchronous cuMemcpy*) waits, as for a GPU still
+ * busy: at least that long (clock_nanosleep to a deadline), so tests can
+ * bound the waits they see from below. Launches return at once. */
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
 
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 typedef unsigned long long CUmemGenericAllocationHandle;
 typedef void *CUstream;
 typedef void *CUmemoryPool;
+typedef void *CUevent;
+typedef void *CUfunction;
+typedef void *CUgraphExec;
 
 enum {
 	CUDA_SUCCESS = 0,
@@ -25,6 +35,7 @@ enum {
 
 static size_t limit = SIZE_MAX;
 static int stop;
+static long long sync_ns = 5000;
 
 __attribute__((constructor)) static void init(void)
 {
@@ -32,6 +43,22 @@ __attribute__((constructor)) static void init(void)
 	if (s && *s)
 		limit = strtoull(s, NULL, 10);
 	stop = getenv("CUDA_STUB_STOP") != NULL;
+	s = getenv("CUDA_STUB_SYNC_US");
+	if (s && *s)
+		sync_ns = strtoll(s, NULL, 10) * 1000;
+}
+
+/* The GPU "finishes" sync_ns after the call began: sleeping to an absolute
+ * deadline never returns early, even when a signal interrupts the sleep. */
+static void gpu_wait(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	long long ns = t.tv_nsec + sync_ns;
+	t.tv_sec += ns / 1000000000LL;
+	t.tv_nsec = ns % 1000000000LL;
+	while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &t, NULL) != 0)
+		;
 }
 
 static CUresult alloc(void **out, size_t size)
@@ -148,4 +175,78 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 	(void)ptr;
 	(void)size;
 	return CUDA_SUCCESS;
+}
+
+/* Synchronisation: the host waits until the device is done. */
+CUresult cuCtxSynchronize(void)
+{
+	gpu_wait();
+	return CUDA_SUCCESS;
+}
+
+CUresult cuStreamSynchronize(CUstream hStream)
+{
+	(void)hStream;
+	gpu_wait();
+	return CUDA_SUCCESS;
+}
+
+CUresult cuEventSynchronize(CUevent hEvent)
+{
+	(void)hEvent;
+	gpu_wait();
+	return CUDA_SUCCESS;
+}
+
+/* Synchronous copies: "device" memory is host memory here, so the copy is a
+ * memcpy, after which the host waits as for the device. */
+CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
+{
+	if (ByteCount && (!dstHost || !srcDevice))
+		return CUDA_ERROR_INVALID_VALUE;
+	memcpy(dstHost, (const void *)srcDevice, ByteCount);
+	gpu_wait();
+	return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount)
+{
+	if (ByteCount && (!dstDevice || !srcHost))
+		return CUDA_ERROR_INVALID_VALUE;
+	memcpy((void *)dstDevice, srcHost, ByteCount);
+	gpu_wait();
+	return CUDA_SUCCESS;
+}
+
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount)
+{
+	if (ByteCount && (!dstDevice || !srcDevice))
+		return CUDA_ERROR_INVALID_VALUE;
+	memmove((void *)dstDevice, (const void *)srcDevice, ByteCount);
+	gpu_wait();
+	return CUDA_SUCCESS;
+}
+
+/* Launches are queued on a stream and return at once. */
+CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+			unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+			unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra)
+{
+	(void)gridDimX;
+	(void)gridDimY;
+	(void)gridDimZ;
+	(void)blockDimX;
+	(void)blockDimY;
+	(void)blockDimZ;
+	(void)sharedMemBytes;
+	(void)hStream;
+	(void)kernelParams;
+	(void)extra;
+	return f ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
+{
+	(void)hStream;
+	return hGraphExec ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }

@@ -1,7 +1,7 @@
 /* Stand-in for the CUDA runtime (soname libcudart.so.11.0, symbols under the
- * real version node, see cudart_stub.map): every allocation entry point calls
- * the driver stand-in (libcuda.so.1) on the same thread, as the real runtime
- * does, and maps its errors to runtime errors. */
+ * real version node, see cudart_stub.map): every allocation, synchronising
+ * and launch entry point calls the driver stand-in (libcuda.so.1) on the same
+ * thread, as the real runtime does, and maps its errors to runtime errors. */
 #include <stddef.h>
 
 typedef int cudaError_t;
@@ -9,6 +9,21 @@ typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 typedef void *cudaStream_t;
 typedef void *cudaMemPool_t;
+typedef void *cudaEvent_t;
+typedef void *cudaGraphExec_t;
+
+/* As in driver_types.h / vector_types.h. */
+enum cudaMemcpyKind {
+	cudaMemcpyHostToHost = 0,
+	cudaMemcpyHostToDevice = 1,
+	cudaMemcpyDeviceToHost = 2,
+	cudaMemcpyDeviceToDevice = 3,
+	cudaMemcpyDefault = 4,
+};
+
+typedef struct dim3 {
+	unsigned int x, y, z;
+} dim3;
 
 enum {
 	cudaSuccess = 0,
@@ -26,6 +41,16 @@ CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags);
 CUresult cuMemFree_v2(CUdeviceptr dptr);
 CUresult cuMemFreeAsync(CUdeviceptr dptr, void *stream);
 CUresult cuMemFreeHost(void *p);
+CUresult cuCtxSynchronize(void);
+CUresult cuStreamSynchronize(void *hStream);
+CUresult cuEventSynchronize(void *hEvent);
+CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount);
+CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount);
+CUresult cuMemcpyDtoD_v2(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount);
+CUresult cuLaunchKernel(void *f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
+			unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
+			unsigned int sharedMemBytes, void *hStream, void **kernelParams, void **extra);
+CUresult cuGraphLaunch(void *hGraphExec, void *hStream);
 
 static cudaError_t err(CUresult rc)
 {
@@ -87,4 +112,49 @@ cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t stream)
 cudaError_t cudaFreeHost(void *ptr)
 {
 	return err(cuMemFreeHost(ptr));
+}
+
+cudaError_t cudaDeviceSynchronize(void)
+{
+	return err(cuCtxSynchronize());
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream)
+{
+	return err(cuStreamSynchronize(stream));
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event)
+{
+	return err(cuEventSynchronize(event));
+}
+
+/* Synchronous copy: the driver's copy for the direction. Host and "device"
+ * memory are both host memory here, so host-to-host and unified (Default)
+ * copies take the device-to-device path. */
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind)
+{
+	switch (kind) {
+	case cudaMemcpyHostToDevice:
+		return err(cuMemcpyHtoD_v2((CUdeviceptr)dst, src, count));
+	case cudaMemcpyDeviceToHost:
+		return err(cuMemcpyDtoH_v2(dst, (CUdeviceptr)src, count));
+	case cudaMemcpyHostToHost:
+	case cudaMemcpyDeviceToDevice:
+	case cudaMemcpyDefault:
+		return err(cuMemcpyDtoD_v2((CUdeviceptr)dst, (CUdeviceptr)src, count));
+	}
+	return cudaErrorInvalidValue;
+}
+
+cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args, size_t sharedMem,
+			     cudaStream_t stream)
+{
+	return err(cuLaunchKernel((void *)func, gridDim.x, gridDim.y, gridDim.z, blockDim.x, blockDim.y,
+				  blockDim.z, (unsigned int)sharedMem, stream, args, NULL));
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream)
+{
+	return err(cuGraphLaunch(graphExec, stream));
 }
