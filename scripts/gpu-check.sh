@@ -12,7 +12,12 @@
 # real PyTorch loop (testdata/python/torchleak.py) leaks device memory
 # from one line through the caching allocator: the run must report a
 # gpu_memory_leak whose stack names that line, and the HTML report is
-# written next to the JSON one (OUT).
+# written next to the JSON one (OUT). And a real PyTorch training loop
+# (testdata/python/torchsync.py) runs twice, with a .item() per step and
+# with the loss kept on the device: the first must make a gpu_sync_storm
+# naming the .item() line, the second none; each run's findings and
+# verdicts (cuda.verdict, cuda.verdict_host) are printed next to the SM
+# utilization `nvidia-smi pmon` saw for its pid.
 #
 # A GPU box without Go or gcc (the device machine) runs the binary and
 # fixture built beforehand: bin/autoglm-ebpf and testdata/bin/gpuhold.
@@ -119,4 +124,52 @@ ok = bool(named)
 print(f"gpu-check (PyTorch): gpu_memory_leak naming cache_activations (torchleak.py:{line}):", "PASS" if ok else "FAIL")
 sys.exit(0 if ok else 1)
 PY
-[ "$held" = 0 ] && [ "$torch" = 0 ]
+
+# The host's waits on the GPU: the same loop with a .item() per step and
+# without, 40 s each (the verdict's window is 30 s).
+sync=0
+for mode in item device; do
+	pmon=
+	if command -v nvidia-smi >/dev/null; then
+		nvidia-smi pmon -s u -d 1 -c 42 >"$out/sync-$mode.pmon" 2>&1 &
+		pmon=$!
+	fi
+	./bin/autoglm-ebpf run --json "$out/sync-$mode.json" -- \
+		"$py" testdata/python/torchsync.py "$mode" 40 >"$out/sync-$mode.log" 2>&1 || true
+	[ -z "$pmon" ] || wait "$pmon" || true
+	tail -3 "$out/sync-$mode.log"
+	"$py" - "$out/sync-$mode.json" "$out/sync-$mode.pmon" testdata/python/torchsync.py "$mode" <<'PY' || sync=1
+import json, os, sys
+r = json.load(open(sys.argv[1]))
+pmon_log, script, mode = sys.argv[2:5]
+line = next(i for i, l in enumerate(open(script), 1) if "# sync: item" in l)
+print(f"--- torchsync.py {mode}")
+for p in r["processes"]:
+    c = p.get("cuda") or {}
+    print(f"pid {p['pid']} ({p['comm']}): verdict {c.get('verdict') or '(none)'}, host side {c.get('verdict_host')}, "
+          f"our utilization (last interval) {c.get('gpu_utilization')}")
+pids = {str(p["pid"]) for p in r["processes"]}
+sm = []
+if os.path.exists(pmon_log):
+    for l in open(pmon_log):
+        f = l.split()
+        if len(f) > 4 and f[1] in pids and f[3].isdigit():
+            sm.append(int(f[3]))
+if sm:
+    print(f"nvidia-smi pmon, SM utilization: mean {sum(sm)/len(sm):.0f} %, max {max(sm)} % ({len(sm)} samples)")
+else:
+    print("nvidia-smi pmon: no samples for", sorted(pids))
+for f in r["findings"]:
+    print(f"{f['kind']} ({f['severity']}): {f['summary']}")
+storms = [f for f in r["findings"] if f["kind"] == "gpu_sync_storm"]
+if mode == "item":
+    ok = any(fr.get("kind") == "python" and fr.get("function") == "train" and fr.get("line") == line
+             for f in storms for fr in f.get("stack") or [])
+    want = f"a gpu_sync_storm naming train (torchsync.py:{line})"
+else:
+    ok, want = not storms, "no gpu_sync_storm"
+print(f"gpu-check (PyTorch, {mode}): {want}:", "PASS" if ok else "FAIL")
+sys.exit(0 if ok else 1)
+PY
+done
+[ "$held" = 0 ] && [ "$torch" = 0 ] && [ "$sync" = 0 ]
