@@ -58,7 +58,16 @@ type Detector struct {
 
 type procState struct {
 	samples []sample // oldest first, the first at or before the window's start
-	storm   episode.Episode
+	// The stack of each site, once seen: the CUDA view symbolizes those
+	// of the sites that waited most, so a site's may come and go.
+	stacks map[siteID][]model.Frame
+	storm  episode.Episode
+}
+
+// siteID is a call site of one API, as the kernel counts it.
+type siteID struct {
+	api   string
+	stack int64
 }
 
 // sample is one poll of a process's waits.
@@ -70,12 +79,10 @@ type sample struct {
 	share   float64 // CUDAWaits.Share: of the interval ending here
 	sm      float64
 	hasSM   bool
-	sites   map[string]siteCount // by siteKey
+	sites   map[siteID]siteCount
 }
 
 type siteCount struct {
-	api     string
-	stack   []model.Frame
 	calls   uint64
 	seconds float64
 }
@@ -95,6 +102,7 @@ type siteDelta struct {
 	key     string
 	api     string
 	stack   []model.Frame
+	most    uint64 // the calls of the stack kept
 	calls   uint64
 	seconds float64
 }
@@ -118,7 +126,7 @@ func (d *Detector) Observe(now time.Time, p *model.Process) []model.Finding {
 		if w.Calls == 0 {
 			return nil // never synchronised: nothing to keep
 		}
-		return &procState{}
+		return &procState{stacks: map[siteID][]model.Frame{}}
 	}
 	return d.procs.With(p.PID, create, func(st *procState) []model.Finding { return d.observe(now, p, st) })
 }
@@ -128,7 +136,7 @@ func (d *Detector) Forget(pid int) { d.procs.Forget(pid) }
 
 func (d *Detector) observe(now time.Time, p *model.Process, st *procState) []model.Finding {
 	w := &p.CUDA.Waits
-	cur := sample{t: now, calls: w.Calls, seconds: w.Seconds, hist: w.Histogram, share: w.Share, sites: map[string]siteCount{}}
+	cur := sample{t: now, calls: w.Calls, seconds: w.Seconds, hist: w.Histogram, share: w.Share, sites: make(map[siteID]siteCount, len(w.Sites))}
 	for _, u := range p.CUDA.GPUUtil {
 		cur.sm += u.SM
 	}
@@ -136,17 +144,13 @@ func (d *Detector) observe(now time.Time, p *model.Process, st *procState) []mod
 		cur.sm, cur.hasSM = cur.sm/float64(n), true
 	}
 	for _, s := range w.Sites {
-		k := siteKey(s)
-		c := cur.sites[k]
-		// One line may come under several stacks (callers further out):
-		// one entry, with the stack of the first (the most waited).
-		if c.api == "" {
-			c.api, c.stack = s.API, s.Stack
+		id := siteID{s.API, s.StackID}
+		cur.sites[id] = siteCount{s.Calls, s.Seconds}
+		if len(s.Stack) > 0 {
+			st.stacks[id] = s.Stack
 		}
-		c.calls += s.Calls
-		c.seconds += s.Seconds
-		cur.sites[k] = c
 	}
+	maps.DeleteFunc(st.stacks, func(id siteID, _ []model.Frame) bool { _, ok := cur.sites[id]; return !ok })
 	if n := len(st.samples); n > 0 {
 		last := st.samples[n-1]
 		// A clock step or totals that went back (they are monotonic)
@@ -160,7 +164,7 @@ func (d *Detector) observe(now time.Time, p *model.Process, st *procState) []mod
 	for len(st.samples) > 2 && now.Sub(st.samples[1].t) >= d.cfg.Window {
 		st.samples = st.samples[1:]
 	}
-	iv, ok := d.window(st.samples)
+	iv, ok := d.window(st.samples, st.stacks)
 	storm := ok && iv.shortRate >= d.cfg.Rate && (iv.sm == nil || *iv.sm < d.cfg.BusySM)
 	return st.storm.Observe(now, model.KindGPUSyncStorm, p.PID, episode.Rule{}, episode.Verdict{Raise: storm},
 		func(f model.Finding, active bool) model.Finding { return d.fill(f, now, p, iv, active) })
@@ -168,16 +172,20 @@ func (d *Detector) observe(now time.Time, p *model.Process, st *procState) []mod
 
 // siteKey names a site as a reader would: its API and the line that
 // called it.
-func siteKey(s model.CUDAWaitSite) string {
-	site := stack.CallSite(s.Stack)
-	if site == "" {
-		site = "stack #" + strconv.FormatInt(s.StackID, 10)
+func siteKey(id siteID, frames []model.Frame) string {
+	site := stack.CallSite(frames)
+	switch {
+	case site != "":
+	case id.stack < 0:
+		site = "an unknown stack"
+	default:
+		site = "stack #" + strconv.FormatInt(id.stack, 10)
 	}
-	return s.API + " at " + site
+	return id.api + " at " + site
 }
 
 // window sums the samples' deltas; false until they cover most of Window.
-func (d *Detector) window(samples []sample) (window, bool) {
+func (d *Detector) window(samples []sample, stacks map[siteID][]model.Frame) (window, bool) {
 	first, last := samples[0], samples[len(samples)-1]
 	var iv window
 	iv.span = last.t.Sub(first.t).Seconds()
@@ -212,14 +220,30 @@ func (d *Detector) window(samples []sample) (window, bool) {
 	if iv.calls > 0 {
 		iv.share = float64(iv.short) / float64(iv.calls)
 	}
-	for _, k := range slices.Sorted(maps.Keys(last.sites)) {
-		s, was := last.sites[k], first.sites[k]
+	// One line may come under several stacks (callers further out): one
+	// entry, with the stack of the one that called most.
+	byKey := map[string]int{}
+	for id, s := range last.sites {
+		was := first.sites[id]
 		if s.calls <= was.calls {
 			continue
 		}
-		iv.sites = append(iv.sites, siteDelta{key: k, api: s.api, stack: s.stack, calls: s.calls - was.calls, seconds: max(s.seconds-was.seconds, 0)})
+		dc, ds := s.calls-was.calls, max(s.seconds-was.seconds, 0)
+		key := siteKey(id, stacks[id])
+		i, ok := byKey[key]
+		if !ok {
+			i = len(iv.sites)
+			byKey[key] = i
+			iv.sites = append(iv.sites, siteDelta{key: key, api: id.api})
+		}
+		sd := &iv.sites[i]
+		if dc > sd.most {
+			sd.stack, sd.most = stacks[id], dc
+		}
+		sd.calls += dc
+		sd.seconds += ds
 	}
-	slices.SortStableFunc(iv.sites, func(a, b siteDelta) int { return cmp.Compare(b.calls, a.calls) })
+	slices.SortFunc(iv.sites, func(a, b siteDelta) int { return cmp.Or(cmp.Compare(b.calls, a.calls), cmp.Compare(a.key, b.key)) })
 	return iv, true
 }
 

@@ -2,6 +2,7 @@ package syncstorm
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -204,5 +205,35 @@ func TestNothingKept(t *testing.T) {
 	tr2 := newTrainer() // the same pid, totals from zero
 	if fs := run(d, tr2, 5, 8, 1000, 5e-5, -1); len(fs) != 0 {
 		t.Errorf("findings within a window of the restart: %+v", fs)
+	}
+}
+
+// One line under two stacks (callers further out) is one site; a site's
+// stack, symbolized only while it is among the most waited, is kept once
+// seen.
+func TestSitesOfOneLine(t *testing.T) {
+	d := New(Config{})
+	tr := newTrainer()
+	other := slices.Clone(itemLine)
+	other[3].Line = 95 // train_step called from elsewhere in main
+	w := &tr.p.CUDA.Waits
+	w.Sites[1] = model.CUDAWaitSite{API: "cudaStreamSynchronize", StackID: 8, Stack: other,
+		Histogram: model.Histogram{Bounds: bounds, Counts: make([]uint64, len(bounds))}}
+	var fs []model.Finding
+	for i := range 12 {
+		tr.wait(0, 500, 5e-5)
+		tr.wait(1, 500, 5e-5)
+		if i == 1 {
+			w.Sites[1].Stack = nil // no longer symbolized
+		}
+		fs = append(fs, d.Observe(t0.Add(time.Duration(i)*time.Second), tr.p)...)
+	}
+	if len(fs) == 0 {
+		t.Fatal("no finding")
+	}
+	ev := fs[len(fs)-1].Evidence.(model.GPUSyncStormEvidence)
+	if len(ev.TopSites) != 1 || ev.TopSites[0].CallShare != 1 || ev.TopSites[0].CallsPerSecond != 1000 ||
+		!strings.Contains(fs[len(fs)-1].Summary, "100 % of them cudaStreamSynchronize at train_step (train.py:42)") {
+		t.Errorf("%s: %+v", fs[len(fs)-1].Summary, ev.TopSites)
 	}
 }
