@@ -305,7 +305,10 @@ var nvmlShown = Shown{
 	},
 	Charts: []Chart{
 		{ID: ChartGPUUtil, Title: "GPU utilization (NVML, per process)", Unit: UnitRatio, Optional: true, Rank: 20,
-			Lines: []Line{{Series: SeriesGPUSMUtil, Label: "SM (kernels running)", Color: "green"}, {Series: SeriesGPUMemUtil, Label: "memory controller", Color: "purple"}},
+			Lines: []Line{{Series: SeriesGPUSMUtil, Label: "SM (kernels running)", Color: "green"}, {Series: SeriesGPUMemUtil, Label: "memory controller", Color: "purple"},
+				// The host side beside it (pkg/model/cuda.go): a GPU-bound
+				// loop waits on the GPU most of the time.
+				{Series: SeriesCUDAWaitShare, Label: "host waiting on the GPU (busiest thread)", Color: "orange"}},
 			Marks: []string{KindGPUInputBound}}, // it needs the utilization this chart shows
 	},
 }
