@@ -57,6 +57,22 @@ enum cuda_api {
 	API_CU_MEM_RELEASE,
 	API_CU_MEM_MAP,
 	API_CU_MEM_UNMAP,
+	/* Synchronising calls (SHAPE_SYNC): runtime, then driver. */
+	API_CUDA_DEVICE_SYNCHRONIZE = 24,
+	API_CUDA_STREAM_SYNCHRONIZE,
+	API_CUDA_EVENT_SYNCHRONIZE,
+	API_CUDA_MEMCPY,
+	API_CU_CTX_SYNCHRONIZE = 28,
+	API_CU_STREAM_SYNCHRONIZE,
+	API_CU_EVENT_SYNCHRONIZE,
+	API_CU_MEMCPY_DTOH,
+	API_CU_MEMCPY_HTOD,
+	API_CU_MEMCPY_DTOD,
+	/* Launches (SHAPE_LAUNCH), hooked only when asked for: runtime, then
+	 * driver. */
+	API_CUDA_LAUNCH_KERNEL = 34,
+	API_CUDA_GRAPH_LAUNCH,
+	API_CU_LAUNCH_KERNEL = 36,
 	API_MAX,
 };
 
@@ -66,6 +82,8 @@ enum cuda_shape {
 	SHAPE_PITCH = 1, /* (T **out, size_t *pitch, size_t width, size_t height, ...) */
 	SHAPE_FREE = 2,  /* (T ptr, ...) */
 	SHAPE_COUNT = 3, /* (ptr, size_t size, ...): only counted */
+	SHAPE_SYNC = 4,  /* a synchronising call: timed, by call site and thread */
+	SHAPE_LAUNCH = 5, /* a launch: timed, per process */
 };
 
 enum cuda_layer {
@@ -589,3 +607,306 @@ int cuda_return_driver(struct pt_regs *ctx)
 	on_return(ctx, LAYER_DRIVER);
 	return 0;
 }
+
+/* Host waits on the GPU (SHAPE_SYNC) and, when user space hooks them,
+ * launches (SHAPE_LAUNCH): each call timed from entry to return and summed
+ * here, so a thousand synchronisations a second cost user space nothing
+ * per call. Waits are summed by (process, API, call site) and by thread;
+ * launches by process and API, without stacks (they are too many to unwind
+ * each). The timed calls keep their own per-thread state, with the same
+ * layer rule as allocations: the driver call a runtime call makes on the
+ * same thread is not counted again. */
+
+/* Histogram slots: slot i holds durations of [2^i, 2^(i+1)) units of 2^-30 s
+ * (as bpf/sched.bpf.c's run-queue latency), the last slot everything longer. */
+#define WAIT_SLOTS 40
+#define WAIT_UNIT_MUL 2097152ULL
+#define WAIT_UNIT_DIV 1953125ULL
+#define WAIT_UNIT_MAX_NS (1ULL << 43)
+
+struct wait_key {
+	u32 tgid;
+	u16 api;
+	u16 pad;
+	s32 stack_id; /* the caller's stack (bpf/unwind.h); negative: unknown */
+	u32 py_stack; /* Python frames (bpf/pyframes.h); 0: none */
+};
+
+struct wait_counts {
+	u64 calls;
+	u64 total_ns;
+	u64 max_ns;
+	u64 slots[WAIT_SLOTS];
+};
+
+struct wait_thread_key {
+	u32 tgid;
+	u32 tid;
+};
+
+struct wait_thread {
+	u64 calls;
+	u64 total_ns;
+};
+
+/* Per process, summed over CPUs by user space. */
+struct launch_counts {
+	u64 calls[3]; /* by API, from API_CUDA_LAUNCH_KERNEL on */
+	u64 total_ns;
+	u64 slots[WAIT_SLOTS];
+};
+
+/* Saved at the entry of the outermost timed call of a layer on a thread. */
+struct timed_call {
+	u64 sp; /* as in call_state; 0: none */
+	u64 start_ns;
+	s32 stack_id;
+	u16 api;
+	u8 shape;
+	u8 pad;
+};
+
+struct thread_timed {
+	u64 task;
+	struct timed_call layer[2];
+};
+
+/* Entries are made here and deleted by user space when their process goes;
+ * a full table loses what does not fit, counted as ERR_SITES. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC); /* memory follows use, not capacity */
+	__type(key, struct wait_key);
+	__type(value, struct wait_counts);
+} wait_sites SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct wait_thread_key);
+	__type(value, struct wait_thread);
+} wait_threads SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, u32);
+	__type(value, struct launch_counts);
+} launches SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct thread_timed);
+} timed_calls SEC(".maps");
+
+/* timed_calls where the kernel has no task storage. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, u32);
+	__type(value, struct thread_timed);
+} timed_calls_tid SEC(".maps");
+
+const struct wait_key *unused_wait_key __attribute__((unused));
+const struct wait_counts *unused_wait_counts __attribute__((unused));
+const struct wait_thread_key *unused_wait_thread_key __attribute__((unused));
+const struct wait_thread *unused_wait_thread __attribute__((unused));
+const struct launch_counts *unused_launch_counts __attribute__((unused));
+
+static __always_inline u32 timed_layer(u32 api)
+{
+	return api < API_CU_CTX_SYNCHRONIZE || (api >= API_CUDA_LAUNCH_KERNEL && api < API_CU_LAUNCH_KERNEL) ?
+		       LAYER_RUNTIME :
+		       LAYER_DRIVER;
+}
+
+/* As in_flight, for timed calls. */
+static __always_inline bool timed_in_flight(const struct timed_call *st, u64 sp, bool outer_too)
+{
+	return st->sp > sp || (outer_too && st->sp && st->sp == sp);
+}
+
+static __always_inline u32 wait_slot(u64 ns)
+{
+	if (ns >= WAIT_UNIT_MAX_NS)
+		return WAIT_SLOTS - 1;
+	u32 slot = log2_u64(ns * WAIT_UNIT_MUL / WAIT_UNIT_DIV);
+	return slot < WAIT_SLOTS ? slot : WAIT_SLOTS - 1;
+}
+
+static __always_inline void timed_entry(struct pt_regs *ctx, u32 api, u8 shape)
+{
+	u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	if (!is_tracked(tgid) || api >= API_MAX)
+		return;
+	struct thread_timed init = {};
+	struct thread_timed *tt = thread_state(&timed_calls, &timed_calls_tid, &init, true);
+	if (!tt) {
+		count_err(ERR_ENTRY_STATE);
+		return;
+	}
+	u64 sp = PT_REGS_SP(ctx);
+	u32 layer = timed_layer(api);
+	if (layer == LAYER_DRIVER && timed_in_flight(&tt->layer[LAYER_RUNTIME], sp, true))
+		return;
+	struct timed_call *st = &tt->layer[layer == LAYER_DRIVER];
+	if (timed_in_flight(st, sp, false))
+		return;
+	st->sp = sp;
+	st->api = api;
+	st->shape = shape;
+	/* The stack before the clock starts: the walk is not the GPU's time. */
+	st->stack_id = shape == SHAPE_SYNC ? unwind_at_entry(tgid, sp, PT_REGS_FP(ctx)) : -1;
+	st->start_ns = bpf_ktime_get_ns();
+}
+
+/* Adds one wait of ns to its site and thread. */
+static __always_inline void count_wait(u32 tgid, u32 tid, const struct timed_call *st, u64 ns)
+{
+	u32 slot = wait_slot(ns);
+	asm volatile("" : "+r"(slot));
+	if (slot >= WAIT_SLOTS)
+		return;
+	struct wait_key key = { .tgid = tgid, .api = st->api, .stack_id = st->stack_id, .py_stack = capture_py(tgid) };
+	struct wait_counts *w = bpf_map_lookup_elem(&wait_sites, &key);
+	if (!w) {
+		struct wait_counts zero = {};
+		/* Another thread may make it first: then the lookup finds theirs. */
+		bpf_map_update_elem(&wait_sites, &key, &zero, BPF_NOEXIST);
+		w = bpf_map_lookup_elem(&wait_sites, &key);
+	}
+	if (w) {
+		/* Threads of a process share a site: atomic adds whose results
+		 * are unused, the one atomic every kernel takes. The longest wait
+		 * is raised without a lock: two racing CPUs may keep the shorter
+		 * of their two. */
+		__sync_fetch_and_add(&w->calls, 1);
+		__sync_fetch_and_add(&w->total_ns, ns);
+		__sync_fetch_and_add(&w->slots[slot], 1);
+		if (w->max_ns < ns)
+			w->max_ns = ns;
+	} else {
+		count_err(ERR_SITES);
+	}
+	/* Only this thread writes its entry: plain adds. */
+	struct wait_thread_key tk = { .tgid = tgid, .tid = tid };
+	struct wait_thread *t = bpf_map_lookup_elem(&wait_threads, &tk);
+	if (!t) {
+		struct wait_thread zero = {};
+		bpf_map_update_elem(&wait_threads, &tk, &zero, BPF_NOEXIST);
+		t = bpf_map_lookup_elem(&wait_threads, &tk);
+		if (!t) {
+			count_err(ERR_SITES);
+			return;
+		}
+	}
+	t->calls++;
+	t->total_ns += ns;
+}
+
+/* Adds one launch of ns to its process. */
+static __always_inline void count_launch(u32 tgid, u32 api, u64 ns)
+{
+	u32 slot = wait_slot(ns);
+	u32 k = api - API_CUDA_LAUNCH_KERNEL;
+	asm volatile("" : "+r"(slot), "+r"(k));
+	if (slot >= WAIT_SLOTS || k >= 3)
+		return;
+	struct launch_counts *l = bpf_map_lookup_elem(&launches, &tgid);
+	if (!l) {
+		struct launch_counts zero = {};
+		bpf_map_update_elem(&launches, &tgid, &zero, BPF_NOEXIST);
+		l = bpf_map_lookup_elem(&launches, &tgid);
+		if (!l) {
+			count_err(ERR_SITES);
+			return;
+		}
+	}
+	/* Per CPU: plain adds. */
+	l->calls[k]++;
+	l->total_ns += ns;
+	l->slots[slot]++;
+}
+
+static __always_inline void timed_return(struct pt_regs *ctx, u32 layer)
+{
+	u64 end = bpf_ktime_get_ns();
+	u64 id = bpf_get_current_pid_tgid();
+	u32 tgid = id >> 32, tid = (u32)id;
+	if (!is_tracked(tgid))
+		return;
+	struct thread_timed *tt = thread_state(&timed_calls, &timed_calls_tid, NULL, false);
+	if (!tt)
+		return;
+	struct timed_call *saved = &tt->layer[layer == LAYER_DRIVER];
+	/* As in on_return. */
+	u64 entry_sp = PT_REGS_SP(ctx) - 8;
+	if (saved->sp != entry_sp) {
+		if (saved->sp < entry_sp)
+			saved->sp = 0;
+		return;
+	}
+	struct timed_call st = *saved;
+	saved->sp = 0;
+	u64 ns = end - st.start_ns;
+	if (st.shape == SHAPE_LAUNCH)
+		count_launch(tgid, st.api, ns);
+	else
+		count_wait(tgid, tid, &st, ns);
+}
+
+SEC("uprobe")
+int cuda_sync_enter(struct pt_regs *ctx)
+{
+	timed_entry(ctx, api_of(ctx), SHAPE_SYNC);
+	return 0;
+}
+
+SEC("uprobe")
+int cuda_launch_enter(struct pt_regs *ctx)
+{
+	timed_entry(ctx, api_of(ctx), SHAPE_LAUNCH);
+	return 0;
+}
+
+SEC("uretprobe")
+int cuda_timed_return_runtime(struct pt_regs *ctx)
+{
+	timed_return(ctx, LAYER_RUNTIME);
+	return 0;
+}
+
+SEC("uretprobe")
+int cuda_timed_return_driver(struct pt_regs *ctx)
+{
+	timed_return(ctx, LAYER_DRIVER);
+	return 0;
+}
+
+/* Kernels without cookies, as API_ENTRY. */
+#define TIMED_ENTRY(fn, api, shape)                    \
+	SEC("uprobe")                                  \
+	int enter_##fn(struct pt_regs *ctx)            \
+	{                                              \
+		timed_entry(ctx, api, shape);          \
+		return 0;                              \
+	}
+
+TIMED_ENTRY(cudaDeviceSynchronize, API_CUDA_DEVICE_SYNCHRONIZE, SHAPE_SYNC)
+TIMED_ENTRY(cudaStreamSynchronize, API_CUDA_STREAM_SYNCHRONIZE, SHAPE_SYNC)
+TIMED_ENTRY(cudaEventSynchronize, API_CUDA_EVENT_SYNCHRONIZE, SHAPE_SYNC)
+TIMED_ENTRY(cudaMemcpy, API_CUDA_MEMCPY, SHAPE_SYNC)
+TIMED_ENTRY(cuCtxSynchronize, API_CU_CTX_SYNCHRONIZE, SHAPE_SYNC)
+TIMED_ENTRY(cuStreamSynchronize, API_CU_STREAM_SYNCHRONIZE, SHAPE_SYNC)
+TIMED_ENTRY(cuEventSynchronize, API_CU_EVENT_SYNCHRONIZE, SHAPE_SYNC)
+TIMED_ENTRY(cuMemcpyDtoH_v2, API_CU_MEMCPY_DTOH, SHAPE_SYNC)
+TIMED_ENTRY(cuMemcpyHtoD_v2, API_CU_MEMCPY_HTOD, SHAPE_SYNC)
+TIMED_ENTRY(cuMemcpyDtoD_v2, API_CU_MEMCPY_DTOD, SHAPE_SYNC)
+TIMED_ENTRY(cudaLaunchKernel, API_CUDA_LAUNCH_KERNEL, SHAPE_LAUNCH)
+TIMED_ENTRY(cudaGraphLaunch, API_CUDA_GRAPH_LAUNCH, SHAPE_LAUNCH)
+TIMED_ENTRY(cuLaunchKernel, API_CU_LAUNCH_KERNEL, SHAPE_LAUNCH)

@@ -25,6 +25,12 @@
  *   churn R THREADS SIZE  as rate, with buffers of SIZE bytes taken and freed
  *                   at once by churn_pair: R x SIZE bytes a second pass
  *                   through, never more than THREADS x SIZE live
+ *   waits N         a thread named "waiter" calls sync_stream N times
+ *                   (cudaStreamSynchronize) then copy_back N times (cudaMemcpy,
+ *                   device to host), prints "done" and stays until the end
+ *   launches N      launch_step: N x cudaLaunchKernel, then N x
+ *                   cudaGraphLaunch; prints "done"
+ *   launchbench N   N x cudaLaunchKernel; prints "ns TOTAL"
  * Exits after SECONDS (bench, rate, churn: when done).
  *
  * With CUDAWORK_STEP=1 in the environment, tests drive it with SIGUSR1: the
@@ -42,6 +48,10 @@
 #include <time.h>
 #include <unistd.h>
 
+struct dim3 {
+	unsigned int x, y, z;
+};
+
 /* The runtime's entry points, from dlopen, or linked in when LIBCUDART is
  * "-" (the executable was built with the runtime stand-in: a static runtime). */
 struct runtime {
@@ -55,6 +65,11 @@ struct runtime {
 	int (*free)(void *);
 	int (*free_async)(void *, void *);
 	int (*free_host)(void *);
+	/* Synchronising calls and launches, for the waits and --launches. */
+	int (*stream_sync)(void *);
+	int (*memcpy)(void *, const void *, size_t, int);
+	int (*launch_kernel)(const void *, struct dim3, struct dim3, void **, size_t, void *);
+	int (*graph_launch)(void *, void *);
 };
 static struct runtime rt;
 static void *handle; /* of the runtime, when loaded with dlopen */
@@ -70,6 +85,10 @@ int cudaHostAlloc(void **, size_t, unsigned int) __attribute__((weak));
 int cudaFree(void *) __attribute__((weak));
 int cudaFreeAsync(void *, void *) __attribute__((weak));
 int cudaFreeHost(void *) __attribute__((weak));
+int cudaStreamSynchronize(void *) __attribute__((weak));
+int cudaMemcpy(void *, const void *, size_t, int) __attribute__((weak));
+int cudaLaunchKernel(const void *, struct dim3, struct dim3, void **, size_t, void *) __attribute__((weak));
+int cudaGraphLaunch(void *, void *) __attribute__((weak));
 
 #define MiB (1UL << 20)
 
@@ -92,7 +111,8 @@ static void load(const char *lib)
 		}
 		rt = (struct runtime){ cudaMalloc, cudaMallocAsync, cudaMallocFromPoolAsync, cudaMallocManaged,
 				       cudaMallocPitch, cudaMallocHost, cudaHostAlloc, cudaFree, cudaFreeAsync,
-				       cudaFreeHost };
+				       cudaFreeHost, cudaStreamSynchronize, cudaMemcpy, cudaLaunchKernel,
+				       cudaGraphLaunch };
 		return;
 	}
 	void *h = dlopen(lib, RTLD_NOW);
@@ -111,6 +131,10 @@ static void load(const char *lib)
 	rt.free = sym(h, "cudaFree");
 	rt.free_async = sym(h, "cudaFreeAsync");
 	rt.free_host = sym(h, "cudaFreeHost");
+	rt.stream_sync = sym(h, "cudaStreamSynchronize");
+	rt.memcpy = sym(h, "cudaMemcpy");
+	rt.launch_kernel = sym(h, "cudaLaunchKernel");
+	rt.graph_launch = sym(h, "cudaGraphLaunch");
 }
 
 static void check(int rc, const char *what)
@@ -307,6 +331,50 @@ static void *churned(void *arg)
 	return NULL;
 }
 
+/* Host waits on the GPU, from two functions the tests name. */
+__attribute__((noinline)) static void sync_stream(void)
+{
+	check(rt.stream_sync(NULL), "sync_stream");
+}
+
+__attribute__((noinline)) static void copy_back(char *dst, const char *src)
+{
+	check(rt.memcpy(dst, src, 64, 2 /* cudaMemcpyDeviceToHost */), "copy_back");
+}
+
+struct waits {
+	long n;
+	time_t end;
+};
+
+/* Stays until the end, so that its name can still be read. */
+static void *waiter(void *arg)
+{
+	struct waits *w = arg;
+	static char src[64], dst[64];
+	pthread_setname_np(pthread_self(), "waiter");
+	for (long i = 0; i < w->n; i++)
+		sync_stream();
+	for (long i = 0; i < w->n; i++)
+		copy_back(dst, src);
+	say("done");
+	while (time(NULL) < w->end)
+		usleep(100 * 1000);
+	return NULL;
+}
+
+/* Any non-null pointer stands for a kernel or a graph. */
+static const char kernel_fn[1];
+
+__attribute__((noinline)) static void launch_step(long n)
+{
+	struct dim3 grid = { 1, 1, 1 }, block = { 32, 1, 1 };
+	for (long i = 0; i < n; i++)
+		check(rt.launch_kernel(kernel_fn, grid, block, NULL, 0, NULL), "cudaLaunchKernel");
+	for (long i = 0; i < n; i++)
+		check(rt.graph_launch((void *)kernel_fn, NULL), "cudaGraphLaunch");
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 4) {
@@ -395,6 +463,27 @@ int main(int argc, char **argv)
 		say("done");
 		while (time(NULL) < end)
 			usleep(100 * 1000);
+	} else if (strcmp(scenario, "waits") == 0) {
+		struct waits w = { argc > 4 ? atol(argv[4]) : 100, end };
+		pthread_t tid;
+		wait_go();
+		pthread_create(&tid, NULL, waiter, &w);
+		pthread_join(tid, NULL);
+	} else if (strcmp(scenario, "launches") == 0) {
+		wait_go();
+		launch_step(argc > 4 ? atol(argv[4]) : 100);
+		say("done");
+		while (time(NULL) < end)
+			usleep(100 * 1000);
+	} else if (strcmp(scenario, "launchbench") == 0) {
+		long n = argc > 4 ? atol(argv[4]) : 100000;
+		struct dim3 grid = { 1, 1, 1 }, block = { 32, 1, 1 };
+		wait_go();
+		uint64_t t0 = now_ns();
+		for (long i = 0; i < n; i++)
+			check(rt.launch_kernel(kernel_fn, grid, block, NULL, 0, NULL), "launchbench");
+		printf("ns %llu\n", (unsigned long long)(now_ns() - t0));
+		fflush(stdout);
 	} else if (strcmp(scenario, "bench") == 0) {
 		long n = argc > 4 ? atol(argv[4]) : 100000;
 		wait_go();

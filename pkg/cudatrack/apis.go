@@ -4,10 +4,12 @@ import "strconv"
 
 // Shapes of the hooked functions' arguments; each has its own entry program.
 const (
-	shapeAlloc = iota // (T **out, size_t size, ...)
-	shapePitch        // (T **out, size_t *pitch, size_t width, size_t height, ...)
-	shapeFree         // (T ptr, ...)
-	shapeCount        // (ptr, size_t size, ...): only counted
+	shapeAlloc  = iota // (T **out, size_t size, ...)
+	shapePitch         // (T **out, size_t *pitch, size_t width, size_t height, ...)
+	shapeFree          // (T ptr, ...)
+	shapeCount         // (ptr, size_t size, ...): only counted
+	shapeSync          // a synchronising call: the host waits on the GPU, timed by site and thread
+	shapeLaunch        // a kernel launch: timed per process, hooked only with Config.Launches
 )
 
 // Layers of the CUDA stack.
@@ -54,6 +56,33 @@ var APIs = []API{
 	{"cuMemRelease", LayerDriver, shapeFree, false},
 	{"cuMemMap", LayerDriver, shapeCount, false},
 	{"cuMemUnmap", LayerDriver, shapeCount, false},
+	{"cudaDeviceSynchronize", LayerRuntime, shapeSync, false},
+	{"cudaStreamSynchronize", LayerRuntime, shapeSync, false},
+	{"cudaEventSynchronize", LayerRuntime, shapeSync, false},
+	{"cudaMemcpy", LayerRuntime, shapeSync, false},
+	{"cuCtxSynchronize", LayerDriver, shapeSync, false},
+	{"cuStreamSynchronize", LayerDriver, shapeSync, false},
+	{"cuEventSynchronize", LayerDriver, shapeSync, false},
+	{"cuMemcpyDtoH_v2", LayerDriver, shapeSync, false},
+	{"cuMemcpyHtoD_v2", LayerDriver, shapeSync, false},
+	{"cuMemcpyDtoD_v2", LayerDriver, shapeSync, false},
+	{"cudaLaunchKernel", LayerRuntime, shapeLaunch, false},
+	{"cudaGraphLaunch", LayerRuntime, shapeLaunch, false},
+	{"cuLaunchKernel", LayerDriver, shapeLaunch, false},
+}
+
+// Timed reports whether the function's calls are timed from entry to
+// return (waits and launches): its return goes to the timed return
+// programs, which keep their own per-thread state.
+func (a API) Timed() bool { return a.Shape == shapeSync || a.Shape == shapeLaunch }
+
+// retKey names the return program of a function: one per layer for the
+// allocation shapes, one per layer for the timed ones.
+func (a API) retKey() string {
+	if a.Timed() {
+		return "timed " + a.Layer
+	}
+	return a.Layer
 }
 
 // apiIndex maps a function name to its cookie.

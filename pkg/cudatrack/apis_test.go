@@ -32,17 +32,35 @@ func TestAPIsFollowEnum(t *testing.T) {
 		cudaCudaApiAPI_CU_MEM_RELEASE:               "cuMemRelease",
 		cudaCudaApiAPI_CU_MEM_MAP:                   "cuMemMap",
 		cudaCudaApiAPI_CU_MEM_UNMAP:                 "cuMemUnmap",
+		cudaCudaApiAPI_CUDA_DEVICE_SYNCHRONIZE:      "cudaDeviceSynchronize",
+		cudaCudaApiAPI_CUDA_STREAM_SYNCHRONIZE:      "cudaStreamSynchronize",
+		cudaCudaApiAPI_CUDA_EVENT_SYNCHRONIZE:       "cudaEventSynchronize",
+		cudaCudaApiAPI_CUDA_MEMCPY:                  "cudaMemcpy",
+		cudaCudaApiAPI_CU_CTX_SYNCHRONIZE:           "cuCtxSynchronize",
+		cudaCudaApiAPI_CU_STREAM_SYNCHRONIZE:        "cuStreamSynchronize",
+		cudaCudaApiAPI_CU_EVENT_SYNCHRONIZE:         "cuEventSynchronize",
+		cudaCudaApiAPI_CU_MEMCPY_DTOH:               "cuMemcpyDtoH_v2",
+		cudaCudaApiAPI_CU_MEMCPY_HTOD:               "cuMemcpyHtoD_v2",
+		cudaCudaApiAPI_CU_MEMCPY_DTOD:               "cuMemcpyDtoD_v2",
+		cudaCudaApiAPI_CUDA_LAUNCH_KERNEL:           "cudaLaunchKernel",
+		cudaCudaApiAPI_CUDA_GRAPH_LAUNCH:            "cudaGraphLaunch",
+		cudaCudaApiAPI_CU_LAUNCH_KERNEL:             "cuLaunchKernel",
 	}
 	for id, name := range want {
 		if APIs[id].Name != name {
 			t.Errorf("API %d is %s in Go, %s in BPF", id, APIs[id].Name, name)
 		}
-		// The BPF side takes the layer from the id.
-		if (id < cudaCudaApiAPI_CU_MEM_ALLOC) != (APIs[id].Layer == LayerRuntime) {
+		// The BPF side takes the layer from the id (layer_of, timed_layer).
+		runtime := id < cudaCudaApiAPI_CU_MEM_ALLOC
+		if APIs[id].Timed() {
+			runtime = id < cudaCudaApiAPI_CU_CTX_SYNCHRONIZE || (id >= cudaCudaApiAPI_CUDA_LAUNCH_KERNEL && id < cudaCudaApiAPI_CU_LAUNCH_KERNEL)
+		}
+		if runtime != (APIs[id].Layer == LayerRuntime) {
 			t.Errorf("%s: layer %s", name, APIs[id].Layer)
 		}
 	}
-	if int(cudaCudaShapeSHAPE_COUNT) != shapeCount || int(cudaCudaShapeSHAPE_PITCH) != shapePitch || int(cudaCudaShapeSHAPE_FREE) != shapeFree {
+	if int(cudaCudaShapeSHAPE_COUNT) != shapeCount || int(cudaCudaShapeSHAPE_PITCH) != shapePitch || int(cudaCudaShapeSHAPE_FREE) != shapeFree ||
+		int(cudaCudaShapeSHAPE_SYNC) != shapeSync || int(cudaCudaShapeSHAPE_LAUNCH) != shapeLaunch {
 		t.Error("shapes differ between Go and BPF")
 	}
 }

@@ -26,6 +26,7 @@ type Concern struct {
 	failed   map[int]map[model.CUDAFailureKind]uint64 // every failure, counted
 	frames   map[int]map[stacks.Site][]model.Frame    // by pid: a process forgotten drops its own
 	counts   map[int]map[stacks.Site]stacks.Counts    // by pid: as of the previous poll
+	waits    map[int]*waitPoll                        // by pid: as of the previous poll
 }
 
 // New loads the CUDA BPF object.
@@ -41,7 +42,7 @@ func New(cfg Config, sym *symbolize.Symbolizer) (*Concern, error) {
 	if top <= 0 {
 		top = 64
 	}
-	return &Concern{Tracker: t, sym: sym, topSites: top, failures: map[int][]model.CUDAFailure{}, failed: map[int]map[model.CUDAFailureKind]uint64{}, frames: map[int]map[stacks.Site][]model.Frame{}, counts: map[int]map[stacks.Site]stacks.Counts{}}, nil
+	return &Concern{Tracker: t, sym: sym, topSites: top, failures: map[int][]model.CUDAFailure{}, failed: map[int]map[model.CUDAFailureKind]uint64{}, frames: map[int]map[stacks.Site][]model.Frame{}, counts: map[int]map[stacks.Site]stacks.Counts{}, waits: map[int]*waitPoll{}}, nil
 }
 
 // Name is the concern's name in logs and `check`.
@@ -64,6 +65,7 @@ func (c *Concern) Untrack(pid int) {
 	delete(c.failed, pid)
 	delete(c.frames, pid)
 	delete(c.counts, pid)
+	delete(c.waits, pid)
 }
 
 // Fill hooks newly loaded CUDA libraries and fills the CUDA part of each
@@ -121,6 +123,7 @@ func (c *Concern) Fill(now time.Time, procs []*model.Process) ([]*model.Process,
 	}
 	for _, p := range procs {
 		c.fill(p, samples[p.PID])
+		c.fillWaits(now, p, samples[p.PID])
 	}
 	return procs, nil
 }

@@ -58,14 +58,27 @@ const (
 	cudaCudaApiAPI_CU_MEM_RELEASE               cudaCudaApi = 21
 	cudaCudaApiAPI_CU_MEM_MAP                   cudaCudaApi = 22
 	cudaCudaApiAPI_CU_MEM_UNMAP                 cudaCudaApi = 23
-	cudaCudaApiAPI_MAX                          cudaCudaApi = 24
+	cudaCudaApiAPI_CUDA_DEVICE_SYNCHRONIZE      cudaCudaApi = 24
+	cudaCudaApiAPI_CUDA_STREAM_SYNCHRONIZE      cudaCudaApi = 25
+	cudaCudaApiAPI_CUDA_EVENT_SYNCHRONIZE       cudaCudaApi = 26
+	cudaCudaApiAPI_CUDA_MEMCPY                  cudaCudaApi = 27
+	cudaCudaApiAPI_CU_CTX_SYNCHRONIZE           cudaCudaApi = 28
+	cudaCudaApiAPI_CU_STREAM_SYNCHRONIZE        cudaCudaApi = 29
+	cudaCudaApiAPI_CU_EVENT_SYNCHRONIZE         cudaCudaApi = 30
+	cudaCudaApiAPI_CU_MEMCPY_DTOH               cudaCudaApi = 31
+	cudaCudaApiAPI_CU_MEMCPY_HTOD               cudaCudaApi = 32
+	cudaCudaApiAPI_CU_MEMCPY_DTOD               cudaCudaApi = 33
+	cudaCudaApiAPI_CUDA_LAUNCH_KERNEL           cudaCudaApi = 34
+	cudaCudaApiAPI_CUDA_GRAPH_LAUNCH            cudaCudaApi = 35
+	cudaCudaApiAPI_CU_LAUNCH_KERNEL             cudaCudaApi = 36
+	cudaCudaApiAPI_MAX                          cudaCudaApi = 37
 )
 
 type cudaCudaCounts struct {
 	_          structs.HostLayout
-	AllocBytes [24]uint64
-	FreeBytes  [24]uint64
-	Calls      [24]uint64
+	AllocBytes [37]uint64
+	FreeBytes  [37]uint64
+	Calls      [37]uint64
 }
 
 type cudaCudaFailure struct {
@@ -91,10 +104,12 @@ type cudaCudaPeak struct {
 type cudaCudaShape uint32
 
 const (
-	cudaCudaShapeSHAPE_ALLOC cudaCudaShape = 0
-	cudaCudaShapeSHAPE_PITCH cudaCudaShape = 1
-	cudaCudaShapeSHAPE_FREE  cudaCudaShape = 2
-	cudaCudaShapeSHAPE_COUNT cudaCudaShape = 3
+	cudaCudaShapeSHAPE_ALLOC  cudaCudaShape = 0
+	cudaCudaShapeSHAPE_PITCH  cudaCudaShape = 1
+	cudaCudaShapeSHAPE_FREE   cudaCudaShape = 2
+	cudaCudaShapeSHAPE_COUNT  cudaCudaShape = 3
+	cudaCudaShapeSHAPE_SYNC   cudaCudaShape = 4
+	cudaCudaShapeSHAPE_LAUNCH cudaCudaShape = 5
 )
 
 type cudaErrKind uint32
@@ -111,6 +126,13 @@ const (
 	cudaErrKindERR_FORKS       cudaErrKind = 8
 	cudaErrKindERR_MAX         cudaErrKind = 9
 )
+
+type cudaLaunchCounts struct {
+	_       structs.HostLayout
+	Calls   [3]uint64
+	TotalNs uint64
+	Slots   [40]uint64
+}
 
 type cudaPyProc struct {
 	_              structs.HostLayout
@@ -193,6 +215,20 @@ type cudaThreadCalls struct {
 	}
 }
 
+type cudaThreadTimed struct {
+	_     structs.HostLayout
+	Task  uint64
+	Layer [2]struct {
+		_       structs.HostLayout
+		Sp      uint64
+		StartNs uint64
+		StackId int32
+		Api     uint16
+		Shape   uint8
+		Pad     uint8
+	}
+}
+
 type cudaUnwindKey struct {
 	_    structs.HostLayout
 	File uint64
@@ -239,6 +275,35 @@ type cudaUnwoundStack struct {
 	Pcs       [64]uint64
 }
 
+type cudaWaitCounts struct {
+	_       structs.HostLayout
+	Calls   uint64
+	TotalNs uint64
+	MaxNs   uint64
+	Slots   [40]uint64
+}
+
+type cudaWaitKey struct {
+	_       structs.HostLayout
+	Tgid    uint32
+	Api     uint16
+	Pad     uint16
+	StackId int32
+	PyStack uint32
+}
+
+type cudaWaitThread struct {
+	_       structs.HostLayout
+	Calls   uint64
+	TotalNs uint64
+}
+
+type cudaWaitThreadKey struct {
+	_    structs.HostLayout
+	Tgid uint32
+	Tid  uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
@@ -248,6 +313,7 @@ const (
 	cudaMapCudaCounters                  = "cuda_counters"
 	cudaMapErrors                        = "errors"
 	cudaMapFailures                      = "failures"
+	cudaMapLaunches                      = "launches"
 	cudaMapLiveAllocs                    = "live_allocs"
 	cudaMapLiveBytes                     = "live_bytes"
 	cudaMapPeakBytes                     = "peak_bytes"
@@ -260,6 +326,8 @@ const (
 	cudaMapPyThreadsTid                  = "py_threads_tid"
 	cudaMapSiteOwners                    = "site_owners"
 	cudaMapSites                         = "sites"
+	cudaMapTimedCalls                    = "timed_calls"
+	cudaMapTimedCallsTid                 = "timed_calls_tid"
 	cudaMapTrackedPids                   = "tracked_pids"
 	cudaMapUnwindMappings                = "unwind_mappings"
 	cudaMapUnwindPending                 = "unwind_pending"
@@ -268,12 +336,21 @@ const (
 	cudaMapUnwindScratch                 = "unwind_scratch"
 	cudaMapUnwindSeq                     = "unwind_seq"
 	cudaMapUnwoundStacks                 = "unwound_stacks"
+	cudaMapWaitSites                     = "wait_sites"
+	cudaMapWaitThreads                   = "wait_threads"
 	cudaProgCudaAllocEnter               = "cuda_alloc_enter"
 	cudaProgCudaCountEnter               = "cuda_count_enter"
 	cudaProgCudaFreeEnter                = "cuda_free_enter"
+	cudaProgCudaLaunchEnter              = "cuda_launch_enter"
 	cudaProgCudaPitchEnter               = "cuda_pitch_enter"
 	cudaProgCudaReturnDriver             = "cuda_return_driver"
 	cudaProgCudaReturnRuntime            = "cuda_return_runtime"
+	cudaProgCudaSyncEnter                = "cuda_sync_enter"
+	cudaProgCudaTimedReturnDriver        = "cuda_timed_return_driver"
+	cudaProgCudaTimedReturnRuntime       = "cuda_timed_return_runtime"
+	cudaProgEnterCuCtxSynchronize        = "enter_cuCtxSynchronize"
+	cudaProgEnterCuEventSynchronize      = "enter_cuEventSynchronize"
+	cudaProgEnterCuLaunchKernel          = "enter_cuLaunchKernel"
 	cudaProgEnterCuMemAllocAsync         = "enter_cuMemAllocAsync"
 	cudaProgEnterCuMemAllocFromPoolAsync = "enter_cuMemAllocFromPoolAsync"
 	cudaProgEnterCuMemAllocHostV2        = "enter_cuMemAllocHost_v2"
@@ -288,16 +365,26 @@ const (
 	cudaProgEnterCuMemMap                = "enter_cuMemMap"
 	cudaProgEnterCuMemRelease            = "enter_cuMemRelease"
 	cudaProgEnterCuMemUnmap              = "enter_cuMemUnmap"
+	cudaProgEnterCuMemcpyDtoD_v2         = "enter_cuMemcpyDtoD_v2"
+	cudaProgEnterCuMemcpyDtoH_v2         = "enter_cuMemcpyDtoH_v2"
+	cudaProgEnterCuMemcpyHtoD_v2         = "enter_cuMemcpyHtoD_v2"
+	cudaProgEnterCuStreamSynchronize     = "enter_cuStreamSynchronize"
+	cudaProgEnterCudaDeviceSynchronize   = "enter_cudaDeviceSynchronize"
+	cudaProgEnterCudaEventSynchronize    = "enter_cudaEventSynchronize"
 	cudaProgEnterCudaFree                = "enter_cudaFree"
 	cudaProgEnterCudaFreeAsync           = "enter_cudaFreeAsync"
 	cudaProgEnterCudaFreeHost            = "enter_cudaFreeHost"
+	cudaProgEnterCudaGraphLaunch         = "enter_cudaGraphLaunch"
 	cudaProgEnterCudaHostAlloc           = "enter_cudaHostAlloc"
+	cudaProgEnterCudaLaunchKernel        = "enter_cudaLaunchKernel"
 	cudaProgEnterCudaMalloc              = "enter_cudaMalloc"
 	cudaProgEnterCudaMallocAsync         = "enter_cudaMallocAsync"
 	cudaProgEnterCudaMallocFromPoolAsync = "enter_cudaMallocFromPoolAsync"
 	cudaProgEnterCudaMallocHost          = "enter_cudaMallocHost"
 	cudaProgEnterCudaMallocManaged       = "enter_cudaMallocManaged"
 	cudaProgEnterCudaMallocPitch         = "enter_cudaMallocPitch"
+	cudaProgEnterCudaMemcpy              = "enter_cudaMemcpy"
+	cudaProgEnterCudaStreamSynchronize   = "enter_cudaStreamSynchronize"
 	cudaVarHaveTaskPtRegs                = "have_task_pt_regs"
 	cudaVarHaveTaskStorage               = "have_task_storage"
 	cudaVarMaxSitesPerProc               = "max_sites_per_proc"
@@ -310,6 +397,7 @@ const (
 	cudaVarUnusedCudaPeak                = "unused_cuda_peak"
 	cudaVarUnusedCudaShape               = "unused_cuda_shape"
 	cudaVarUnusedErrKind                 = "unused_err_kind"
+	cudaVarUnusedLaunchCounts            = "unused_launch_counts"
 	cudaVarUnusedPyErr                   = "unused_py_err"
 	cudaVarUnusedPyProc                  = "unused_py_proc"
 	cudaVarUnusedPyStack                 = "unused_py_stack"
@@ -320,6 +408,10 @@ const (
 	cudaVarUnusedUnwindRequest           = "unused_unwind_request"
 	cudaVarUnusedUnwindRule              = "unused_unwind_rule"
 	cudaVarUnusedUnwoundStack            = "unused_unwound_stack"
+	cudaVarUnusedWaitCounts              = "unused_wait_counts"
+	cudaVarUnusedWaitKey                 = "unused_wait_key"
+	cudaVarUnusedWaitThread              = "unused_wait_thread"
+	cudaVarUnusedWaitThreadKey           = "unused_wait_thread_key"
 	cudaVarViewBit                       = "view_bit"
 )
 
@@ -368,9 +460,16 @@ type cudaProgramSpecs struct {
 	CudaAllocEnter               *ebpf.ProgramSpec `ebpf:"cuda_alloc_enter"`
 	CudaCountEnter               *ebpf.ProgramSpec `ebpf:"cuda_count_enter"`
 	CudaFreeEnter                *ebpf.ProgramSpec `ebpf:"cuda_free_enter"`
+	CudaLaunchEnter              *ebpf.ProgramSpec `ebpf:"cuda_launch_enter"`
 	CudaPitchEnter               *ebpf.ProgramSpec `ebpf:"cuda_pitch_enter"`
 	CudaReturnDriver             *ebpf.ProgramSpec `ebpf:"cuda_return_driver"`
 	CudaReturnRuntime            *ebpf.ProgramSpec `ebpf:"cuda_return_runtime"`
+	CudaSyncEnter                *ebpf.ProgramSpec `ebpf:"cuda_sync_enter"`
+	CudaTimedReturnDriver        *ebpf.ProgramSpec `ebpf:"cuda_timed_return_driver"`
+	CudaTimedReturnRuntime       *ebpf.ProgramSpec `ebpf:"cuda_timed_return_runtime"`
+	EnterCuCtxSynchronize        *ebpf.ProgramSpec `ebpf:"enter_cuCtxSynchronize"`
+	EnterCuEventSynchronize      *ebpf.ProgramSpec `ebpf:"enter_cuEventSynchronize"`
+	EnterCuLaunchKernel          *ebpf.ProgramSpec `ebpf:"enter_cuLaunchKernel"`
 	EnterCuMemAllocAsync         *ebpf.ProgramSpec `ebpf:"enter_cuMemAllocAsync"`
 	EnterCuMemAllocFromPoolAsync *ebpf.ProgramSpec `ebpf:"enter_cuMemAllocFromPoolAsync"`
 	EnterCuMemAllocHostV2        *ebpf.ProgramSpec `ebpf:"enter_cuMemAllocHost_v2"`
@@ -385,16 +484,26 @@ type cudaProgramSpecs struct {
 	EnterCuMemMap                *ebpf.ProgramSpec `ebpf:"enter_cuMemMap"`
 	EnterCuMemRelease            *ebpf.ProgramSpec `ebpf:"enter_cuMemRelease"`
 	EnterCuMemUnmap              *ebpf.ProgramSpec `ebpf:"enter_cuMemUnmap"`
+	EnterCuMemcpyDtoD_v2         *ebpf.ProgramSpec `ebpf:"enter_cuMemcpyDtoD_v2"`
+	EnterCuMemcpyDtoH_v2         *ebpf.ProgramSpec `ebpf:"enter_cuMemcpyDtoH_v2"`
+	EnterCuMemcpyHtoD_v2         *ebpf.ProgramSpec `ebpf:"enter_cuMemcpyHtoD_v2"`
+	EnterCuStreamSynchronize     *ebpf.ProgramSpec `ebpf:"enter_cuStreamSynchronize"`
+	EnterCudaDeviceSynchronize   *ebpf.ProgramSpec `ebpf:"enter_cudaDeviceSynchronize"`
+	EnterCudaEventSynchronize    *ebpf.ProgramSpec `ebpf:"enter_cudaEventSynchronize"`
 	EnterCudaFree                *ebpf.ProgramSpec `ebpf:"enter_cudaFree"`
 	EnterCudaFreeAsync           *ebpf.ProgramSpec `ebpf:"enter_cudaFreeAsync"`
 	EnterCudaFreeHost            *ebpf.ProgramSpec `ebpf:"enter_cudaFreeHost"`
+	EnterCudaGraphLaunch         *ebpf.ProgramSpec `ebpf:"enter_cudaGraphLaunch"`
 	EnterCudaHostAlloc           *ebpf.ProgramSpec `ebpf:"enter_cudaHostAlloc"`
+	EnterCudaLaunchKernel        *ebpf.ProgramSpec `ebpf:"enter_cudaLaunchKernel"`
 	EnterCudaMalloc              *ebpf.ProgramSpec `ebpf:"enter_cudaMalloc"`
 	EnterCudaMallocAsync         *ebpf.ProgramSpec `ebpf:"enter_cudaMallocAsync"`
 	EnterCudaMallocFromPoolAsync *ebpf.ProgramSpec `ebpf:"enter_cudaMallocFromPoolAsync"`
 	EnterCudaMallocHost          *ebpf.ProgramSpec `ebpf:"enter_cudaMallocHost"`
 	EnterCudaMallocManaged       *ebpf.ProgramSpec `ebpf:"enter_cudaMallocManaged"`
 	EnterCudaMallocPitch         *ebpf.ProgramSpec `ebpf:"enter_cudaMallocPitch"`
+	EnterCudaMemcpy              *ebpf.ProgramSpec `ebpf:"enter_cudaMemcpy"`
+	EnterCudaStreamSynchronize   *ebpf.ProgramSpec `ebpf:"enter_cudaStreamSynchronize"`
 }
 
 // cudaMapSpecs contains maps before they are loaded into the kernel.
@@ -406,6 +515,7 @@ type cudaMapSpecs struct {
 	CudaCounters   *ebpf.MapSpec `ebpf:"cuda_counters"`
 	Errors         *ebpf.MapSpec `ebpf:"errors"`
 	Failures       *ebpf.MapSpec `ebpf:"failures"`
+	Launches       *ebpf.MapSpec `ebpf:"launches"`
 	LiveAllocs     *ebpf.MapSpec `ebpf:"live_allocs"`
 	LiveBytes      *ebpf.MapSpec `ebpf:"live_bytes"`
 	PeakBytes      *ebpf.MapSpec `ebpf:"peak_bytes"`
@@ -418,6 +528,8 @@ type cudaMapSpecs struct {
 	PyThreadsTid   *ebpf.MapSpec `ebpf:"py_threads_tid"`
 	SiteOwners     *ebpf.MapSpec `ebpf:"site_owners"`
 	Sites          *ebpf.MapSpec `ebpf:"sites"`
+	TimedCalls     *ebpf.MapSpec `ebpf:"timed_calls"`
+	TimedCallsTid  *ebpf.MapSpec `ebpf:"timed_calls_tid"`
 	TrackedPids    *ebpf.MapSpec `ebpf:"tracked_pids"`
 	UnwindMappings *ebpf.MapSpec `ebpf:"unwind_mappings"`
 	UnwindPending  *ebpf.MapSpec `ebpf:"unwind_pending"`
@@ -426,6 +538,8 @@ type cudaMapSpecs struct {
 	UnwindScratch  *ebpf.MapSpec `ebpf:"unwind_scratch"`
 	UnwindSeq      *ebpf.MapSpec `ebpf:"unwind_seq"`
 	UnwoundStacks  *ebpf.MapSpec `ebpf:"unwound_stacks"`
+	WaitSites      *ebpf.MapSpec `ebpf:"wait_sites"`
+	WaitThreads    *ebpf.MapSpec `ebpf:"wait_threads"`
 }
 
 // cudaVariableSpecs contains global variables before they are loaded into the kernel.
@@ -444,6 +558,7 @@ type cudaVariableSpecs struct {
 	UnusedCudaPeak         *ebpf.VariableSpec `ebpf:"unused_cuda_peak"`
 	UnusedCudaShape        *ebpf.VariableSpec `ebpf:"unused_cuda_shape"`
 	UnusedErrKind          *ebpf.VariableSpec `ebpf:"unused_err_kind"`
+	UnusedLaunchCounts     *ebpf.VariableSpec `ebpf:"unused_launch_counts"`
 	UnusedPyErr            *ebpf.VariableSpec `ebpf:"unused_py_err"`
 	UnusedPyProc           *ebpf.VariableSpec `ebpf:"unused_py_proc"`
 	UnusedPyStack          *ebpf.VariableSpec `ebpf:"unused_py_stack"`
@@ -454,6 +569,10 @@ type cudaVariableSpecs struct {
 	UnusedUnwindRequest    *ebpf.VariableSpec `ebpf:"unused_unwind_request"`
 	UnusedUnwindRule       *ebpf.VariableSpec `ebpf:"unused_unwind_rule"`
 	UnusedUnwoundStack     *ebpf.VariableSpec `ebpf:"unused_unwound_stack"`
+	UnusedWaitCounts       *ebpf.VariableSpec `ebpf:"unused_wait_counts"`
+	UnusedWaitKey          *ebpf.VariableSpec `ebpf:"unused_wait_key"`
+	UnusedWaitThread       *ebpf.VariableSpec `ebpf:"unused_wait_thread"`
+	UnusedWaitThreadKey    *ebpf.VariableSpec `ebpf:"unused_wait_thread_key"`
 	ViewBit                *ebpf.VariableSpec `ebpf:"view_bit"`
 }
 
@@ -482,6 +601,7 @@ type cudaMaps struct {
 	CudaCounters   *ebpf.Map `ebpf:"cuda_counters"`
 	Errors         *ebpf.Map `ebpf:"errors"`
 	Failures       *ebpf.Map `ebpf:"failures"`
+	Launches       *ebpf.Map `ebpf:"launches"`
 	LiveAllocs     *ebpf.Map `ebpf:"live_allocs"`
 	LiveBytes      *ebpf.Map `ebpf:"live_bytes"`
 	PeakBytes      *ebpf.Map `ebpf:"peak_bytes"`
@@ -494,6 +614,8 @@ type cudaMaps struct {
 	PyThreadsTid   *ebpf.Map `ebpf:"py_threads_tid"`
 	SiteOwners     *ebpf.Map `ebpf:"site_owners"`
 	Sites          *ebpf.Map `ebpf:"sites"`
+	TimedCalls     *ebpf.Map `ebpf:"timed_calls"`
+	TimedCallsTid  *ebpf.Map `ebpf:"timed_calls_tid"`
 	TrackedPids    *ebpf.Map `ebpf:"tracked_pids"`
 	UnwindMappings *ebpf.Map `ebpf:"unwind_mappings"`
 	UnwindPending  *ebpf.Map `ebpf:"unwind_pending"`
@@ -502,6 +624,8 @@ type cudaMaps struct {
 	UnwindScratch  *ebpf.Map `ebpf:"unwind_scratch"`
 	UnwindSeq      *ebpf.Map `ebpf:"unwind_seq"`
 	UnwoundStacks  *ebpf.Map `ebpf:"unwound_stacks"`
+	WaitSites      *ebpf.Map `ebpf:"wait_sites"`
+	WaitThreads    *ebpf.Map `ebpf:"wait_threads"`
 }
 
 func (m *cudaMaps) Close() error {
@@ -511,6 +635,7 @@ func (m *cudaMaps) Close() error {
 		m.CudaCounters,
 		m.Errors,
 		m.Failures,
+		m.Launches,
 		m.LiveAllocs,
 		m.LiveBytes,
 		m.PeakBytes,
@@ -523,6 +648,8 @@ func (m *cudaMaps) Close() error {
 		m.PyThreadsTid,
 		m.SiteOwners,
 		m.Sites,
+		m.TimedCalls,
+		m.TimedCallsTid,
 		m.TrackedPids,
 		m.UnwindMappings,
 		m.UnwindPending,
@@ -531,6 +658,8 @@ func (m *cudaMaps) Close() error {
 		m.UnwindScratch,
 		m.UnwindSeq,
 		m.UnwoundStacks,
+		m.WaitSites,
+		m.WaitThreads,
 	)
 }
 
@@ -550,6 +679,7 @@ type cudaVariables struct {
 	UnusedCudaPeak         *ebpf.Variable `ebpf:"unused_cuda_peak"`
 	UnusedCudaShape        *ebpf.Variable `ebpf:"unused_cuda_shape"`
 	UnusedErrKind          *ebpf.Variable `ebpf:"unused_err_kind"`
+	UnusedLaunchCounts     *ebpf.Variable `ebpf:"unused_launch_counts"`
 	UnusedPyErr            *ebpf.Variable `ebpf:"unused_py_err"`
 	UnusedPyProc           *ebpf.Variable `ebpf:"unused_py_proc"`
 	UnusedPyStack          *ebpf.Variable `ebpf:"unused_py_stack"`
@@ -560,6 +690,10 @@ type cudaVariables struct {
 	UnusedUnwindRequest    *ebpf.Variable `ebpf:"unused_unwind_request"`
 	UnusedUnwindRule       *ebpf.Variable `ebpf:"unused_unwind_rule"`
 	UnusedUnwoundStack     *ebpf.Variable `ebpf:"unused_unwound_stack"`
+	UnusedWaitCounts       *ebpf.Variable `ebpf:"unused_wait_counts"`
+	UnusedWaitKey          *ebpf.Variable `ebpf:"unused_wait_key"`
+	UnusedWaitThread       *ebpf.Variable `ebpf:"unused_wait_thread"`
+	UnusedWaitThreadKey    *ebpf.Variable `ebpf:"unused_wait_thread_key"`
 	ViewBit                *ebpf.Variable `ebpf:"view_bit"`
 }
 
@@ -570,9 +704,16 @@ type cudaPrograms struct {
 	CudaAllocEnter               *ebpf.Program `ebpf:"cuda_alloc_enter"`
 	CudaCountEnter               *ebpf.Program `ebpf:"cuda_count_enter"`
 	CudaFreeEnter                *ebpf.Program `ebpf:"cuda_free_enter"`
+	CudaLaunchEnter              *ebpf.Program `ebpf:"cuda_launch_enter"`
 	CudaPitchEnter               *ebpf.Program `ebpf:"cuda_pitch_enter"`
 	CudaReturnDriver             *ebpf.Program `ebpf:"cuda_return_driver"`
 	CudaReturnRuntime            *ebpf.Program `ebpf:"cuda_return_runtime"`
+	CudaSyncEnter                *ebpf.Program `ebpf:"cuda_sync_enter"`
+	CudaTimedReturnDriver        *ebpf.Program `ebpf:"cuda_timed_return_driver"`
+	CudaTimedReturnRuntime       *ebpf.Program `ebpf:"cuda_timed_return_runtime"`
+	EnterCuCtxSynchronize        *ebpf.Program `ebpf:"enter_cuCtxSynchronize"`
+	EnterCuEventSynchronize      *ebpf.Program `ebpf:"enter_cuEventSynchronize"`
+	EnterCuLaunchKernel          *ebpf.Program `ebpf:"enter_cuLaunchKernel"`
 	EnterCuMemAllocAsync         *ebpf.Program `ebpf:"enter_cuMemAllocAsync"`
 	EnterCuMemAllocFromPoolAsync *ebpf.Program `ebpf:"enter_cuMemAllocFromPoolAsync"`
 	EnterCuMemAllocHostV2        *ebpf.Program `ebpf:"enter_cuMemAllocHost_v2"`
@@ -587,16 +728,26 @@ type cudaPrograms struct {
 	EnterCuMemMap                *ebpf.Program `ebpf:"enter_cuMemMap"`
 	EnterCuMemRelease            *ebpf.Program `ebpf:"enter_cuMemRelease"`
 	EnterCuMemUnmap              *ebpf.Program `ebpf:"enter_cuMemUnmap"`
+	EnterCuMemcpyDtoD_v2         *ebpf.Program `ebpf:"enter_cuMemcpyDtoD_v2"`
+	EnterCuMemcpyDtoH_v2         *ebpf.Program `ebpf:"enter_cuMemcpyDtoH_v2"`
+	EnterCuMemcpyHtoD_v2         *ebpf.Program `ebpf:"enter_cuMemcpyHtoD_v2"`
+	EnterCuStreamSynchronize     *ebpf.Program `ebpf:"enter_cuStreamSynchronize"`
+	EnterCudaDeviceSynchronize   *ebpf.Program `ebpf:"enter_cudaDeviceSynchronize"`
+	EnterCudaEventSynchronize    *ebpf.Program `ebpf:"enter_cudaEventSynchronize"`
 	EnterCudaFree                *ebpf.Program `ebpf:"enter_cudaFree"`
 	EnterCudaFreeAsync           *ebpf.Program `ebpf:"enter_cudaFreeAsync"`
 	EnterCudaFreeHost            *ebpf.Program `ebpf:"enter_cudaFreeHost"`
+	EnterCudaGraphLaunch         *ebpf.Program `ebpf:"enter_cudaGraphLaunch"`
 	EnterCudaHostAlloc           *ebpf.Program `ebpf:"enter_cudaHostAlloc"`
+	EnterCudaLaunchKernel        *ebpf.Program `ebpf:"enter_cudaLaunchKernel"`
 	EnterCudaMalloc              *ebpf.Program `ebpf:"enter_cudaMalloc"`
 	EnterCudaMallocAsync         *ebpf.Program `ebpf:"enter_cudaMallocAsync"`
 	EnterCudaMallocFromPoolAsync *ebpf.Program `ebpf:"enter_cudaMallocFromPoolAsync"`
 	EnterCudaMallocHost          *ebpf.Program `ebpf:"enter_cudaMallocHost"`
 	EnterCudaMallocManaged       *ebpf.Program `ebpf:"enter_cudaMallocManaged"`
 	EnterCudaMallocPitch         *ebpf.Program `ebpf:"enter_cudaMallocPitch"`
+	EnterCudaMemcpy              *ebpf.Program `ebpf:"enter_cudaMemcpy"`
+	EnterCudaStreamSynchronize   *ebpf.Program `ebpf:"enter_cudaStreamSynchronize"`
 }
 
 func (p *cudaPrograms) Close() error {
@@ -604,9 +755,16 @@ func (p *cudaPrograms) Close() error {
 		p.CudaAllocEnter,
 		p.CudaCountEnter,
 		p.CudaFreeEnter,
+		p.CudaLaunchEnter,
 		p.CudaPitchEnter,
 		p.CudaReturnDriver,
 		p.CudaReturnRuntime,
+		p.CudaSyncEnter,
+		p.CudaTimedReturnDriver,
+		p.CudaTimedReturnRuntime,
+		p.EnterCuCtxSynchronize,
+		p.EnterCuEventSynchronize,
+		p.EnterCuLaunchKernel,
 		p.EnterCuMemAllocAsync,
 		p.EnterCuMemAllocFromPoolAsync,
 		p.EnterCuMemAllocHostV2,
@@ -621,16 +779,26 @@ func (p *cudaPrograms) Close() error {
 		p.EnterCuMemMap,
 		p.EnterCuMemRelease,
 		p.EnterCuMemUnmap,
+		p.EnterCuMemcpyDtoD_v2,
+		p.EnterCuMemcpyDtoH_v2,
+		p.EnterCuMemcpyHtoD_v2,
+		p.EnterCuStreamSynchronize,
+		p.EnterCudaDeviceSynchronize,
+		p.EnterCudaEventSynchronize,
 		p.EnterCudaFree,
 		p.EnterCudaFreeAsync,
 		p.EnterCudaFreeHost,
+		p.EnterCudaGraphLaunch,
 		p.EnterCudaHostAlloc,
+		p.EnterCudaLaunchKernel,
 		p.EnterCudaMalloc,
 		p.EnterCudaMallocAsync,
 		p.EnterCudaMallocFromPoolAsync,
 		p.EnterCudaMallocHost,
 		p.EnterCudaMallocManaged,
 		p.EnterCudaMallocPitch,
+		p.EnterCudaMemcpy,
+		p.EnterCudaStreamSynchronize,
 	)
 }
 

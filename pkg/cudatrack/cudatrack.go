@@ -49,6 +49,10 @@ type Config struct {
 	// Tracked is the map of tracked processes shared with the other
 	// objects; nil: one of the tracker's own, closed with it.
 	Tracked *tracked.Set
+	// Launches hooks the kernel launches (cudaLaunchKernel,
+	// cuLaunchKernel, cudaGraphLaunch) too: off by default, as PyTorch
+	// eager issues tens of thousands a second and each pays for its hooks.
+	Launches bool
 }
 
 // Tracker owns the loaded CUDA BPF object and the uprobe links of the
@@ -61,9 +65,11 @@ type Tracker struct {
 	// Entry programs: by API where the kernel has no cookies, else by
 	// shape (the cookie says the API); return programs by layer.
 	byAPI   []*ebpf.Program
-	byShape [shapeCount + 1]*ebpf.Program
-	ret     map[string]*ebpf.Program
-	reader  *ringbuf.Reader
+	byShape [shapeLaunch + 1]*ebpf.Program
+	ret     map[string]*ebpf.Program // by API.retKey
+	// launches: the launch functions are hooked (Config.Launches).
+	launches bool
+	reader   *ringbuf.Reader
 
 	// peakWindow is the window of the kernel's high-water marks that
 	// allocations raise now (struct cuda_peak).
@@ -84,7 +90,10 @@ type Tracker struct {
 	// DataLoader workers, would pay both each time with per-process links.
 	hooks map[inodeKey]*attached
 	live  *bpfobj.Table[cudaCudaAllocKey, cudaCudaAlloc] // each allocation a process's
-	sites *stacks.Sites                                  // what went through each call site
+	// Host waits on the GPU by (process, API, site) and by thread.
+	waitSites   *bpfobj.Table[cudaWaitKey, cudaWaitCounts]
+	waitThreads *bpfobj.Table[cudaWaitThreadKey, cudaWaitThread]
+	sites       *stacks.Sites // what went through each call site
 	// Parsed libraries, shared by every process mapping the same file; a nil
 	// value records an executable without CUDA.
 	files map[fileKey]*Library
@@ -158,7 +167,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Tracker{procRoot: cfg.ProcRoot, proc: proc.WithPollCache(cfg.Cache), multi: multi, procs: map[int]*procState{}, hooks: map[inodeKey]*attached{}, files: map[fileKey]*Library{}, failStacks: map[uint32]bool{}}
+	t := &Tracker{procRoot: cfg.ProcRoot, proc: proc.WithPollCache(cfg.Cache), multi: multi, launches: cfg.Launches, procs: map[int]*procState{}, hooks: map[inodeKey]*attached{}, files: map[fileKey]*Library{}, failStacks: map[uint32]bool{}}
 	if t.member, err = tracked.Join(cfg.Tracked); err != nil {
 		return nil, err
 	}
@@ -185,12 +194,16 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	coll := t.coll
 	t.live = bpfobj.NewTable(t.maps.LiveAllocs, func(k cudaCudaAllocKey, _ cudaCudaAlloc) uint32 { return k.Tgid })
 	t.sites = t.stacks.Sites(t.maps.Sites, t.maps.SiteOwners)
+	t.waitSites = bpfobj.NewTable(t.maps.WaitSites, func(k cudaWaitKey, _ cudaWaitCounts) uint32 { return k.Tgid })
+	t.waitThreads = bpfobj.NewTable(t.maps.WaitThreads, func(k cudaWaitThreadKey, _ cudaWaitThread) uint32 { return k.Tgid })
 	t.view = t.stacks.Join("cuda")
 	if cookies {
 		t.byShape[shapeAlloc] = coll.Programs["cuda_alloc_enter"]
 		t.byShape[shapePitch] = coll.Programs["cuda_pitch_enter"]
 		t.byShape[shapeFree] = coll.Programs["cuda_free_enter"]
 		t.byShape[shapeCount] = coll.Programs["cuda_count_enter"]
+		t.byShape[shapeSync] = coll.Programs["cuda_sync_enter"]
+		t.byShape[shapeLaunch] = coll.Programs["cuda_launch_enter"]
 	} else {
 		for _, a := range APIs {
 			p := coll.Programs["enter_"+a.Name]
@@ -202,6 +215,9 @@ func NewTracker(cfg Config) (*Tracker, error) {
 		}
 	}
 	t.ret = map[string]*ebpf.Program{LayerRuntime: coll.Programs["cuda_return_runtime"], LayerDriver: coll.Programs["cuda_return_driver"]}
+	for _, layer := range []string{LayerRuntime, LayerDriver} {
+		t.ret[API{Layer: layer, Shape: shapeSync}.retKey()] = coll.Programs["cuda_timed_return_"+layer]
+	}
 	t.reader, err = ringbuf.NewReader(t.maps.Failures)
 	if err != nil {
 		t.Close()
@@ -216,6 +232,12 @@ func (t *Tracker) Track(pid int) error {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
 	if err := t.sites.Claim(uint32(pid), t.tracked); err != nil {
+		return fmt.Errorf("tracking pid %d: %w", pid, err)
+	}
+	if err := t.waitSites.Claim(uint32(pid), t.tracked); err != nil {
+		return fmt.Errorf("tracking pid %d: %w", pid, err)
+	}
+	if err := t.waitThreads.Claim(uint32(pid), t.tracked); err != nil {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
 	if t.procs[pid] == nil {
@@ -370,7 +392,7 @@ func (t *Tracker) attach(pid int, lib *Library) []link.Link {
 		return t.attachMulti(ex, pid, lib)
 	}
 	var links []link.Link
-	for _, hk := range lib.Hooks {
+	for _, hk := range t.hooked(lib) {
 		a := APIs[hk.API]
 		opts := &link.UprobeOptions{Address: hk.Offset}
 		prog := t.byShape[a.Shape]
@@ -381,7 +403,7 @@ func (t *Tracker) attach(pid int, lib *Library) []link.Link {
 		}
 		// The return first, as in attachMulti; without it the entry would
 		// leave state behind.
-		out, err := ex.Uretprobe(a.Name, t.ret[a.Layer], &link.UprobeOptions{Address: hk.Offset})
+		out, err := ex.Uretprobe(a.Name, t.ret[a.retKey()], &link.UprobeOptions{Address: hk.Offset})
 		if err != nil {
 			slog.Warn("hooking CUDA function return", "pid", pid, "path", lib.Path, "func", a.Name, "err", err)
 			continue
@@ -398,12 +420,21 @@ func (t *Tracker) attach(pid int, lib *Library) []link.Link {
 	return links
 }
 
+// hooked is what of lib's hooks are attached: the launches only when asked
+// for.
+func (t *Tracker) hooked(lib *Library) []Hook {
+	if t.launches {
+		return lib.Hooks
+	}
+	return slices.DeleteFunc(slices.Clone(lib.Hooks), func(h Hook) bool { return APIs[h.API].Shape == shapeLaunch })
+}
+
 // attachMulti hooks lib with one uprobe_multi link per entry program (one
 // per argument shape) and one per layer for the returns.
 func (t *Tracker) attachMulti(ex *link.Executable, pid int, lib *Library) []link.Link {
 	byShape := map[int]*link.UprobeMultiOptions{}
-	byLayer := map[string]*link.UprobeMultiOptions{}
-	for _, hk := range lib.Hooks {
+	byLayer := map[string]*link.UprobeMultiOptions{} // by API.retKey
+	for _, hk := range t.hooked(lib) {
 		a := APIs[hk.API]
 		o := byShape[a.Shape]
 		if o == nil {
@@ -412,10 +443,10 @@ func (t *Tracker) attachMulti(ex *link.Executable, pid int, lib *Library) []link
 		}
 		o.Addresses = append(o.Addresses, hk.Offset)
 		o.Cookies = append(o.Cookies, uint64(hk.API))
-		r := byLayer[a.Layer]
+		r := byLayer[a.retKey()]
 		if r == nil {
 			r = &link.UprobeMultiOptions{}
-			byLayer[a.Layer] = r
+			byLayer[a.retKey()] = r
 		}
 		r.Addresses = append(r.Addresses, hk.Offset)
 	}
@@ -496,6 +527,8 @@ func (t *Tracker) Untrack(pid int) {
 	}
 	t.live.Forget(tgid)
 	t.sites.Forget(tgid)
+	t.waitSites.Forget(tgid)
+	t.waitThreads.Forget(tgid)
 	t.view.Untrack(pid)
 }
 
@@ -505,6 +538,7 @@ func (t *Tracker) uncount(tgid uint32) {
 	_ = t.maps.CudaCounters.Delete(tgid)
 	_ = t.maps.LiveBytes.Delete(tgid)
 	_ = t.maps.PeakBytes.Delete(tgid)
+	_ = t.maps.Launches.Delete(tgid)
 }
 
 // Alloc is one live allocation.
@@ -531,7 +565,45 @@ type Sample struct {
 	// allocations made and freed, a free counted for the site of the
 	// block it frees.
 	Sites map[stacks.Site]stacks.Counts
+	// Waits are the host's waits on the GPU since tracking began, by API
+	// and canonical call site.
+	Waits map[WaitSite]WaitCounts
+	// Threads are the waits of each thread (by thread id) since tracking
+	// began.
+	Threads map[int]ThreadCounts
+	// Launches are the kernel launches since tracking began; nil when
+	// they are not hooked or there were none.
+	Launches *LaunchCounts
 }
+
+// WaitSite is where a process waited: an API (an index in APIs) at a call
+// site.
+type WaitSite struct {
+	API  int
+	Site stacks.Site
+}
+
+// WaitCounts is the waits of one WaitSite; Slots as the kernel's (slot i:
+// durations of [2^i, 2^(i+1)) units of 2^-30 s, the last one longer).
+type WaitCounts struct {
+	Calls, TotalNs, MaxNs uint64
+	Slots                 [waitSlots]uint64
+}
+
+// ThreadCounts is one thread's waits.
+type ThreadCounts struct {
+	Calls, TotalNs uint64
+}
+
+// LaunchCounts is one process's launches, by API (an index in APIs), with
+// their latency.
+type LaunchCounts struct {
+	Calls   map[int]uint64
+	TotalNs uint64
+	Slots   [waitSlots]uint64
+}
+
+const waitSlots = len(cudaWaitCounts{}.Slots)
 
 // Poll reads the counters of each pid and the live table once.
 func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
@@ -587,6 +659,9 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		}
 		s.Sites = sites[uint32(pid)]
 	}
+	if err := t.readWaits(out); err != nil {
+		return nil, err
+	}
 	if t.polls++; t.polls%bpfobj.StackGCEvery == 0 {
 		t.keepStacks(live)
 	}
@@ -594,7 +669,7 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 }
 
 // keepStacks gives the stack service the stacks this view refers to: of
-// live allocations and call sites (of any process), and of failures drained
+// live allocations, call sites and wait sites (of any process), and of failures drained
 // since the last time, symbolized after Poll.
 func (t *Tracker) keepStacks(live map[uint32][]bpfobj.Entry[cudaCudaAllocKey, cudaCudaAlloc]) {
 	keep := t.failStacks
@@ -604,9 +679,79 @@ func (t *Tracker) keepStacks(live map[uint32][]bpfobj.Entry[cudaCudaAllocKey, cu
 			keep[uint32(t.stacks.Canonical(e.Val.StackId))] = true
 		}
 	}
+	for pid := range t.procs {
+		for _, e := range t.waitSites.Group(uint32(pid)) {
+			keep[uint32(e.Key.StackId)] = true
+			keep[uint32(t.stacks.Canonical(e.Key.StackId))] = true
+		}
+	}
 	t.sites.Keep(keep, t.tracked)
 	t.view.Sweep(keep)
 	t.failStacks = map[uint32]bool{}
+}
+
+// readWaits adds the waits and launches of each process in out (those
+// with CUDA libraries hooked).
+func (t *Tracker) readWaits(out map[int]*Sample) error {
+	sites, err := t.waitSites.Read(t.tracked)
+	if err != nil {
+		return fmt.Errorf("reading the wait site table: %w", err)
+	}
+	threads, err := t.waitThreads.Read(t.tracked)
+	if err != nil {
+		return fmt.Errorf("reading the wait thread table: %w", err)
+	}
+	for pid, s := range out {
+		if g := sites[uint32(pid)]; len(g) > 0 {
+			s.Waits = make(map[WaitSite]WaitCounts, len(g))
+			for _, e := range g {
+				// A stack first finished in user space has an id of its own
+				// until known: one site may sit under two.
+				k := WaitSite{API: int(e.Key.Api), Site: stacks.Site{Stack: t.stacks.Canonical(e.Key.StackId), Py: e.Key.PyStack}}
+				w := s.Waits[k]
+				w.Calls += e.Val.Calls
+				w.TotalNs += e.Val.TotalNs
+				w.MaxNs = max(w.MaxNs, e.Val.MaxNs)
+				for i, n := range e.Val.Slots {
+					w.Slots[i] += n
+				}
+				s.Waits[k] = w
+			}
+		}
+		if g := threads[uint32(pid)]; len(g) > 0 {
+			s.Threads = make(map[int]ThreadCounts, len(g))
+			for _, e := range g {
+				s.Threads[int(e.Key.Tid)] = ThreadCounts{Calls: e.Val.Calls, TotalNs: e.Val.TotalNs}
+			}
+		}
+		if !t.launches {
+			continue
+		}
+		if ps := t.procs[pid]; ps == nil || !ps.counted {
+			continue
+		}
+		var per []cudaLaunchCounts
+		if err := t.maps.Launches.Lookup(uint32(pid), &per); err != nil {
+			if errors.Is(err, ebpf.ErrKeyNotExist) {
+				continue // no launch yet
+			}
+			return fmt.Errorf("reading the launches of pid %d: %w", pid, err)
+		}
+		l := &LaunchCounts{Calls: map[int]uint64{}}
+		for _, c := range per {
+			for i, n := range c.Calls {
+				if n > 0 {
+					l.Calls[int(cudaCudaApiAPI_CUDA_LAUNCH_KERNEL)+i] += n
+				}
+			}
+			l.TotalNs += c.TotalNs
+			for i, n := range c.Slots {
+				l.Slots[i] += n
+			}
+		}
+		s.Launches = l
+	}
+	return nil
 }
 
 // Failure is one failed allocation call.

@@ -428,6 +428,8 @@ func TestOlderKernelFallbacks(t *testing.T) {
 	t.Run("peak between polls", TestPeakBetweenPolls)
 	t.Run("failure", TestFailure)
 	t.Run("python", TestPythonFramesAtAllocations)
+	t.Run("waits", func(t *testing.T) { runWaits(t, newConcern(t), dynamic(t)) })
+	t.Run("launches", TestLaunches)
 }
 
 // Balanced allocation and release: live bytes stay within the working set.

@@ -86,7 +86,7 @@ func TestInspectStubs(t *testing.T) {
 	for _, c := range []struct {
 		path, kind, layer string
 		n                 int
-	}{{runtime, kindRuntime, LayerRuntime, 10}, {driver, kindDriver, LayerDriver, 14}} {
+	}{{runtime, kindRuntime, LayerRuntime, 16}, {driver, kindDriver, LayerDriver, 21}} {
 		lib, err := Inspect(c.path, c.path, c.kind)
 		if err != nil {
 			t.Fatal(err)
@@ -155,7 +155,9 @@ func TestInspectOlderRuntime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"cudaMallocAsync", "cudaMallocFromPoolAsync", "cudaFreeAsync"}
+	// The script exports only allocation functions: the synchronising and
+	// launch functions are missing too.
+	want := []string{"cudaMallocAsync", "cudaMallocFromPoolAsync", "cudaFreeAsync", "cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaLaunchKernel", "cudaGraphLaunch"}
 	if !slices.Equal(lib.Missing, want) || len(lib.Hooks) != 7 {
 		t.Errorf("missing %v with %d hooks; want %v with 7", lib.Missing, len(lib.Hooks), want)
 	}
@@ -169,7 +171,7 @@ func TestInspectExecutables(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if lib == nil || len(lib.Hooks) != 10 || len(lib.Missing) != 0 {
+	if lib == nil || len(lib.Hooks) != 16 || len(lib.Missing) != 0 {
 		t.Fatalf("static runtime: %+v", lib)
 	}
 	plain := testutil.Fixture(t, "cudawork")

@@ -227,7 +227,9 @@ func TestInterestingProcesses(t *testing.T) {
 // containers of 8 processes each with 5 of them leaking, the node serves
 // at most 1 500 series. The processes are the richest this tool sees
 // without a GPU: fds of three kinds, TCP sockets in two states, context
-// switches and the run-queue histogram with classic buckets.
+// switches and the run-queue histogram with classic buckets; the first of
+// 8 containers (a node's 8 GPUs) also uses CUDA: allocations, host waits
+// on the GPU and kernel launches (--launches).
 func TestSeriesBudget(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	m := New(reg, "v1", Options{Pods: true, Granularity: PerContainer, RunqueueClassicBuckets: true})
@@ -242,6 +244,9 @@ func TestSeriesBudget(t *testing.T) {
 			p.FD.Failed = map[string]uint64{"EMFILE": 0, "ENFILE": 0}
 			p.Sock = model.SockStats{TCPByState: map[string]int{"LISTEN": 1, "ESTABLISHED": 19},
 				ByKind: map[string]int{"tcp": 20, "udp": 0, "unix": 2, "other": 0}}
+			if c < 8 && i == 0 {
+				p.CUDA = waitsProc(pid, true).CUDA
+			}
 			procs = append(procs, p)
 			if c < 5 && i == 0 {
 				findings = append(findings, finding(pid, "python", true))

@@ -340,7 +340,22 @@ const (
 	SeriesGPULiveBytes = "gpu_live_bytes" // live device bytes; max is the kernel's high-water mark
 
 	ChartGPUMemory = "gpu_memory" // processes with CUDA activity only
+
+	// SeriesCUDAWaitShare is the share of each interval the most waiting
+	// thread spent in synchronising CUDA calls (CUDAWaits.Share), drawn
+	// on the GPU utilization chart: the other side of a GPU-bound job.
+	SeriesCUDAWaitShare = "cuda_wait_share_ratio"
 )
+
+// waitsByAPI sums the waits of c's sites by API: calls and seconds.
+func waitsByAPI(c *CUDAStats) (calls map[string]uint64, seconds map[string]float64) {
+	calls, seconds = map[string]uint64{}, map[string]float64{}
+	for _, s := range c.Waits.Sites {
+		calls[s.API] += s.Calls
+		seconds[s.API] += s.Seconds
+	}
+	return calls, seconds
+}
 
 // cudaSamples adds p's values from of, only for processes with CUDA
 // activity: fewer series.
@@ -375,6 +390,35 @@ var cudaShown = Shown{
 					add(float64(c.UntrackedBytes))
 				}
 			})},
+		{Name: "autoglm_cuda_sync_calls_total", Help: "Synchronising CUDA calls (the host waiting on the GPU: cudaStreamSynchronize, synchronous cudaMemcpy, ...) since attach, by API; a driver call made inside a runtime call counts once, under the runtime's.", Type: CounterMetric, Labels: []string{"api"},
+			Samples: cudaSamples(func(c *CUDAStats, add func(float64, ...string)) {
+				calls, _ := waitsByAPI(c)
+				each(calls, add)
+			})},
+		{Name: "autoglm_cuda_sync_wait_seconds_total", Help: "Time the process's threads waited in synchronising CUDA calls since attach, by API.", Type: CounterMetric, Labels: []string{"api"},
+			Samples: cudaSamples(func(c *CUDAStats, add func(float64, ...string)) {
+				_, secs := waitsByAPI(c)
+				for api, v := range secs {
+					add(v, api)
+				}
+			})},
+		{Name: "autoglm_cuda_sync_wait_seconds", Help: "Each synchronising CUDA call's wait since attach, all APIs.", Type: HistogramMetric,
+			Histogram: func(p *Process) (Histogram, bool) {
+				return p.CUDA.Waits.Histogram, p.CUDA.Active() && p.CUDA.Waits.Calls > 0
+			}},
+		{Name: "autoglm_cuda_launches_total", Help: "CUDA kernel launches since attach, by API (hooked only with --launches).", Type: CounterMetric, Labels: []string{"api"},
+			Samples: cudaSamples(func(c *CUDAStats, add func(float64, ...string)) {
+				if c.Launches != nil {
+					each(c.Launches.Calls, add)
+				}
+			})},
+		{Name: "autoglm_cuda_launch_seconds", Help: "Each CUDA kernel launch call's latency since attach (hooked only with --launches).", Type: HistogramMetric,
+			Histogram: func(p *Process) (Histogram, bool) {
+				if l := p.CUDA.Launches; l != nil && p.CUDA.Active() && l.Histogram.Count > 0 {
+					return l.Histogram, true
+				}
+				return Histogram{}, false
+			}},
 	},
 	Figures: []Figure{
 		// The kernel's mark is at least the live bytes at this poll; the
@@ -383,6 +427,11 @@ var cudaShown = Shown{
 			c := &p.CUDA
 			live := float64(c.LiveBytes)
 			return Range{Min: live, Max: float64(max(c.LivePeakBytes, c.LiveBytes)), Last: live}, c.Active()
+		}},
+		// Known at polls only: the share of the interval since the
+		// previous one.
+		{Name: SeriesCUDAWaitShare, Unit: UnitRatio, Kind: Gauge, Value: func(p *Process) (Range, bool) {
+			return At(p.CUDA.Waits.Share), p.CUDA.Active() && p.CUDA.Waits.Calls > 0
 		}},
 	},
 	// GPU memory right after the fds, for the processes that use it:

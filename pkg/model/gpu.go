@@ -312,9 +312,12 @@ var nvmlShown = Shown{
 	},
 	Charts: []Chart{
 		{ID: ChartGPUUtil, Title: "GPU utilization (NVML, per process)", Unit: UnitRatio, Optional: true, Rank: 20,
-			Lines: []Line{{Series: SeriesGPUSMUtil, Label: "SM (kernels running)", Color: "green"}, {Series: SeriesGPUMemUtil, Label: "memory controller", Color: "purple"}},
-			// They are judged on the utilization this chart shows; a sync
-			// storm where it is known, its idle GPU.
+			Lines: []Line{{Series: SeriesGPUSMUtil, Label: "SM (kernels running)", Color: "green"}, {Series: SeriesGPUMemUtil, Label: "memory controller", Color: "purple"},
+				// The host side beside it (pkg/model/cuda.go): a GPU-bound
+				// loop waits on the GPU most of the time.
+				{Series: SeriesCUDAWaitShare, Label: "host waiting on the GPU (busiest thread)", Color: "orange"}},
+			// Both are judged on what this chart shows: the GPU's
+			// utilization, and for a sync storm the host's waits.
 			Marks: []string{KindGPUInputBound, KindGPUSyncStorm}},
 	},
 }

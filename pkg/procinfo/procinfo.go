@@ -354,6 +354,24 @@ func (fs FS) Comm(pid int) (string, error) {
 	return c, nil
 }
 
+// ThreadComm returns the name of thread tid of pid
+// (/proc/PID/task/TID/comm).
+func (fs FS) ThreadComm(pid, tid int) (string, error) {
+	p, err := fs.process(pid)
+	if err != nil {
+		return "", err
+	}
+	t, err := p.Thread(tid)
+	if err != nil {
+		return "", procErr(pid, err)
+	}
+	c, err := t.Comm()
+	if err != nil {
+		return "", procErr(pid, err)
+	}
+	return c, nil
+}
+
 // Check validates a pid given by the user: it must be positive, exist, and
 // be a user-space process, since kernel threads have nothing to trace.
 func (fs FS) Check(pid int) error {
