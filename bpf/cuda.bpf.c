@@ -712,6 +712,21 @@ struct {
 	__type(value, struct thread_timed);
 } timed_calls_tid SEC(".maps");
 
+/* Zeroed values to make new entries from: the counts are too large for the
+ * stack, which kernels before 5.15 bound at 512 bytes over a chain of
+ * calls. Never written. */
+struct timed_zero {
+	struct wait_counts wait;
+	struct launch_counts launch;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct timed_zero);
+} timed_zero SEC(".maps");
+
 const struct wait_key *unused_wait_key __attribute__((unused));
 const struct wait_counts *unused_wait_counts __attribute__((unused));
 const struct wait_thread_key *unused_wait_thread_key __attribute__((unused));
@@ -775,9 +790,11 @@ static __always_inline void count_wait(u32 tgid, u32 tid, const struct timed_cal
 	struct wait_key key = { .tgid = tgid, .api = st->api, .stack_id = st->stack_id, .py_stack = capture_py(tgid) };
 	struct wait_counts *w = bpf_map_lookup_elem(&wait_sites, &key);
 	if (!w) {
-		struct wait_counts zero = {};
+		u32 zero = 0;
+		const struct timed_zero *z = bpf_map_lookup_elem(&timed_zero, &zero);
 		/* Another thread may make it first: then the lookup finds theirs. */
-		bpf_map_update_elem(&wait_sites, &key, &zero, BPF_NOEXIST);
+		if (z)
+			bpf_map_update_elem(&wait_sites, &key, &z->wait, BPF_NOEXIST);
 		w = bpf_map_lookup_elem(&wait_sites, &key);
 	}
 	if (w) {
@@ -819,8 +836,10 @@ static __always_inline void count_launch(u32 tgid, u32 api, u64 ns)
 		return;
 	struct launch_counts *l = bpf_map_lookup_elem(&launches, &tgid);
 	if (!l) {
-		struct launch_counts zero = {};
-		bpf_map_update_elem(&launches, &tgid, &zero, BPF_NOEXIST);
+		u32 zero = 0;
+		const struct timed_zero *z = bpf_map_lookup_elem(&timed_zero, &zero);
+		if (z)
+			bpf_map_update_elem(&launches, &tgid, &z->launch, BPF_NOEXIST);
 		l = bpf_map_lookup_elem(&launches, &tgid);
 		if (!l) {
 			count_err(ERR_SITES);

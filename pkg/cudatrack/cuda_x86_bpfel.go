@@ -229,6 +229,12 @@ type cudaThreadTimed struct {
 	}
 }
 
+type cudaTimedZero struct {
+	_      structs.HostLayout
+	Wait   cudaWaitCounts
+	Launch cudaLaunchCounts
+}
+
 type cudaUnwindKey struct {
 	_    structs.HostLayout
 	File uint64
@@ -328,6 +334,7 @@ const (
 	cudaMapSites                         = "sites"
 	cudaMapTimedCalls                    = "timed_calls"
 	cudaMapTimedCallsTid                 = "timed_calls_tid"
+	cudaMapTimedZero                     = "timed_zero"
 	cudaMapTrackedPids                   = "tracked_pids"
 	cudaMapUnwindMappings                = "unwind_mappings"
 	cudaMapUnwindPending                 = "unwind_pending"
@@ -530,6 +537,7 @@ type cudaMapSpecs struct {
 	Sites          *ebpf.MapSpec `ebpf:"sites"`
 	TimedCalls     *ebpf.MapSpec `ebpf:"timed_calls"`
 	TimedCallsTid  *ebpf.MapSpec `ebpf:"timed_calls_tid"`
+	TimedZero      *ebpf.MapSpec `ebpf:"timed_zero"`
 	TrackedPids    *ebpf.MapSpec `ebpf:"tracked_pids"`
 	UnwindMappings *ebpf.MapSpec `ebpf:"unwind_mappings"`
 	UnwindPending  *ebpf.MapSpec `ebpf:"unwind_pending"`
@@ -616,6 +624,7 @@ type cudaMaps struct {
 	Sites          *ebpf.Map `ebpf:"sites"`
 	TimedCalls     *ebpf.Map `ebpf:"timed_calls"`
 	TimedCallsTid  *ebpf.Map `ebpf:"timed_calls_tid"`
+	TimedZero      *ebpf.Map `ebpf:"timed_zero"`
 	TrackedPids    *ebpf.Map `ebpf:"tracked_pids"`
 	UnwindMappings *ebpf.Map `ebpf:"unwind_mappings"`
 	UnwindPending  *ebpf.Map `ebpf:"unwind_pending"`
@@ -650,6 +659,7 @@ func (m *cudaMaps) Close() error {
 		m.Sites,
 		m.TimedCalls,
 		m.TimedCallsTid,
+		m.TimedZero,
 		m.TrackedPids,
 		m.UnwindMappings,
 		m.UnwindPending,
