@@ -649,7 +649,8 @@ struct wait_thread {
 	u64 total_ns;
 };
 
-/* Per process, summed over CPUs by user space. */
+/* Per process, summed over CPUs by user space, which makes the entry (with
+ * the other counters) when launches are hooked. */
 struct launch_counts {
 	u64 calls[3]; /* by API, from API_CUDA_LAUNCH_KERNEL on */
 	u64 total_ns;
@@ -712,20 +713,15 @@ struct {
 	__type(value, struct thread_timed);
 } timed_calls_tid SEC(".maps");
 
-/* Zeroed values to make new entries from: the counts are too large for the
- * stack, which kernels before 5.15 bound at 512 bytes over a chain of
+/* A zeroed value to make new wait sites from: the counts are too large for
+ * the stack, which kernels before 5.15 bound at 512 bytes over a chain of
  * calls. Never written. */
-struct timed_zero {
-	struct wait_counts wait;
-	struct launch_counts launch;
-};
-
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, u32);
-	__type(value, struct timed_zero);
-} timed_zero SEC(".maps");
+	__type(value, struct wait_counts);
+} wait_zero SEC(".maps");
 
 const struct wait_key *unused_wait_key __attribute__((unused));
 const struct wait_counts *unused_wait_counts __attribute__((unused));
@@ -791,10 +787,10 @@ static __always_inline void count_wait(u32 tgid, u32 tid, const struct timed_cal
 	struct wait_counts *w = bpf_map_lookup_elem(&wait_sites, &key);
 	if (!w) {
 		u32 zero = 0;
-		const struct timed_zero *z = bpf_map_lookup_elem(&timed_zero, &zero);
+		const struct wait_counts *z = bpf_map_lookup_elem(&wait_zero, &zero);
 		/* Another thread may make it first: then the lookup finds theirs. */
 		if (z)
-			bpf_map_update_elem(&wait_sites, &key, &z->wait, BPF_NOEXIST);
+			bpf_map_update_elem(&wait_sites, &key, z, BPF_NOEXIST);
 		w = bpf_map_lookup_elem(&wait_sites, &key);
 	}
 	if (w) {
@@ -836,15 +832,8 @@ static __always_inline void count_launch(u32 tgid, u32 api, u64 ns)
 		return;
 	struct launch_counts *l = bpf_map_lookup_elem(&launches, &tgid);
 	if (!l) {
-		u32 zero = 0;
-		const struct timed_zero *z = bpf_map_lookup_elem(&timed_zero, &zero);
-		if (z)
-			bpf_map_update_elem(&launches, &tgid, &z->launch, BPF_NOEXIST);
-		l = bpf_map_lookup_elem(&launches, &tgid);
-		if (!l) {
-			count_err(ERR_SITES);
-			return;
-		}
+		count_err(ERR_COUNTERS);
+		return;
 	}
 	/* Per CPU: plain adds. */
 	l->calls[k]++;

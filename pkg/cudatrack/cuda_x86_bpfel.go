@@ -229,12 +229,6 @@ type cudaThreadTimed struct {
 	}
 }
 
-type cudaTimedZero struct {
-	_      structs.HostLayout
-	Wait   cudaWaitCounts
-	Launch cudaLaunchCounts
-}
-
 type cudaUnwindKey struct {
 	_    structs.HostLayout
 	File uint64
@@ -334,7 +328,6 @@ const (
 	cudaMapSites                         = "sites"
 	cudaMapTimedCalls                    = "timed_calls"
 	cudaMapTimedCallsTid                 = "timed_calls_tid"
-	cudaMapTimedZero                     = "timed_zero"
 	cudaMapTrackedPids                   = "tracked_pids"
 	cudaMapUnwindMappings                = "unwind_mappings"
 	cudaMapUnwindPending                 = "unwind_pending"
@@ -345,6 +338,7 @@ const (
 	cudaMapUnwoundStacks                 = "unwound_stacks"
 	cudaMapWaitSites                     = "wait_sites"
 	cudaMapWaitThreads                   = "wait_threads"
+	cudaMapWaitZero                      = "wait_zero"
 	cudaProgCudaAllocEnter               = "cuda_alloc_enter"
 	cudaProgCudaCountEnter               = "cuda_count_enter"
 	cudaProgCudaFreeEnter                = "cuda_free_enter"
@@ -537,7 +531,6 @@ type cudaMapSpecs struct {
 	Sites          *ebpf.MapSpec `ebpf:"sites"`
 	TimedCalls     *ebpf.MapSpec `ebpf:"timed_calls"`
 	TimedCallsTid  *ebpf.MapSpec `ebpf:"timed_calls_tid"`
-	TimedZero      *ebpf.MapSpec `ebpf:"timed_zero"`
 	TrackedPids    *ebpf.MapSpec `ebpf:"tracked_pids"`
 	UnwindMappings *ebpf.MapSpec `ebpf:"unwind_mappings"`
 	UnwindPending  *ebpf.MapSpec `ebpf:"unwind_pending"`
@@ -548,6 +541,7 @@ type cudaMapSpecs struct {
 	UnwoundStacks  *ebpf.MapSpec `ebpf:"unwound_stacks"`
 	WaitSites      *ebpf.MapSpec `ebpf:"wait_sites"`
 	WaitThreads    *ebpf.MapSpec `ebpf:"wait_threads"`
+	WaitZero       *ebpf.MapSpec `ebpf:"wait_zero"`
 }
 
 // cudaVariableSpecs contains global variables before they are loaded into the kernel.
@@ -624,7 +618,6 @@ type cudaMaps struct {
 	Sites          *ebpf.Map `ebpf:"sites"`
 	TimedCalls     *ebpf.Map `ebpf:"timed_calls"`
 	TimedCallsTid  *ebpf.Map `ebpf:"timed_calls_tid"`
-	TimedZero      *ebpf.Map `ebpf:"timed_zero"`
 	TrackedPids    *ebpf.Map `ebpf:"tracked_pids"`
 	UnwindMappings *ebpf.Map `ebpf:"unwind_mappings"`
 	UnwindPending  *ebpf.Map `ebpf:"unwind_pending"`
@@ -635,6 +628,7 @@ type cudaMaps struct {
 	UnwoundStacks  *ebpf.Map `ebpf:"unwound_stacks"`
 	WaitSites      *ebpf.Map `ebpf:"wait_sites"`
 	WaitThreads    *ebpf.Map `ebpf:"wait_threads"`
+	WaitZero       *ebpf.Map `ebpf:"wait_zero"`
 }
 
 func (m *cudaMaps) Close() error {
@@ -659,7 +653,6 @@ func (m *cudaMaps) Close() error {
 		m.Sites,
 		m.TimedCalls,
 		m.TimedCallsTid,
-		m.TimedZero,
 		m.TrackedPids,
 		m.UnwindMappings,
 		m.UnwindPending,
@@ -670,6 +663,7 @@ func (m *cudaMaps) Close() error {
 		m.UnwoundStacks,
 		m.WaitSites,
 		m.WaitThreads,
+		m.WaitZero,
 	)
 }
 
