@@ -34,7 +34,7 @@ func addWebFlags(fl *pflag.FlagSet, addr, webConfig *string, expose *bool, def, 
 }
 
 // profilesHelp is what --web.listen-address says of the profiles.
-const launchesHelp = "hook CUDA kernel launches too (cudaLaunchKernel, cuLaunchKernel, cudaGraphLaunch): counts by API and each call's latency (autoglm_cuda_launches_total, autoglm_cuda_launch_seconds); off by default, as PyTorch eager issues tens of thousands a second and each hooked call costs about a microsecond more (BENCHMARKS.md)"
+const launchesHelp = "hook CUDA kernel launches too (cudaLaunchKernel, cuLaunchKernel, cudaGraphLaunch): counts by API and each call's latency (autoglm_cuda_launches_total, autoglm_cuda_launch_seconds); off by default, as PyTorch eager issues tens of thousands a second and each launch then pays a uprobe trap at the entry and the return of each hooked function it goes through, and our programs: BENCHMARKS.md has the cost"
 
 const profilesHelp = "the current profiles (/debug/pprof/gpu, /debug/pprof/fd, /debug/pprof/wait) to loopback and authenticated clients only (--web.expose-profiles: to every client)"
 
