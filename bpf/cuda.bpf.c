@@ -649,7 +649,8 @@ struct wait_thread {
 	u64 total_ns;
 };
 
-/* Per process, summed over CPUs by user space. */
+/* Per process, summed over CPUs by user space, which makes the entry (with
+ * the other counters) when launches are hooked. */
 struct launch_counts {
 	u64 calls[3]; /* by API, from API_CUDA_LAUNCH_KERNEL on */
 	u64 total_ns;
@@ -711,6 +712,16 @@ struct {
 	__type(key, u32);
 	__type(value, struct thread_timed);
 } timed_calls_tid SEC(".maps");
+
+/* A zeroed value to make new wait sites from: the counts are too large for
+ * the stack, which kernels before 5.15 bound at 512 bytes over a chain of
+ * calls. Never written. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct wait_counts);
+} wait_zero SEC(".maps");
 
 const struct wait_key *unused_wait_key __attribute__((unused));
 const struct wait_counts *unused_wait_counts __attribute__((unused));
@@ -775,9 +786,11 @@ static __always_inline void count_wait(u32 tgid, u32 tid, const struct timed_cal
 	struct wait_key key = { .tgid = tgid, .api = st->api, .stack_id = st->stack_id, .py_stack = capture_py(tgid) };
 	struct wait_counts *w = bpf_map_lookup_elem(&wait_sites, &key);
 	if (!w) {
-		struct wait_counts zero = {};
+		u32 zero = 0;
+		const struct wait_counts *z = bpf_map_lookup_elem(&wait_zero, &zero);
 		/* Another thread may make it first: then the lookup finds theirs. */
-		bpf_map_update_elem(&wait_sites, &key, &zero, BPF_NOEXIST);
+		if (z)
+			bpf_map_update_elem(&wait_sites, &key, z, BPF_NOEXIST);
 		w = bpf_map_lookup_elem(&wait_sites, &key);
 	}
 	if (w) {
@@ -819,13 +832,8 @@ static __always_inline void count_launch(u32 tgid, u32 api, u64 ns)
 		return;
 	struct launch_counts *l = bpf_map_lookup_elem(&launches, &tgid);
 	if (!l) {
-		struct launch_counts zero = {};
-		bpf_map_update_elem(&launches, &tgid, &zero, BPF_NOEXIST);
-		l = bpf_map_lookup_elem(&launches, &tgid);
-		if (!l) {
-			count_err(ERR_SITES);
-			return;
-		}
+		count_err(ERR_COUNTERS);
+		return;
 	}
 	/* Per CPU: plain adds. */
 	l->calls[k]++;

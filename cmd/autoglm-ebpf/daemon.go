@@ -45,6 +45,7 @@ type daemonFlags struct {
 	maxFDs      uint32
 	fdReads     int
 	maxAllocs   uint32
+	launches    bool
 	gpuEvery    time.Duration
 	ctxFloor    float64
 	gpuBudget   gpualloc.Bytes
@@ -65,7 +66,7 @@ library (or has the runtime linked in), found as it execs or loads the library
 (kernel events) and by a slow resync of /proc. Serves /metrics, /healthz and
 /readyz. In a Kubernetes pod with hostPID, processes are labelled with their
 pod (from their cgroup, and names from the API server). The current
-profiles (/debug/pprof/gpu, /debug/pprof/fd) are served to loopback and
+profiles (/debug/pprof/gpu, /debug/pprof/fd, /debug/pprof/wait) are served to loopback and
 authenticated clients only, unless --web.expose-profiles. SIGTERM detaches
 everything and exits 0.`,
 		Args: noArgs,
@@ -97,6 +98,7 @@ everything and exits 0.`,
 	fl.Uint32Var(&f.maxFDs, "max-fds", 1<<18, "capacity of the kernel's live fd table, all processes together")
 	fl.IntVar(&f.fdReads, "fd-reads-per-poll", fdtrack.DefaultReadsPerPoll, "most fds described from /proc (a readlink each) per interval, all processes together; a larger table is filled over several intervals (autoglm_fd_descriptions_deferred_total)")
 	fl.Uint32Var(&f.maxAllocs, "max-allocs", 1<<18, "capacity of the kernel's live GPU allocation table, all processes together")
+	fl.BoolVar(&f.launches, "launches", false, launchesHelp)
 	fl.DurationVar(&f.gpuEvery, "gpu-interval", nvml.DefaultInterval, "how often NVML is sampled (at least "+nvml.MinInterval.String()+")")
 	fl.Float64Var(&f.ctxFloor, "ctx-switch-floor", ctxstorm.DefaultConfig().Floor, "context switches/s below which no storm is reported")
 	// On by default here, unlike attach: the shipped dashboard and many
@@ -223,7 +225,7 @@ func runDaemon(f *daemonFlags, rules daemon.Rules) error {
 	srv.Serve(reg, health, 3*f.interval+5*time.Second)
 
 	cfg := pipeline.DefaultConfig()
-	cfg.Interval, cfg.MaxFDs, cfg.MaxAllocs, cfg.GPUInterval = f.interval, f.maxFDs, f.maxAllocs, f.gpuEvery
+	cfg.Interval, cfg.MaxFDs, cfg.MaxAllocs, cfg.GPUInterval, cfg.Launches = f.interval, f.maxFDs, f.maxAllocs, f.gpuEvery, f.launches
 	cfg.FDReadsPerPoll, cfg.MaxProcesses = f.fdReads, f.maxProcs
 	cfg.CtxStorm.Floor = f.ctxFloor
 	cfg.GPUAlloc.MemoryBudget = uint64(f.gpuBudget)

@@ -30,11 +30,13 @@ const listenHelp = "; a bare :PORT binds every interface, as exporters do (127.0
 func addWebFlags(fl *pflag.FlagSet, addr, webConfig *string, expose *bool, def, serves string) {
 	fl.StringVar(addr, "web.listen-address", def, "serve on ADDR "+serves+listenHelp)
 	fl.StringVar(webConfig, "web.config.file", "", "exporter-toolkit web config (TLS, basic auth), as node_exporter takes it; clients it authenticates (basic_auth_users, or a client certificate verified against client_ca_file) also get the profiles")
-	fl.BoolVar(expose, "web.expose-profiles", false, "serve the profiles (/debug/pprof/gpu, /debug/pprof/fd: the call stacks, file paths and function names of every watched process) to anyone who can reach --web.listen-address, unauthenticated; without it only loopback clients (kubectl port-forward) and those --web.config.file authenticates get them, others 403")
+	fl.BoolVar(expose, "web.expose-profiles", false, "serve the profiles (/debug/pprof/gpu, /debug/pprof/fd, /debug/pprof/wait: the call stacks, file paths and function names of every watched process) to anyone who can reach --web.listen-address, unauthenticated; without it only loopback clients (kubectl port-forward) and those --web.config.file authenticates get them, others 403")
 }
 
 // profilesHelp is what --web.listen-address says of the profiles.
-const profilesHelp = "the current profiles (/debug/pprof/gpu, /debug/pprof/fd) to loopback and authenticated clients only (--web.expose-profiles: to every client)"
+const launchesHelp = "hook CUDA kernel launches too (cudaLaunchKernel, cuLaunchKernel, cudaGraphLaunch): counts by API and each call's latency (autoglm_cuda_launches_total, autoglm_cuda_launch_seconds); off by default, as PyTorch eager issues tens of thousands a second and each launch then pays a uprobe trap at the entry and the return of each hooked function it goes through, and our programs: BENCHMARKS.md has the cost"
+
+const profilesHelp = "the current profiles (/debug/pprof/gpu, /debug/pprof/fd, /debug/pprof/wait) to loopback and authenticated clients only (--web.expose-profiles: to every client)"
 
 // logFlags are the exporters' --log.level and --log.format.
 type logFlags struct {

@@ -49,6 +49,7 @@ type watchFlags struct {
 	ctxFloor float64
 	gpuEvery time.Duration
 	maxAlloc uint32
+	launches bool
 	budget   gpualloc.Bytes // --gpu-memory-budget
 	children bool
 }
@@ -67,6 +68,7 @@ func (f *watchFlags) register(cmd *cobra.Command) {
 	fl.BoolVar(&f.children, "children", false, "also watch the targets' child processes, like strace -f (those forked while watched are tracked from their fork)")
 	fl.DurationVar(&f.gpuEvery, "gpu-interval", nvml.DefaultInterval, "how often NVML is sampled (at least "+nvml.MinInterval.String()+")")
 	fl.Uint32Var(&f.maxAlloc, "max-allocs", 1<<18, "capacity of the kernel's live GPU allocation table, all targets together")
+	fl.BoolVar(&f.launches, "launches", false, launchesHelp)
 	fl.Var(&f.budget, "gpu-memory-budget", "device memory each process may use (e.g. 80GiB): a GPU leak's time to exhaustion is also judged against it (needed without NVML)")
 	fl.Float64Var(&f.ctxFloor, "ctx-switch-floor", ctxstorm.DefaultConfig().Floor, "context switches/s below which no storm is reported, whatever the baseline")
 }
@@ -302,7 +304,7 @@ func watch(cmd *cobra.Command, f *watchFlags, start func(*pipeline.Pipeline) (fu
 	cfg := pipeline.DefaultConfig()
 	cfg.Interval, cfg.MaxFDs = f.interval, f.maxFDs
 	cfg.CtxStorm.Floor = f.ctxFloor
-	cfg.GPUInterval, cfg.MaxAllocs = f.gpuEvery, f.maxAlloc
+	cfg.GPUInterval, cfg.MaxAllocs, cfg.Launches = f.gpuEvery, f.maxAlloc, f.launches
 	cfg.GPUAlloc.MemoryBudget = uint64(f.budget)
 	cfg.Children = f.children
 	p, err := pipeline.New(cfg, sinks...)

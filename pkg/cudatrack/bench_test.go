@@ -217,3 +217,76 @@ func BenchmarkSustained(b *testing.B) {
 		_ = c.Close()
 	}
 }
+
+// BenchmarkLaunch measures one cudaLaunchKernel on the stand-ins (which
+// calls cuLaunchKernel: two hooked functions, four probe hits per launch
+// with --launches): tracked without --launches (the default: the launch
+// functions not hooked), with an empty entry+return program on every
+// hooked function (the bare cost of the probes), and with --launches.
+// ns/launch is the cost of one launch; with --launches it also reports the
+// kernel's count of the time spent in our programs (bpf-ns/launch).
+func BenchmarkLaunch(b *testing.B) {
+	testutil.RequireRoot(b)
+	runtime := testutil.CUDAStubs(b)
+	bin := testutil.Fixture(b, "cudawork")
+	for _, setup := range []string{"default", "empty", "launches"} {
+		b.Run(setup, func(b *testing.B) {
+			b.StopTimer()
+			p := testutil.StartProc(b, nil, bin, runtime, "launchbench", "60", strconv.Itoa(b.N))
+			p.Wait(b, "loaded", 10*time.Second)
+			pr := &model.Process{PID: p.Cmd.Process.Pid}
+			var c *Concern
+			if setup == "empty" {
+				defer attachEmpty(b, pr.PID, runtime)()
+			} else {
+				stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer stats.Close()
+				if c, err = New(Config{ProcRoot: "/proc", Launches: setup == "launches"}, symbolize.New("/proc")); err != nil {
+					b.Fatal(err)
+				}
+				defer c.Close()
+				if err := c.Track(pr.PID); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StartTimer()
+			p.Signal(b)
+			line := p.Wait(b, "ns ", 10*time.Minute)
+			b.StopTimer()
+			ns, err := strconv.ParseFloat(strings.TrimPrefix(line, "ns "), 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(ns/float64(b.N), "ns/launch")
+			if c == nil {
+				return
+			}
+			if _, err := c.Fill(time.Now(), []*model.Process{pr}); err != nil {
+				b.Fatal(err)
+			}
+			// Every launch counted, once, with --launches; none without.
+			var counted, want uint64
+			if l := pr.CUDA.Launches; l != nil {
+				counted = l.Calls["cudaLaunchKernel"]
+			}
+			if setup == "launches" {
+				want = uint64(b.N)
+			}
+			if counted != want {
+				b.Fatalf("%d launches counted, want %d", counted, want)
+			}
+			var bpf time.Duration
+			for _, prog := range c.coll.Programs {
+				st, err := prog.Stats()
+				if err != nil {
+					b.Fatal(err)
+				}
+				bpf += st.Runtime
+			}
+			b.ReportMetric(float64(bpf.Nanoseconds())/float64(b.N), "bpf-ns/launch")
+		})
+	}
+}

@@ -338,6 +338,7 @@ const (
 	cudaMapUnwoundStacks                 = "unwound_stacks"
 	cudaMapWaitSites                     = "wait_sites"
 	cudaMapWaitThreads                   = "wait_threads"
+	cudaMapWaitZero                      = "wait_zero"
 	cudaProgCudaAllocEnter               = "cuda_alloc_enter"
 	cudaProgCudaCountEnter               = "cuda_count_enter"
 	cudaProgCudaFreeEnter                = "cuda_free_enter"
@@ -540,6 +541,7 @@ type cudaMapSpecs struct {
 	UnwoundStacks  *ebpf.MapSpec `ebpf:"unwound_stacks"`
 	WaitSites      *ebpf.MapSpec `ebpf:"wait_sites"`
 	WaitThreads    *ebpf.MapSpec `ebpf:"wait_threads"`
+	WaitZero       *ebpf.MapSpec `ebpf:"wait_zero"`
 }
 
 // cudaVariableSpecs contains global variables before they are loaded into the kernel.
@@ -626,6 +628,7 @@ type cudaMaps struct {
 	UnwoundStacks  *ebpf.Map `ebpf:"unwound_stacks"`
 	WaitSites      *ebpf.Map `ebpf:"wait_sites"`
 	WaitThreads    *ebpf.Map `ebpf:"wait_threads"`
+	WaitZero       *ebpf.Map `ebpf:"wait_zero"`
 }
 
 func (m *cudaMaps) Close() error {
@@ -660,6 +663,7 @@ func (m *cudaMaps) Close() error {
 		m.UnwoundStacks,
 		m.WaitSites,
 		m.WaitThreads,
+		m.WaitZero,
 	)
 }
 

@@ -264,6 +264,12 @@ func (t *Tracker) count(pid int) error {
 	if err := t.maps.PeakBytes.Update(tgid, peaks, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
+	if t.launches {
+		launches := make([]cudaLaunchCounts, ebpf.MustPossibleCPU())
+		if err := t.maps.Launches.Update(tgid, launches, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+			return fmt.Errorf("tracking pid %d: %w", pid, err)
+		}
+	}
 	if err := t.member.Track(tgid, 0, 0); err != nil {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
@@ -572,7 +578,7 @@ type Sample struct {
 	// began.
 	Threads map[int]ThreadCounts
 	// Launches are the kernel launches since tracking began; nil when
-	// they are not hooked or there were none.
+	// they are not hooked.
 	Launches *LaunchCounts
 }
 
@@ -732,9 +738,6 @@ func (t *Tracker) readWaits(out map[int]*Sample) error {
 		}
 		var per []cudaLaunchCounts
 		if err := t.maps.Launches.Lookup(uint32(pid), &per); err != nil {
-			if errors.Is(err, ebpf.ErrKeyNotExist) {
-				continue // no launch yet
-			}
 			return fmt.Errorf("reading the launches of pid %d: %w", pid, err)
 		}
 		l := &LaunchCounts{Calls: map[int]uint64{}}

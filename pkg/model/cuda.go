@@ -462,6 +462,9 @@ var cudaShown = Shown{
 		if n := len(c.Failures); n > 0 {
 			s += fmt.Sprintf(", %d failed allocations", n)
 		}
+		if w := &c.Waits; w.Calls > 0 {
+			s += fmt.Sprintf("; waited on the GPU %.3gs in %d synchronising calls", w.Seconds, w.Calls)
+		}
 		return s
 	},
 }

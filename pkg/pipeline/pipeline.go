@@ -80,6 +80,9 @@ type Config struct {
 	SockProcTables bool
 	// MaxAllocs is the capacity of the kernel's live GPU allocation table.
 	MaxAllocs uint32
+	// Launches hooks CUDA kernel launches too (--launches): off by
+	// default, they are too many to hook for nothing.
+	Launches bool
 	// GPUInterval is how often NVML is sampled.
 	GPUInterval time.Duration
 	// NVML is the management library to sample (nil: the real one); tests

@@ -59,7 +59,7 @@ func (p *Pipeline) views() []view {
 			return socktrack.NewConcern(socktrack.Config{ProcRoot: cfg.ProcRoot, Cache: p.cache, ProcTables: cfg.SockProcTables, Tracked: p.tracked})
 		}},
 		{name: "cuda", check: cudatrack.Check, finds: "GPU allocations", load: func() (Concern, error) {
-			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites, Cache: p.cache, Symbolizer: p.sym, Stacks: p.stacks, Tracked: p.tracked}, p.sym)
+			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, Launches: cfg.Launches, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites, Cache: p.cache, Symbolizer: p.sym, Stacks: p.stacks, Tracked: p.tracked}, p.sym)
 		}},
 	})
 }

@@ -89,4 +89,4 @@ func find(s *model.Snapshot, pid int) *model.Process {
 }
 
 // Paths are where the profiles are served, by kind.
-var Paths = map[string]string{GPU: "/debug/pprof/gpu", FD: "/debug/pprof/fd"}
+var Paths = map[string]string{GPU: "/debug/pprof/gpu", FD: "/debug/pprof/fd", Wait: "/debug/pprof/wait"}

@@ -1,8 +1,10 @@
 // Package profiles turns what the views know of each process's call sites
 // into pprof profiles (github.com/google/pprof/profile), the format that
 // go tool pprof, Pyroscope and Grafana read: GPU memory as Go's heap
-// profile has it (what is held now, what was allocated over the run) and
-// fds (open now, opened over the run). Frames come symbolized: native
+// profile has it (what is held now, what was allocated over the run), fds
+// (open now, opened over the run), and the host's waits on the GPU as Go's
+// block profile has contention (calls and time waited, by call site).
+// Frames come symbolized: native
 // ones with their module as mapping, function, and file and line where
 // the binary has line tables; Python ones with function, file and line.
 package profiles
@@ -10,6 +12,7 @@ package profiles
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -20,8 +23,9 @@ import (
 
 // Kinds of profile, as file names and URLs spell them.
 const (
-	GPU = "gpu"
-	FD  = "fd"
+	GPU  = "gpu"
+	FD   = "fd"
+	Wait = "wait" // host waits on the GPU, as Go's block profile has contention
 )
 
 // unsymbolized stands for the sites whose stacks were not symbolized (past
@@ -31,6 +35,7 @@ const unsymbolized = "[other call sites]"
 // Builder collects the samples of one profile, from one process or many;
 // locations and functions are shared between samples.
 type Builder struct {
+	kind  string
 	p     *profile.Profile
 	locs  map[model.Frame]*profile.Location
 	funcs map[[3]string]*profile.Function
@@ -52,10 +57,16 @@ func NewBuilder(kind string, now time.Time) (*Builder, error) {
 		p.SampleType = []*profile.ValueType{{Type: "alloc_objects", Unit: "count"}, {Type: "inuse_objects", Unit: "count"}}
 		p.PeriodType = &profile.ValueType{Type: "fds", Unit: "count"}
 		p.DefaultSampleType = "inuse_objects"
+	case Wait:
+		// One sample per site, as Go's block profile has one per
+		// contended stack: the calls, and the time waited in them.
+		p.SampleType = []*profile.ValueType{{Type: "calls", Unit: "count"}, {Type: "wait", Unit: "nanoseconds"}}
+		p.PeriodType = &profile.ValueType{Type: "calls", Unit: "count"}
+		p.DefaultSampleType = "wait"
 	default:
-		return nil, fmt.Errorf("unknown profile kind %q (%s or %s)", kind, GPU, FD)
+		return nil, fmt.Errorf("unknown profile kind %q (%s, %s or %s)", kind, GPU, FD, Wait)
 	}
-	return &Builder{p: p, locs: map[model.Frame]*profile.Location{}, funcs: map[[3]string]*profile.Function{}, maps: map[string]*profile.Mapping{}}, nil
+	return &Builder{kind: kind, p: p, locs: map[model.Frame]*profile.Location{}, funcs: map[[3]string]*profile.Function{}, maps: map[string]*profile.Mapping{}}, nil
 }
 
 // Add adds the call sites of process p, each sample labelled with labels
@@ -70,7 +81,19 @@ func (b *Builder) Add(p *model.Process, labels map[string]string) {
 	if len(label) == 0 {
 		label = nil
 	}
-	if b.p.PeriodType.Type == "space" {
+	if b.kind == Wait {
+		for _, s := range p.CUDA.Waits.Sites {
+			// The API is the innermost frame, as the blocking call is in
+			// a block profile: one line's two kinds of wait stay apart.
+			stack := append([]model.Frame{{Kind: model.FrameNative, Function: s.API}}, s.Stack...)
+			if len(s.Stack) == 0 {
+				stack = append(stack, model.Frame{Kind: model.FrameNative, Function: unsymbolized})
+			}
+			b.sample(stack, []int64{int64(s.Calls), int64(math.Round(s.Seconds * 1e9))}, label)
+		}
+		return
+	}
+	if b.kind == GPU {
 		for _, s := range p.CUDA.Sites {
 			alloc, allocBytes := s.AllocCalls, s.AllocBytes
 			if alloc == 0 {

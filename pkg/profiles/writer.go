@@ -75,4 +75,4 @@ func FileName(pid int, kind string) string {
 }
 
 // Kinds lists the kinds of profile.
-var Kinds = []string{GPU, FD}
+var Kinds = []string{GPU, FD, Wait}

@@ -210,6 +210,7 @@ type procView struct {
 	Charts   []chart
 	Flames   []flame
 	Findings []findingView
+	Waits    *evTable // host waits on the GPU by call site; nil without any
 }
 
 func buildPage(r *Report, data []byte) *page {
@@ -277,6 +278,7 @@ func buildPage(r *Report, data []byte) *page {
 			own = append(own, r.Findings[f.N-1])
 		}
 		pv.Flames = processFlames(&p, own)
+		pv.Waits = waitTable(p.Sites)
 		for j := range pv.Charts {
 			pv.Charts[j].Source = fmt.Sprintf("p%d", i)
 		}
@@ -437,4 +439,38 @@ func secondsText(s float64) string {
 		return fmt.Sprintf("%.2f ms", s*1e3)
 	}
 	return fmt.Sprintf("%.1f µs", s*1e6)
+}
+
+// waitStackMax bounds the frames shown under a wait site: more than a
+// finding's, so that the Python line under the native frames of ctypes or
+// PyTorch shows.
+const waitStackMax = 12
+
+// waitRows bounds the wait sites in the table: the most waited.
+const waitRows = 20
+
+// waitTable lays out the host's waits on the GPU by call site, most waited
+// first, each with its stack under it (Python lines included where read).
+func waitTable(s *Sites) *evTable {
+	if s == nil || len(s.Wait) == 0 {
+		return nil
+	}
+	t := &evTable{Head: []string{"API", "calls", "total", "longest", "p50", "p99"}}
+	q := func(v *float64) string {
+		if v == nil {
+			return "–"
+		}
+		return "≤ " + durationText(*v)
+	}
+	for _, w := range s.Wait[:min(len(s.Wait), waitRows)] {
+		lines := frameTexts(w.Stack)
+		if len(lines) > waitStackMax {
+			lines = append(lines[:waitStackMax], fmt.Sprintf("… %d more frames", len(lines)-waitStackMax))
+		}
+		t.Rows = append(t.Rows, evEntry{
+			Cells: []string{w.API, strconv.FormatUint(w.Calls, 10), durationText(w.Seconds), durationText(w.MaxSeconds), q(w.P50Seconds), q(w.P99Seconds)},
+			Lines: lines,
+		})
+	}
+	return t
 }

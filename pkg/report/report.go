@@ -79,12 +79,46 @@ type CUDA struct {
 	// What the host did over the verdict's window; absent without a
 	// verdict or where the host's waits on the GPU are not known.
 	VerdictHost *VerdictHost `json:"verdict_host,omitempty"`
+	// The host's waits on the GPU in synchronising calls; absent without
+	// any. By call site: Sites.Wait.
+	Waits *Waits `json:"waits,omitempty"`
+	// Kernel launches by API; absent without --launches.
+	Launches map[string]uint64 `json:"launches,omitempty"`
 }
 
 // VerdictHost is model.VerdictHost in the report.
 type VerdictHost struct {
 	Confirmed bool    `json:"confirmed"`
 	WaitShare float64 `json:"wait_share"`
+}
+
+// Waits is model.CUDAWaits in the report, without its sites.
+type Waits struct {
+	Calls      uint64   `json:"calls"`
+	Seconds    float64  `json:"seconds"`
+	P50Seconds *float64 `json:"p50_seconds"` // upper bounds of the histogram's buckets
+	P99Seconds *float64 `json:"p99_seconds"`
+	// The busiest thread's share of the last poll interval, 0–1.
+	Share   float64      `json:"share"`
+	Threads []WaitThread `json:"threads"`
+}
+
+// WaitThread is model.ThreadWait in the report.
+type WaitThread struct {
+	TID     int     `json:"tid"`
+	Name    string  `json:"name"`
+	Calls   uint64  `json:"calls"`
+	Seconds float64 `json:"seconds"`
+	Share   float64 `json:"share"`
+}
+
+// quantile is h's q-quantile, nil for an empty histogram.
+func quantile(h model.Histogram, q float64) *float64 {
+	v, ok := h.Quantile(q)
+	if !ok {
+		return nil
+	}
+	return &v
 }
 
 // GPUUtil is model.GPUUtil in the report.
@@ -316,6 +350,15 @@ func cudaOf(c *model.CUDAStats) *CUDA {
 	out.Verdict = c.Verdict
 	if h := c.VerdictHost; h != nil {
 		out.VerdictHost = &VerdictHost{Confirmed: h.Confirmed, WaitShare: h.WaitShare}
+	}
+	if w := c.Waits; w.Calls > 0 {
+		out.Waits = &Waits{Calls: w.Calls, Seconds: w.Seconds, P50Seconds: quantile(w.Histogram, 0.5), P99Seconds: quantile(w.Histogram, 0.99), Share: w.Share, Threads: []WaitThread{}}
+		for _, t := range w.Threads {
+			out.Waits.Threads = append(out.Waits.Threads, WaitThread(t))
+		}
+	}
+	if c.Launches != nil {
+		out.Launches = copyCounts(c.Launches.Calls)
 	}
 	return out
 }

@@ -16,8 +16,21 @@ const maxSitesPerKind = 100
 // memory and fds held then and made since watching began. They are what
 // the flame graphs are drawn from and what `report --pprof` writes.
 type Sites struct {
-	GPU []GPUSite `json:"gpu,omitempty"`
-	FD  []FDSite  `json:"fd,omitempty"`
+	GPU  []GPUSite  `json:"gpu,omitempty"`
+	FD   []FDSite   `json:"fd,omitempty"`
+	Wait []WaitSite `json:"wait,omitempty"`
+}
+
+// WaitSite is one call site of host waits on the GPU: one API called
+// from one stack.
+type WaitSite struct {
+	Stack      []model.Frame `json:"stack"`
+	API        string        `json:"api"`
+	Calls      uint64        `json:"calls"` // since watching began
+	Seconds    float64       `json:"seconds"`
+	MaxSeconds float64       `json:"max_seconds"`
+	P50Seconds *float64      `json:"p50_seconds"` // upper bounds of the histogram's buckets
+	P99Seconds *float64      `json:"p99_seconds"`
 }
 
 // GPUSite is one call site of device memory.
@@ -55,8 +68,20 @@ func sitesOf(p *model.Process) *Sites {
 		return cmp.Or(cmp.Compare(b.Open, a.Open), cmp.Compare(b.Opened, a.Opened))
 	})
 	s.FD = s.FD[:min(len(s.FD), maxSitesPerKind)]
-	if len(s.GPU) == 0 && len(s.FD) == 0 {
+	// The views order them: most waited since the previous poll first.
+	for _, w := range p.CUDA.Waits.Sites {
+		s.Wait = append(s.Wait, WaitSite{Stack: w.Stack, API: w.API, Calls: w.Calls, Seconds: w.Seconds, MaxSeconds: w.MaxSeconds,
+			P50Seconds: quantile(w.Histogram, 0.5), P99Seconds: quantile(w.Histogram, 0.99)})
+	}
+	slices.SortStableFunc(s.Wait, func(a, b WaitSite) int { return cmp.Compare(b.Seconds, a.Seconds) })
+	s.Wait = s.Wait[:min(len(s.Wait), maxSitesPerKind)]
+	if len(s.GPU) == 0 && len(s.FD) == 0 && len(s.Wait) == 0 {
 		return nil
+	}
+	for i := range s.Wait {
+		if s.Wait[i].Stack == nil {
+			s.Wait[i].Stack = []model.Frame{}
+		}
 	}
 	for i := range s.GPU {
 		if s.GPU[i].Stack == nil {
@@ -84,6 +109,9 @@ func (s *Sites) Model() *model.Process {
 	}
 	for _, f := range s.FD {
 		p.FD.Sites = append(p.FD.Sites, model.FDSite{Stack: f.Stack, Opened: make([]time.Time, f.Open), OpenedTotal: f.Opened})
+	}
+	for _, w := range s.Wait {
+		p.CUDA.Waits.Sites = append(p.CUDA.Waits.Sites, model.CUDAWaitSite{Stack: w.Stack, API: w.API, Calls: w.Calls, Seconds: w.Seconds, MaxSeconds: w.MaxSeconds})
 	}
 	return p
 }
