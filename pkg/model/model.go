@@ -7,7 +7,7 @@ import "time"
 
 // Kinds lists every finding kind, for flag validation and metric pre-creation;
 // each view's file (fd.go, sock.go, ...) declares its own.
-var Kinds = []string{KindFDLeak, KindFDExhausted, KindSocketLeak, KindCtxSwitchStorm, KindGPUAllocBurst, KindGPUMemoryLeak, KindGPUAllocFailure, KindGPUAllocChurn, KindGPUXID, KindGPUECCError, KindGPUInputBound}
+var Kinds = []string{KindFDLeak, KindFDExhausted, KindSocketLeak, KindCtxSwitchStorm, KindGPUAllocBurst, KindGPUMemoryLeak, KindGPUAllocFailure, KindGPUAllocChurn, KindGPUXID, KindGPUECCError, KindGPUInputBound, KindNCCLStraggler, KindNCCLHang}
 
 // Severities, lowest first.
 const (

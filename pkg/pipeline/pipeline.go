@@ -27,6 +27,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpualloc"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/inputbound"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ncclstall"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/sockleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/gpunode"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
@@ -71,6 +72,8 @@ type Config struct {
 	GPUAlloc gpualloc.Config
 	// InputBound judges whether GPU processes wait on their CPU side.
 	InputBound inputbound.Config
+	// NCCLStall judges the ranks of each NCCL communicator on this node.
+	NCCLStall ncclstall.Config
 	// Cache, when set, is the poll's cache of /proc reads, shared with a
 	// Source that reads them to choose processes (nil: the pipeline's
 	// own).
@@ -128,7 +131,7 @@ type Source interface {
 // DefaultConfig is what the CLI starts from.
 func DefaultConfig() Config {
 	return Config{Interval: time.Second, ProcRoot: "/proc", MaxFDs: 1 << 16, FDLeak: fdleak.DefaultConfig(), CtxStorm: ctxstorm.DefaultConfig(), SockLeak: sockleak.DefaultConfig(),
-		GPUAlloc: gpualloc.DefaultConfig(), InputBound: inputbound.DefaultConfig(), MaxAllocs: 1 << 18, GPUInterval: nvml.DefaultInterval, TopSites: 64}
+		GPUAlloc: gpualloc.DefaultConfig(), InputBound: inputbound.DefaultConfig(), NCCLStall: ncclstall.DefaultConfig(), MaxAllocs: 1 << 18, GPUInterval: nvml.DefaultInterval, TopSites: 64}
 }
 
 // Pipeline owns the concerns and the per-process state.
@@ -159,6 +162,7 @@ type Pipeline struct {
 	order    []int // pids in the order they were added
 	findings []model.Finding
 	judges   []judge // the per-process detectors
+	across   []acrossJudge
 	link     *causes.Linker
 	bound    *inputbound.Detector // across processes: a GPU process and its workers
 	required []string             // the views the tool cannot run without
@@ -220,6 +224,9 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 	}
 	for _, v := range model.Views {
 		p.status[v] = model.ViewState{Down: "loading"}
+	}
+	if p.across, err = p.registeredAcross(); err != nil {
+		return nil, err
 	}
 	// Made before the views that share them: the processes tracked, and
 	// the stack service the fd view cannot do without.
@@ -546,6 +553,9 @@ func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 			c.Untrack(pr.PID)
 		}
 		for _, j := range p.judges {
+			j.det.Forget(pr.PID)
+		}
+		for _, j := range p.across {
 			j.det.Forget(pr.PID)
 		}
 		p.forgetUntracked(pr.PID)

@@ -11,6 +11,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpualloc"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpuxid"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ncclstall"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/sockleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/fdtrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/features"
@@ -143,6 +144,35 @@ func (p *Pipeline) registered() []judge {
 	}
 }
 
+// AcrossDetector judges together the processes a view filled each poll:
+// what one process does only means something beside the others (the
+// ranks of a communicator). Forget drops what it keeps of an exited
+// process.
+type AcrossDetector interface {
+	Observe(now time.Time, procs []*model.Process) []model.Finding
+	Forget(pid int)
+}
+
+// acrossJudge is an AcrossDetector and the view whose processes it
+// judges, as judge is.
+type acrossJudge struct {
+	need string
+	det  AcrossDetector
+}
+
+// registeredAcross are the detectors across processes, in the order they
+// run after the per-process ones.
+func (p *Pipeline) registeredAcross() ([]acrossJudge, error) {
+	// Where a straggling rank's threads are: read from /proc, only for it.
+	threads, err := ncclstall.ProcThreads(p.cfg.ProcRoot)
+	if err != nil {
+		return nil, err
+	}
+	return []acrossJudge{
+		{"nccl", ncclstall.New(p.cfg.NCCLStall, threads)},
+	}, nil
+}
+
 // Annotator is a concern that adds to findings what only its source can
 // say (the fd view: what a leak's fds point at, from /proc).
 type Annotator interface {
@@ -181,6 +211,14 @@ func (p *Pipeline) judge(now time.Time, observe []*model.Process) ([]model.Findi
 				p.annotate(pr, &f)
 				fresh = append(fresh, f)
 			}
+		}
+	}
+	for _, j := range p.across {
+		for _, f := range j.det.Observe(now, filled[j.need]) {
+			if pr := p.procs[f.PID]; pr != nil {
+				p.annotate(pr, &f)
+			}
+			fresh = append(fresh, f)
 		}
 	}
 	if p.bound != nil {
