@@ -152,6 +152,7 @@ func TestEveryKindHasEvidenceRows(t *testing.T) {
 		model.FDLeakEvidence{}, model.FDExhaustedEvidence{}, model.SocketLeakEvidence{}, model.CtxSwitchStormEvidence{},
 		model.GPUAllocBurstEvidence{}, model.GPUMemoryLeakEvidence{}, model.GPUAllocFailureEvidence{}, model.GPUAllocChurnEvidence{},
 		model.GPUXIDEvidence{}, model.GPUECCEvidence{}, model.GPUInputBoundEvidence{},
+		model.NCCLStragglerEvidence{}, model.NCCLHangEvidence{},
 	}
 	clock := func(t time.Time) string { return t.Format(time.TimeOnly) }
 	var kinds []string
