@@ -9,7 +9,7 @@ import (
 // a straggling NCCL rank, and says whether the rank's threads' stacks can
 // be taken. Not a view: nothing else depends on it.
 func Check() features.Result {
-	r := features.Result{Name: "NCCL straggler's threads off the CPU (sched_switch, loaded when a rank is suspected)"}
+	r := features.Result{Name: "NCCL straggler stacks (sched_switch, on demand)"}
 	t, err := New(Config{})
 	if err != nil {
 		r.Detail = bpfobj.Summary(err)

@@ -17,6 +17,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/features"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/gpunode"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/offcpu"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/schedtrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/socktrack"
 )
@@ -85,6 +86,9 @@ func Checks(devs gpunode.Devices) (rs []features.Result, finds []string, absent 
 		}
 		rs = append(rs, got...)
 	}
+	// Not a view: loaded by a run only once it suspects a straggling
+	// NCCL rank, whose threads' stacks it takes.
+	rs = append(rs, offcpu.Check())
 	return rs, finds, absent
 }
 
