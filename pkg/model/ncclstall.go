@@ -11,6 +11,10 @@ import (
 // stopped, and where its threads are.
 type NCCLStragglerEvidence struct {
 	Communicators []NCCLLag `json:"communicators"`
+	// StacksUnavailable says why the threads have no stack (the kernel
+	// gives no user registers at a switch: before 5.15); "" when they
+	// were taken.
+	StacksUnavailable string `json:"stacks_unavailable"`
 	// StalledSeconds is how long the rank has made no collective, in the
 	// communicator it stalled in longest.
 	StalledSeconds float64 `json:"stalled_seconds"`
@@ -55,6 +59,10 @@ type NCCLRank struct {
 // NCCLThread is a thread of a straggling rank's process.
 type NCCLThread struct {
 	Name string `json:"name"`
+	// Stack is where the thread was when it last left the CPU since the
+	// rank was suspected, innermost frame first (Python frames merged);
+	// empty when not taken.
+	Stack []Frame `json:"stack"`
 	// State is the thread's scheduler state: running (R: on a CPU or
 	// runnable, waiting for one), sleeping (S: waits for an event, a lock,
 	// a timer), blocked (D: uninterruptible, mostly I/O), stopped, zombie,
@@ -103,12 +111,13 @@ func (e NCCLStragglerEvidence) Card(c Card) {
 	}
 	c.Table("communicators", "lagging in", []string{"communicator", "rank", "collectives", "behind", "last call"}, comms)
 	c.Table("threads", "threads", []string{"tid", "name", "state", "waits in"}, threadRows(e.Threads))
+	c.Text("stacks_unavailable", "no thread stacks", e.StacksUnavailable)
 }
 
 func threadRows(ts []NCCLThread) []Row {
 	var rows []Row
 	for _, t := range ts {
-		rows = append(rows, Row{Cells: []Cell{CountCell(t.TID), TextCell(t.Name), TextCell(t.State), TextCell(t.WaitChannel)}})
+		rows = append(rows, Row{Cells: []Cell{CountCell(t.TID), TextCell(t.Name), TextCell(t.State), TextCell(t.WaitChannel)}, Stack: t.Stack})
 	}
 	return rows
 }

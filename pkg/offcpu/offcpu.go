@@ -241,10 +241,10 @@ func (l *Lazy) Watch(now time.Time, pids []int) {
 	}
 }
 
-// Threads is Tracer.Threads; why says why they have no stacks, or why
-// there are none ("" when the tracer takes stacks: a thread that has not
-// left the CPU since it was named has none yet).
-func (l *Lazy) Threads(pid int) (threads map[int]Thread, why string) {
+// Stacks are the stacks of Tracer.Threads, by tid; why says why there are
+// none ("" when the tracer takes them: a thread that has not left the CPU
+// since pid was named has none yet).
+func (l *Lazy) Stacks(pid int) (stacks map[int][]model.Frame, why string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
@@ -252,8 +252,19 @@ func (l *Lazy) Threads(pid int) (threads map[int]Thread, why string) {
 		return nil, "the off-CPU tracer did not load: " + l.err.Error()
 	case l.t == nil:
 		return nil, "the off-CPU tracer is not loaded"
+	case l.t.Unavailable() != "":
+		return nil, l.t.Unavailable()
 	}
-	return l.t.Threads(pid), l.t.Unavailable()
+	for tid, th := range l.t.Threads(pid) {
+		if th.Stack == nil {
+			continue
+		}
+		if stacks == nil {
+			stacks = map[int][]model.Frame{}
+		}
+		stacks[tid] = th.Stack
+	}
+	return stacks, ""
 }
 
 // Lost is Tracer.Lost; none before the tracer is loaded.

@@ -76,14 +76,13 @@ func TestLazy(t *testing.T) {
 	l := NewLazy(Config{ProcRoot: "/proc"})
 	t.Cleanup(func() { _ = l.Close() })
 	l.Watch(time.Now(), nil)
-	if _, why := l.Threads(1); why != "the off-CPU tracer is not loaded" {
+	if _, why := l.Stacks(1); why != "the off-CPU tracer is not loaded" {
 		t.Errorf("before any process: %q", why)
 	}
 	pid := testutil.Start(t, testutil.Fixture(t, "offcpuwait"), "60").Process.Pid
 	l.Watch(time.Now(), []int{pid})
-	testutil.Eventually(t, 10*time.Second, "the named process's thread seen", func() bool {
-		ths, why := l.Threads(pid)
-		_, ok := ths[pid]
-		return ok && (why == "" || why == NoRegisters)
+	testutil.Eventually(t, 10*time.Second, "the named process's thread's stack, or why there is none", func() bool {
+		stacks, why := l.Stacks(pid)
+		return len(stacks[pid]) > 0 || why == NoRegisters
 	})
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/gpunode"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/nvml"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/offcpu"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/stacks"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
@@ -163,6 +164,9 @@ type Pipeline struct {
 	findings []model.Finding
 	judges   []judge // the per-process detectors
 	across   []acrossJudge
+	// offcpu takes the stacks of suspected NCCL stragglers' threads,
+	// loaded at the first suspect.
+	offcpu   *offcpu.Lazy
 	link     *causes.Linker
 	bound    *inputbound.Detector // across processes: a GPU process and its workers
 	required []string             // the views the tool cannot run without
@@ -225,9 +229,6 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 	for _, v := range model.Views {
 		p.status[v] = model.ViewState{Down: "loading"}
 	}
-	if p.across, err = p.registeredAcross(); err != nil {
-		return nil, err
-	}
 	// Made before the views that share them: the processes tracked, and
 	// the stack service the fd view cannot do without.
 	if p.tracked, err = tracked.New(cfg.MaxProcesses); err != nil {
@@ -240,6 +241,12 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 		return nil, err
 	}
 	if p.stacks, err = stacks.New(stacks.Config{Proc: proc.WithPollCache(cache), Symbolizer: p.sym, Processes: p.tracked.Entries()}); err != nil {
+		p.tracked.Close()
+		return nil, err
+	}
+	p.offcpu = offcpu.NewLazy(offcpu.Config{ProcRoot: cfg.ProcRoot, Stacks: p.stacks, Symbolizer: p.sym})
+	if p.across, err = p.registeredAcross(); err != nil {
+		p.stacks.Close()
 		p.tracked.Close()
 		return nil, err
 	}
@@ -771,6 +778,13 @@ func (p *Pipeline) snapshot(now time.Time) *model.Snapshot {
 		}
 		maps.Copy(s.Lost, lost)
 	}
+	if p.offcpu != nil {
+		if lost, err := p.offcpu.Lost(); err != nil {
+			slog.Warn("reading BPF error counters", "concern", "offcpu", "err", err)
+		} else {
+			maps.Copy(s.Lost, lost)
+		}
+	}
 	if p.stacks != nil {
 		if lost, err := p.stacks.Lost(); err != nil {
 			slog.Warn("reading the stack service's counters", "err", err)
@@ -819,6 +833,9 @@ func (p *Pipeline) Close() error {
 	}
 	wg.Wait()
 	p.concerns = nil
+	if p.offcpu != nil {
+		errs = append(errs, p.offcpu.Close())
+	}
 	if p.stacks != nil {
 		// After the objects that use its maps.
 		errs = append(errs, p.stacks.Close())

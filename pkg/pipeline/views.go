@@ -167,13 +167,14 @@ type acrossJudge struct {
 // registeredAcross are the detectors across processes, in the order they
 // run after the per-process ones.
 func (p *Pipeline) registeredAcross() ([]acrossJudge, error) {
-	// Where a straggling rank's threads are: read from /proc, only for it.
+	// Where a straggling rank's threads are: their states read from /proc,
+	// their stacks taken as they leave the CPU, only for it.
 	threads, err := ncclstall.ProcThreads(p.cfg.ProcRoot)
 	if err != nil {
 		return nil, err
 	}
 	return []acrossJudge{
-		{"nccl", ncclstall.New(p.cfg.NCCLStall, threads)},
+		{"nccl", ncclstall.New(p.cfg.NCCLStall, threads, p.offcpu)},
 	}, nil
 }
 

@@ -36,10 +36,23 @@ func DefaultConfig() Config { return Config{Stall: 60 * time.Second} }
 // Threads reads where a process's threads are; the pipeline's reads /proc.
 type Threads func(pid int) []model.NCCLThread
 
+// Where takes the user stacks of the threads of suspected ranks as they
+// leave the CPU (pkg/offcpu); the pipeline's loads its BPF object at the
+// first suspect.
+type Where interface {
+	// Watch names the processes to take stacks of from now on, every poll
+	// (none: nothing suspected).
+	Watch(now time.Time, pids []int)
+	// Stacks are pid's threads' latest stacks by tid; why says why there
+	// are none ("" when they are taken).
+	Stacks(pid int) (stacks map[int][]model.Frame, why string)
+}
+
 // Detector keeps each rank's progress. Not safe for concurrent use.
 type Detector struct {
 	cfg     Config
 	threads Threads
+	where   Where
 	ranks   map[rankKey]*progress
 	// One episode per process and kind: a process that stalls lags in all
 	// its communicators at once (data parallel, tensor parallel), and a
@@ -71,11 +84,11 @@ type member struct {
 	pr   *progress
 }
 
-// New returns a detector; threads (nil: none read) says where a straggling
-// rank's threads are.
-func New(cfg Config, threads Threads) *Detector {
+// New returns a detector; threads and where (nil: none read) say where a
+// straggling rank's threads are: their states, and their stacks.
+func New(cfg Config, threads Threads, where Where) *Detector {
 	cfg.Stall = cmp.Or(cfg.Stall, DefaultConfig().Stall)
-	return &Detector{cfg: cfg, threads: threads, ranks: map[rankKey]*progress{},
+	return &Detector{cfg: cfg, threads: threads, where: where, ranks: map[rankKey]*progress{},
 		straggling: map[int]*episode.Episode{}, hung: map[int]*episode.Episode{}}
 }
 
@@ -121,6 +134,10 @@ func (d *Detector) Observe(now time.Time, procs []*model.Process) []model.Findin
 	lags := map[int][]lag{}
 	hangs := map[int][]model.NCCLHung{}
 	byPID := map[int]*model.Process{}
+	// Ranks behind and idle half the stall are suspected: their threads'
+	// stacks are taken from then, so that the finding has them when it
+	// opens.
+	suspects := map[int]bool{}
 	for _, id := range slices.Sorted(maps.Keys(comms)) {
 		ms := comms[id]
 		// One rank cannot be compared with anyone here: the cross-node
@@ -147,6 +164,9 @@ func (d *Detector) Observe(now time.Time, procs []*model.Process) []model.Findin
 			if m.pr.behind.IsZero() {
 				m.pr.behind = now
 			}
+			if m.idle >= d.cfg.Stall/2 {
+				suspects[m.p.PID] = true
+			}
 			// Its peers have waited on it for Stall, not only moved past
 			// it: when a hung communicator resumes, its ranks pass each
 			// other, and none of them is a straggler.
@@ -168,6 +188,9 @@ func (d *Detector) Observe(now time.Time, procs []*model.Process) []model.Findin
 		}
 	}
 
+	if d.where != nil {
+		d.where.Watch(now, slices.Sorted(maps.Keys(suspects)))
+	}
 	var out []model.Finding
 	out = append(out, d.advance(now, model.KindNCCLStraggler, d.straggling, byPID, func(pid int) (model.Finding, bool) {
 		ls := lags[pid]
@@ -263,6 +286,13 @@ func (d *Detector) straggler(p *model.Process, ls []lag) model.Finding {
 	if d.threads != nil {
 		ev.Threads = d.threads(p.PID)
 	}
+	if d.where != nil {
+		var stacks map[int][]model.Frame
+		stacks, ev.StacksUnavailable = d.where.Stacks(p.PID)
+		for i := range ev.Threads {
+			ev.Threads[i].Stack = stacks[ev.Threads[i].TID]
+		}
+	}
 	slices.SortStableFunc(ev.Threads, func(a, b model.NCCLThread) int { return cmp.Compare(stateOrder(a.State), stateOrder(b.State)) })
 	summary := fmt.Sprintf("NCCL straggler: no collective for %s while its peers on this node are ahead; %s",
 		(time.Duration(ev.StalledSeconds) * time.Second).Round(time.Second), strings.Join(names, "; "))
@@ -331,13 +361,17 @@ func stateOrder(s string) int {
 	return 2
 }
 
-// threadsLine names a few threads and their states for the summary.
+// threadsLine names a few threads, their states and where they wait for
+// the summary.
 func threadsLine(ts []model.NCCLThread) string {
 	var parts []string
 	for _, t := range ts[:min(len(ts), 4)] {
 		s := fmt.Sprintf("%s %d %s", t.Name, t.TID, t.State)
 		if t.WaitChannel != "" {
 			s += " in " + t.WaitChannel
+		}
+		if at := where(t.Stack); at != "" {
+			s += " at " + at
 		}
 		parts = append(parts, s)
 	}
@@ -356,4 +390,36 @@ func (d *Detector) Forget(pid int) {
 	}
 	delete(d.straggling, pid)
 	delete(d.hung, pid)
+}
+
+// whereFrames is how many of a stack's own frames the summary names.
+const whereFrames = 3
+
+// where names the code a thread waits in, innermost first: the first few
+// frames of the program's own, past the system libraries it calls to
+// sleep or block in (the C library, the dynamic loader, the vDSO), and the
+// Python line it runs, if any.
+func where(stack []model.Frame) string {
+	var parts []string
+	for _, f := range stack {
+		if f.Kind == model.FramePython {
+			parts = append(parts, f.String())
+			break
+		}
+		if len(parts) == whereFrames || systemModule(f.Module) {
+			continue
+		}
+		parts = append(parts, f.String())
+	}
+	return strings.Join(parts, " < ")
+}
+
+// systemModule reports whether module is a library every program waits in.
+func systemModule(module string) bool {
+	for _, p := range []string{"libc.so", "libc-", "libpthread", "ld-linux", "linux-vdso", "[vdso]"} {
+		if strings.HasPrefix(module, p) {
+			return true
+		}
+	}
+	return false
 }

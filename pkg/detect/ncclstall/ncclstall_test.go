@@ -72,7 +72,7 @@ func kinds(fs []model.Finding) map[string]int {
 // none before; it ends when the rank catches up.
 func TestStraggler(t *testing.T) {
 	j := newJob(4)
-	d := New(Config{Stall: 10 * time.Second}, threads)
+	d := New(Config{Stall: 10 * time.Second}, threads, nil)
 	healthy := func(s, r int) bool { return true }
 	if fs := j.run(d, 0, 10, healthy); len(fs) != 0 {
 		t.Fatalf("healthy steps: %v", fs)
@@ -118,12 +118,12 @@ func TestStraggler(t *testing.T) {
 // Four ranks calling together make no finding, however long.
 func TestHealthy(t *testing.T) {
 	j := newJob(4)
-	d := New(Config{Stall: 10 * time.Second}, threads)
+	d := New(Config{Stall: 10 * time.Second}, threads, nil)
 	if fs := j.run(d, 0, 120, func(s, r int) bool { return s%3 == 0 }); len(fs) != 0 {
 		t.Errorf("healthy job: %v", fs)
 	}
 	// Set up but never used: no finding either.
-	if fs := newJob(4).run(New(Config{Stall: 10 * time.Second}, nil), 0, 30, func(int, int) bool { return false }); len(fs) != 0 {
+	if fs := newJob(4).run(New(Config{Stall: 10 * time.Second}, nil, nil), 0, 30, func(int, int) bool { return false }); len(fs) != 0 {
 		t.Errorf("unused communicator: %v", fs)
 	}
 }
@@ -132,7 +132,7 @@ func TestHealthy(t *testing.T) {
 // naming every rank; no straggler.
 func TestHang(t *testing.T) {
 	j := newJob(4)
-	d := New(Config{Stall: 10 * time.Second}, threads)
+	d := New(Config{Stall: 10 * time.Second}, threads, nil)
 	fs := j.run(d, 0, 25, func(s, r int) bool { return s < 10 })
 	if k := kinds(fs); k[model.KindNCCLStraggler] != 0 || k[model.KindNCCLHang] == 0 {
 		t.Fatalf("want nccl_hang only, got %v", fs)
@@ -166,7 +166,7 @@ func TestDestroyedAndExited(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			j := newJob(4)
-			d := New(Config{Stall: 10 * time.Second}, threads)
+			d := New(Config{Stall: 10 * time.Second}, threads, nil)
 			j.run(d, 0, 10, func(int, int) bool { return true })
 			gone(j.procs[2])
 			// The others go on: no straggler of rank 2.
@@ -194,7 +194,7 @@ func TestStragglerTwoCommunicators(t *testing.T) {
 		p.NCCL.Comms = append(p.NCCL.Comms, c)
 	}
 	j.procs[0].NCCL.Comms[1].Calls = map[string]uint64{"allgather": 7}
-	d := New(Config{Stall: 10 * time.Second}, nil)
+	d := New(Config{Stall: 10 * time.Second}, nil, nil)
 	fs := j.run(d, 0, 15, func(s, r int) bool { return r == 0 && s == 0 })
 	if len(fs) == 0 {
 		t.Fatal("no finding")
@@ -230,3 +230,64 @@ func TestProcThreads(t *testing.T) {
 }
 
 func selfPID() int { return os.Getpid() }
+
+// fakeWhere is a Where that records what it was told to watch and has the
+// stacks it was given.
+type fakeWhere struct {
+	watched [][]int
+	stacks  map[int][]model.Frame
+	why     string
+}
+
+func (w *fakeWhere) Watch(_ time.Time, pids []int) { w.watched = append(w.watched, pids) }
+
+func (w *fakeWhere) Stacks(pid int) (map[int][]model.Frame, string) { return w.stacks, w.why }
+
+// The lagging rank is watched from half the stall on, and the finding names
+// where its threads left the CPU: the program's own frames past the C
+// library, and the Python line. Once it ends, nothing is watched.
+func TestStragglerWhere(t *testing.T) {
+	libc := func(fn string) model.Frame { return model.Frame{Kind: model.FrameNative, Function: fn, Module: "libc.so.6", Offset: 0x23} }
+	own := func(fn string, line int) model.Frame {
+		return model.Frame{Kind: model.FrameNative, Function: fn, Module: "python3.12", File: "/src/loader.c", Line: line}
+	}
+	w := &fakeWhere{stacks: map[int][]model.Frame{1102: {libc("clock_nanosleep"), libc("nanosleep"), own("nap", 13), own("poll_batch", 20),
+		{Kind: model.FramePython, Function: "Loader.next", File: "train.py", Line: 88}, own("_PyEval_EvalFrameDefault", 1), own("main", 30)}}}
+	j := newJob(4)
+	d := New(Config{Stall: 10 * time.Second}, threads, w)
+	j.run(d, 0, 10, func(int, int) bool { return true })
+	stalled := func(s, r int) bool { return r != 2 && s == 10 }
+	j.run(d, 10, 4, stalled) // rank 2 idle 4 s: not yet
+	if got := w.watched[len(w.watched)-1]; len(got) != 0 {
+		t.Errorf("watched %v after 4 s", got)
+	}
+	j.run(d, 14, 1, stalled) // 5 s: half the stall
+	if got := w.watched[len(w.watched)-1]; len(got) != 1 || got[0] != 102 {
+		t.Errorf("watched %v after 5 s, want [102]", got)
+	}
+	fs := j.run(d, 15, 6, stalled)
+	if len(fs) == 0 {
+		t.Fatal("no finding")
+	}
+	f := fs[len(fs)-1]
+	ev := f.Evidence.(model.NCCLStragglerEvidence)
+	if ev.StacksUnavailable != "" || len(ev.Threads) != 2 || len(ev.Threads[0].Stack) != 7 || ev.Threads[1].Stack != nil {
+		t.Errorf("threads %+v, unavailable %q", ev.Threads, ev.StacksUnavailable)
+	}
+	if want := "pt_data_worker 1102 blocked in folio_wait_bit at nap (loader.c:13) < poll_batch (loader.c:20) < Loader.next (train.py:88)"; !strings.Contains(f.Summary, want) {
+		t.Errorf("summary %q lacks %q", f.Summary, want)
+	}
+	// Caught up: nothing watched any more.
+	j.run(d, 21, 1, func(s, r int) bool { return r == 2 })
+	if got := w.watched[len(w.watched)-1]; len(got) != 0 {
+		t.Errorf("watched %v after catching up", got)
+	}
+	// A kernel without the registers: the finding says why.
+	w2 := &fakeWhere{why: "no registers"}
+	j2 := newJob(2)
+	d2 := New(Config{Stall: 10 * time.Second}, nil, w2)
+	fs = j2.run(d2, 0, 15, func(s, r int) bool { return r == 0 && s == 0 })
+	if len(fs) == 0 || fs[len(fs)-1].Evidence.(model.NCCLStragglerEvidence).StacksUnavailable != "no registers" {
+		t.Errorf("findings %+v", fs)
+	}
+}
