@@ -247,7 +247,9 @@ func (w *fakeWhere) Stacks(pid int) (map[int][]model.Frame, string) { return w.s
 // where its threads left the CPU: the program's own frames past the C
 // library, and the Python line. Once it ends, nothing is watched.
 func TestStragglerWhere(t *testing.T) {
-	libc := func(fn string) model.Frame { return model.Frame{Kind: model.FrameNative, Function: fn, Module: "libc.so.6", Offset: 0x23} }
+	libc := func(fn string) model.Frame {
+		return model.Frame{Kind: model.FrameNative, Function: fn, Module: "libc.so.6", Offset: 0x23}
+	}
 	own := func(fn string, line int) model.Frame {
 		return model.Frame{Kind: model.FrameNative, Function: fn, Module: "python3.12", File: "/src/loader.c", Line: line}
 	}
