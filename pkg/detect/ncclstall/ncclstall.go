@@ -147,15 +147,15 @@ func (d *Detector) Observe(now time.Time, procs []*model.Process) []model.Findin
 		}
 		slices.SortFunc(ms, func(a, b member) int { return cmp.Or(a.c.Rank-b.c.Rank, a.p.PID-b.p.PID) })
 		var most uint64
-		stalled := true
+		stalled, even := true, true
 		for _, m := range ms {
 			most = max(most, m.n)
 			stalled = stalled && m.idle >= d.cfg.Stall
+			even = even && m.n == ms[0].n
 		}
 		if most == 0 {
 			continue // set up, never used
 		}
-		behind := false
 		for i, m := range ms {
 			if m.n == most {
 				m.pr.behind = time.Time{}
@@ -173,11 +173,12 @@ func (d *Detector) Observe(now time.Time, procs []*model.Process) []model.Findin
 			if m.idle < d.cfg.Stall || now.Sub(m.pr.behind) < d.cfg.Stall {
 				continue
 			}
-			behind = true
 			byPID[m.p.PID] = m.p
 			lags[m.p.PID] = append(lags[m.p.PID], lag{m: m, most: most, peers: slices.Delete(slices.Clone(ms), i, i+1)})
 		}
-		if stalled && !behind {
+		// A hang has nobody ahead: where counts differ, the ranks behind
+		// are waited for (stragglers, once they have been for Stall).
+		if stalled && even {
 			low := ms[0]
 			byPID[low.p.PID] = low.p
 			h := model.NCCLHung{Communicator: id, NRanks: low.c.NRanks, Collectives: most}

@@ -156,6 +156,29 @@ func TestHang(t *testing.T) {
 	}
 }
 
+// An agent started on a job already stuck, rank 1 behind: the ranks' last
+// calls are long past, but rank 1 has been seen behind only since the
+// agent came: no hang (counts differ), and the straggler once it has
+// been behind for Stall.
+func TestStuckBeforeStart(t *testing.T) {
+	j := newJob(3)
+	for r := range j.procs {
+		j.call(r, t0.Add(-time.Hour))
+		if r != 1 {
+			j.call(r, t0.Add(-time.Hour))
+		}
+	}
+	d := New(Config{Stall: 10 * time.Second}, nil, nil)
+	none := func(int, int) bool { return false }
+	if fs := j.run(d, 0, 10, none); len(fs) != 0 {
+		t.Fatalf("within Stall of the start: %v", fs)
+	}
+	fs := j.run(d, 10, 1, none)
+	if len(fs) != 1 || fs[0].Kind != model.KindNCCLStraggler || fs[0].PID != 101 || fs[0].Evidence.(model.NCCLStragglerEvidence).StalledSeconds < 3600 {
+		t.Errorf("after Stall: %+v", fs)
+	}
+}
+
 // A destroyed communicator and an exited rank are not judged: the other
 // ranks of a job whose rank 2 tore its communicator down, or exited, make
 // no straggler of it and no hang of the rest.
