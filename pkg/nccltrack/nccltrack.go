@@ -21,6 +21,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/prometheus/procfs"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
@@ -51,6 +52,18 @@ type Config struct {
 func IsLibrary(path string) bool {
 	base := filepath.Base(path)
 	return strings.HasPrefix(base, "libnccl") && strings.Contains(base, ".so")
+}
+
+// MapsLibrary tells whether pid maps a libnccl executable: a process the
+// daemon watches.
+func MapsLibrary(fs procinfo.FS, pid int) (bool, error) {
+	ms, err := fs.Maps(pid)
+	if err != nil {
+		return false, err
+	}
+	return slices.ContainsFunc(ms, func(m *procfs.ProcMap) bool {
+		return m.Perms != nil && m.Perms.Execute && IsLibrary(m.Pathname)
+	}), nil
 }
 
 // Tracker owns the loaded NCCL object and the uprobe links of the
