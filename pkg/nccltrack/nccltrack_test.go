@@ -15,7 +15,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
 
-func newConcern(t *testing.T) *Concern {
+func newConcern(t testing.TB) *Concern {
 	t.Helper()
 	testutil.RequireRoot(t)
 	c, err := New(Config{ProcRoot: "/proc"}, symbolize.New("/proc"))
