@@ -252,7 +252,9 @@ static __always_inline void on_collective(struct pt_regs *ctx, u32 op)
 	u64 now = bpf_ktime_get_ns();
 	c->last_ns = now;
 	c->last_op = op;
-	if (c->site_op == op && c->stack_id >= 0 && now - c->site_ns < SITE_EVERY_NS)
+	/* A failed unwind waits its turn too: retrying at every call would
+	 * cost the most where the unwinder cannot help. */
+	if (c->site_op == op && c->site_ns && now - c->site_ns < SITE_EVERY_NS)
 		return;
 	c->site_ns = now;
 	c->site_op = op;

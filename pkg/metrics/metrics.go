@@ -88,7 +88,7 @@ func newDescs(pods bool) *descs {
 		"Processes a view could not follow (the other views watched them on), by view and reason (an errno name, or other).",
 		[]string{"view", "reason"}, nil)
 	d.viewUpDesc = prometheus.NewDesc("autoglm_view_up",
-		"1 when the view runs, 0 when it is down (failed to load, or still loading): fd, sched, sock, cuda, python, nvml. The log says why. A view not expected on this node has autoglm_view_absent instead.",
+		"1 when the view runs, 0 when it is down (failed to load, or still loading): fd, sched, sock, cuda, nccl, python, nvml. The log says why. A view not expected on this node has autoglm_view_absent instead.",
 		[]string{"view"}, nil)
 	d.viewAbsentDesc = prometheus.NewDesc("autoglm_view_absent",
 		"1 for a view that does not run because it is not expected on this node, which is no fault; it has no autoglm_view_up. reason: no_gpu (the node has no NVIDIA GPU), no_nvml (NVML was not given to the agent: no libnvidia-ml or no GPU device nodes in its container).",
