@@ -92,7 +92,7 @@ var ncclShown = Shown{
 				}
 			}},
 	},
-	Columns: []Column{{Head: "NCCL/s", Count: func(p *Process) uint64 {
+	Columns: []Column{{Head: "NCCL/S", Count: func(p *Process) uint64 {
 		var n uint64
 		for i := range p.NCCL.Comms {
 			n += p.NCCL.Comms[i].Collectives()
