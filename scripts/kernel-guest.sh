@@ -21,7 +21,7 @@ python=/usr/bin/python3.11
 # takes up to a minute on an emulated CPU, the workloads at most 30 s.
 limit=240
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(check fd fork cuda gpuleak sched sock python)
+[ ${#steps[@]} -gt 0 ] || steps=(check fd fork cuda gpuleak nccl sched sock python)
 mkdir -p "$out"
 : >"$out/results"
 
@@ -124,6 +124,19 @@ step_fork() {
 	[ -s "$out/fork.json" ] || return 0
 	if ! jq -e '[.processes[] | select(.comm == "sleep" and .open_fds >= 100 and .open_fds <= 103)] | length > 0' "$out/fork.json" >/dev/null; then
 		fail "the exec'd child's table: $(jq -c '[.processes[] | {comm, open_fds}]' "$out/fork.json")"
+	fi
+}
+
+# Four NCCL ranks (forks of the fixture, tracked from their fork) in one
+# communicator on the NCCL stand-in, each all-reducing 100 times a second:
+# each rank's id, rank number and count (set-up and collective hooks). The
+# ranks set up their communicator after 2 s, once the tool has them.
+step_nccl() {
+	tool_run nccl --children --duration 8s -- env NCCLRANK_START=2 "$fix/ncclrank" "$fix/nccl/libnccl.so.2" healthy 60
+	[ -s "$out/nccl.json" ] || return 0
+	if ! jq -e '[.processes[] | select(.nccl) | .nccl.communicators[]] | length == 4 and (map(.id) | unique | length == 1 and .[0] != "")
+		and (map(.rank) | sort == [0,1,2,3]) and all(.nranks == 4 and .calls.allreduce > 0)' "$out/nccl.json" >/dev/null; then
+		fail "the ranks' communicators: $(jq -c '[.processes[] | select(.nccl) | {pid, nccl: [.nccl.communicators[] | {id, rank, nranks, calls}]}]' "$out/nccl.json")"
 	fi
 }
 

@@ -45,7 +45,7 @@ type Sink interface {
 	Close(final *model.Snapshot) error
 }
 
-// Concern is the kernel side of one view (fd, sched, sock, cuda): one BPF
+// Concern is the kernel side of one view (fd, sched, sock, cuda, nccl): one BPF
 // object and the Go code that decodes its maps.
 type Concern interface {
 	Name() string

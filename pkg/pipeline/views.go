@@ -17,6 +17,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/features"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/gpunode"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/nccltrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/offcpu"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/schedtrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/socktrack"
@@ -61,6 +62,9 @@ func (p *Pipeline) views() []view {
 		}},
 		{name: "cuda", check: cudatrack.Check, finds: "GPU allocations", load: func() (Concern, error) {
 			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites, Cache: p.cache, Symbolizer: p.sym, Stacks: p.stacks, Tracked: p.tracked}, p.sym)
+		}},
+		{name: "nccl", check: nccltrack.Check, finds: "NCCL progress per rank", load: func() (Concern, error) {
+			return nccltrack.New(nccltrack.Config{ProcRoot: cfg.ProcRoot, Cache: p.cache, Symbolizer: p.sym, Stacks: p.stacks, Tracked: p.tracked}, p.sym)
 		}},
 	})
 }
