@@ -103,7 +103,9 @@ func (d *Detector) Observe(now time.Time, procs []*model.Process) []model.Findin
 		}
 		for i := range p.NCCL.Comms {
 			c := &p.NCCL.Comms[i]
-			if c.Destroyed {
+			// A handle set up before tracking began has no id: which
+			// communicator it is, and so its peers, are not known.
+			if c.Destroyed || c.ID == "" {
 				continue
 			}
 			k := rankKey{c.ID, p.PID, c.Rank}

@@ -206,6 +206,19 @@ func TestDestroyedAndExited(t *testing.T) {
 	}
 }
 
+// Handles set up before tracking began have no id: not one communicator
+// of the processes that have them, so no straggler among them.
+func TestNoID(t *testing.T) {
+	j := newJob(4)
+	for _, p := range j.procs {
+		p.NCCL.Comms[0].ID, p.NCCL.Comms[0].Rank, p.NCCL.Comms[0].NRanks = "", -1, -1
+	}
+	d := New(Config{Stall: 10 * time.Second}, nil, nil)
+	if fs := j.run(d, 0, 40, func(s, r int) bool { return r != 2 }); len(fs) != 0 {
+		t.Errorf("handles without id: %v", fs)
+	}
+}
+
 // A process whose rank lags in two communicators at once (data and tensor
 // parallel) makes one finding naming both.
 func TestStragglerTwoCommunicators(t *testing.T) {
