@@ -146,7 +146,7 @@ step_nccl() {
 # switching thread's user registers (bpf_task_pt_regs, 5.15), and with the
 # reason there are no stacks where it does not.
 step_ncclstall() {
-	tool_run ncclstall --children --nccl-stall 10s --duration 40s -- env NCCLRANK_START=2 "$fix/ncclrank" "$fix/nccl/libnccl.so.2" straggler 2 20 60
+	tool_run ncclstall --children --nccl-stall 10s --duration 40s -- env NCCLRANK_START=2 "$fix/ncclrank" "$fix/nccl/libnccl.so.2" straggler 60 2 20
 	finding ncclstall nccl_straggler '(.summary | contains("load_next_batch")) or (.evidence.stacks_unavailable | startswith("the kernel does not give"))' "naming load_next_batch, or why it cannot"
 }
 
