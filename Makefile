@@ -6,7 +6,7 @@ GO      ?= go
 BIN     := bin/autoglm-ebpf
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 CFLAGS  := -O1 -g -fno-omit-frame-pointer -Wall -pthread
-FIXTURES := testdata/bin/fdwork testdata/bin/demo testdata/bin/schedwork testdata/bin/sockwork testdata/bin/cudawork testdata/bin/realcuda testdata/bin/leaderexit
+FIXTURES := testdata/bin/fdwork testdata/bin/demo testdata/bin/schedwork testdata/bin/sockwork testdata/bin/cudawork testdata/bin/realcuda testdata/bin/leaderexit testdata/bin/ncclrank
 GOSRC   := $(shell find cmd pkg -name '*.go' -o -name '*.o') go.mod go.sum
 
 .PHONY: build deps test-deps generate-deps generate check-generate fixtures test fuzz demo screenshot bench kernels image image-root e2e clean
@@ -36,7 +36,9 @@ check-generate: generate
 CUDA_STUBS := testdata/bin/cuda/libcuda.so.1 testdata/bin/cuda/libcudart.so.11.0
 STUB_CFLAGS := -shared -fPIC -O1 -g -fno-omit-frame-pointer -Wall
 
-fixtures: $(FIXTURES) $(CUDA_STUBS)
+NCCL_STUB := testdata/bin/nccl/libnccl.so.2
+
+fixtures: $(FIXTURES) $(CUDA_STUBS) $(NCCL_STUB)
 
 # Stand-ins for the CUDA driver and runtime, with their real sonames and
 # version node (the tests build the same in pkg/testutil).
@@ -47,6 +49,11 @@ testdata/bin/cuda/libcuda.so.1: testdata/cuda_stub.c
 testdata/bin/cuda/libcudart.so.11.0: testdata/cudart_stub.c testdata/cudart_stub.map testdata/bin/cuda/libcuda.so.1
 	$(CC) $(STUB_CFLAGS) -Wl,-soname,libcudart.so.11.0 -Wl,--version-script=testdata/cudart_stub.map \
 		-o $@ testdata/cudart_stub.c testdata/bin/cuda/libcuda.so.1 '-Wl,-rpath,$$ORIGIN'
+
+# Stand-in for NCCL 2.x, with its real soname (pkg/testutil builds the same).
+testdata/bin/nccl/libnccl.so.2: testdata/nccl_stub.c
+	@mkdir -p $(@D)
+	$(CC) $(STUB_CFLAGS) -Wl,-soname,libnccl.so.2 -o $@ $<
 
 testdata/bin/%: testdata/%.c
 	@mkdir -p testdata/bin

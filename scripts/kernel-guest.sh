@@ -21,7 +21,7 @@ python=/usr/bin/python3.11
 # takes up to a minute on an emulated CPU, the workloads at most 30 s.
 limit=240
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(check fd fork cuda gpuleak sched sock python)
+[ ${#steps[@]} -gt 0 ] || steps=(check fd fork cuda gpuleak nccl ncclstall sched sock python)
 mkdir -p "$out"
 : >"$out/results"
 
@@ -125,6 +125,29 @@ step_fork() {
 	if ! jq -e '[.processes[] | select(.comm == "sleep" and .open_fds >= 100 and .open_fds <= 103)] | length > 0' "$out/fork.json" >/dev/null; then
 		fail "the exec'd child's table: $(jq -c '[.processes[] | {comm, open_fds}]' "$out/fork.json")"
 	fi
+}
+
+# Four NCCL ranks (forks of the fixture, tracked from their fork) in one
+# communicator on the NCCL stand-in, each all-reducing 100 times a second:
+# each rank's id, rank number and count (set-up and collective hooks). The
+# ranks set up their communicator after 2 s, once the tool has them.
+step_nccl() {
+	tool_run nccl --children --duration 8s -- env NCCLRANK_START=2 "$fix/ncclrank" "$fix/nccl/libnccl.so.2" healthy 60
+	[ -s "$out/nccl.json" ] || return 0
+	if ! jq -e '[.processes[] | select(.nccl) | .nccl.communicators[]] | length == 4 and (map(.id) | unique | length == 1 and .[0] != "")
+		and (map(.rank) | sort == [0,1,2,3]) and all(.nranks == 4 and .calls.allreduce > 0)' "$out/nccl.json" >/dev/null; then
+		fail "the ranks' communicators: $(jq -c '[.processes[] | select(.nccl) | {pid, nccl: [.nccl.communicators[] | {id, rank, nranks, calls}]}]' "$out/nccl.json")"
+	fi
+}
+
+# An NCCL straggler: rank 2 of four stalls in load_next_batch after 20
+# steps while the others wait one collective ahead. Judged with a 10 s
+# stall, it is named with that function where the kernel gives a
+# switching thread's user registers (bpf_task_pt_regs, 5.15), and with the
+# reason there are no stacks where it does not.
+step_ncclstall() {
+	tool_run ncclstall --children --nccl-stall 10s --duration 40s -- env NCCLRANK_START=2 "$fix/ncclrank" "$fix/nccl/libnccl.so.2" straggler 60 2 20
+	finding ncclstall nccl_straggler '(.summary | contains("load_next_batch")) or (.evidence.stacks_unavailable | startswith("the kernel does not give"))' "naming load_next_batch, or why it cannot"
 }
 
 # make demo's worker on the CUDA stand-in: an fd leak, a 3 GiB burst at

@@ -98,6 +98,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"run"}, exitUsage, "requires at least 1 arg"},
 		{[]string{"attach", "--pid", "1", "--gpu-interval", "1ms"}, exitUsage, "--gpu-interval must be at least 10ms"},
 		{[]string{"attach", "--pid", "1", "--ctx-switch-floor", "0"}, exitUsage, "--ctx-switch-floor must be positive"},
+		{[]string{"attach", "--pid", "1", "--nccl-stall", "0s"}, exitUsage, "--nccl-stall must be positive"},
+		{[]string{"daemon", "--nccl-stall", "-1s"}, exitUsage, "--nccl-stall and --fd-reads-per-poll must be positive"},
 		{[]string{"daemon", "--metrics.granularity", "pod"}, exitUsage, `--metrics.granularity must be container or process, not "pod"`},
 		{[]string{"daemon", "--metrics.process-hold", "0s"}, exitUsage, "--metrics.process-hold must be positive"},
 		{[]string{"frobnicate"}, exitUsage, "unknown command"},

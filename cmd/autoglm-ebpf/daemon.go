@@ -17,6 +17,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/daemon"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ctxstorm"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpualloc"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ncclstall"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/discover"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/fdtrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/kubeevents"
@@ -48,6 +49,7 @@ type daemonFlags struct {
 	launches    bool
 	gpuEvery    time.Duration
 	ctxFloor    float64
+	ncclStall   time.Duration
 	gpuBudget   gpualloc.Bytes
 	classic     bool
 	granularity string
@@ -101,6 +103,7 @@ everything and exits 0.`,
 	fl.BoolVar(&f.launches, "launches", false, launchesHelp)
 	fl.DurationVar(&f.gpuEvery, "gpu-interval", nvml.DefaultInterval, "how often NVML is sampled (at least "+nvml.MinInterval.String()+")")
 	fl.Float64Var(&f.ctxFloor, "ctx-switch-floor", ctxstorm.DefaultConfig().Floor, "context switches/s below which no storm is reported")
+	fl.DurationVar(&f.ncclStall, "nccl-stall", ncclstall.DefaultConfig().Stall, "how long an NCCL rank makes no collective before it is a straggler (behind its peers) or its communicator hung (none ahead)")
 	// On by default here, unlike attach: the shipped dashboard and many
 	// Prometheus servers (native histograms need a feature flag before 3.0)
 	// read the classic buckets.
@@ -131,8 +134,8 @@ func (f *daemonFlags) rules() (daemon.Rules, error) {
 	if f.gpuEvery < nvml.MinInterval {
 		return r, usagef("--gpu-interval must be at least %s, got %s", nvml.MinInterval, f.gpuEvery)
 	}
-	if f.maxFDs == 0 || f.maxAllocs == 0 || f.ctxFloor <= 0 || f.fdReads <= 0 {
-		return r, usagef("--max-fds, --max-allocs, --ctx-switch-floor and --fd-reads-per-poll must be positive")
+	if f.maxFDs == 0 || f.maxAllocs == 0 || f.ctxFloor <= 0 || f.fdReads <= 0 || f.ncclStall <= 0 {
+		return r, usagef("--max-fds, --max-allocs, --ctx-switch-floor, --nccl-stall and --fd-reads-per-poll must be positive")
 	}
 	if f.matchComm != "" {
 		re, err := regexp.Compile(f.matchComm)
@@ -228,6 +231,7 @@ func runDaemon(f *daemonFlags, rules daemon.Rules) error {
 	cfg.Interval, cfg.MaxFDs, cfg.MaxAllocs, cfg.GPUInterval, cfg.Launches = f.interval, f.maxFDs, f.maxAllocs, f.gpuEvery, f.launches
 	cfg.FDReadsPerPoll, cfg.MaxProcesses = f.fdReads, f.maxProcs
 	cfg.CtxStorm.Floor = f.ctxFloor
+	cfg.NCCLStall.Stall = f.ncclStall
 	cfg.GPUAlloc.MemoryBudget = uint64(f.gpuBudget)
 	cfg.Daemon, cfg.Source, cfg.Cache = true, finder, maps
 	cfg.Pod = func(pid int, known model.Pod) model.Pod {

@@ -22,6 +22,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/daemon"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ctxstorm"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpualloc"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ncclstall"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/launch"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/metrics"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
@@ -47,6 +48,7 @@ type watchFlags struct {
 	classic  bool // the run-queue histogram gets classic buckets too
 	maxFDs   uint32
 	ctxFloor float64
+	nccl     time.Duration // --nccl-stall
 	gpuEvery time.Duration
 	maxAlloc uint32
 	launches bool
@@ -71,6 +73,7 @@ func (f *watchFlags) register(cmd *cobra.Command) {
 	fl.BoolVar(&f.launches, "launches", false, launchesHelp)
 	fl.Var(&f.budget, "gpu-memory-budget", "device memory each process may use (e.g. 80GiB): a GPU leak's time to exhaustion is also judged against it (needed without NVML)")
 	fl.Float64Var(&f.ctxFloor, "ctx-switch-floor", ctxstorm.DefaultConfig().Floor, "context switches/s below which no storm is reported, whatever the baseline")
+	fl.DurationVar(&f.nccl, "nccl-stall", ncclstall.DefaultConfig().Stall, "how long an NCCL rank makes no collective before it is a straggler (behind its peers) or its communicator hung (none ahead)")
 }
 
 func (f *watchFlags) validate() error {
@@ -110,6 +113,9 @@ func (f *watchFlags) validate() error {
 	}
 	if f.ctxFloor <= 0 {
 		return usagef("--ctx-switch-floor must be positive, got %v", f.ctxFloor)
+	}
+	if f.nccl <= 0 {
+		return usagef("--nccl-stall must be positive, got %s", f.nccl)
 	}
 	for _, k := range f.failOn {
 		if !slices.Contains(model.Kinds, k) {
@@ -304,6 +310,7 @@ func watch(cmd *cobra.Command, f *watchFlags, start func(*pipeline.Pipeline) (fu
 	cfg := pipeline.DefaultConfig()
 	cfg.Interval, cfg.MaxFDs = f.interval, f.maxFDs
 	cfg.CtxStorm.Floor = f.ctxFloor
+	cfg.NCCLStall.Stall = f.nccl
 	cfg.GPUInterval, cfg.MaxAllocs, cfg.Launches = f.gpuEvery, f.maxAlloc, f.launches
 	cfg.GPUAlloc.MemoryBudget = uint64(f.budget)
 	cfg.Children = f.children

@@ -15,6 +15,7 @@ import (
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/cudatrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/discover"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/nccltrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/pipeline"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/podinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
@@ -205,6 +206,15 @@ func (f *Finder) matches(pid int) (bool, error) {
 		return true, nil
 	}
 	uses, err := f.cuda.UsesCUDA(pid)
+	if errors.Is(err, procinfo.ErrNoProcess) {
+		return false, err
+	}
+	if uses {
+		return true, nil
+	}
+	// A rank maps libnccl, which carries its own copy of the CUDA
+	// runtime: no libcudart need show.
+	uses, err = nccltrack.MapsLibrary(f.proc, pid)
 	if errors.Is(err, procinfo.ErrNoProcess) {
 		return false, err
 	}

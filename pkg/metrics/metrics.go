@@ -55,7 +55,7 @@ type descs struct {
 	buildInfoDesc     *prometheus.Desc
 	// views are the views' per-process metrics (model.Shows), each with
 	// its description and, where it has one, that of its per-container
-	// sum (nil for an OwnOnly metric).
+	// sum (nil for an OwnOnly or EveryProcess metric).
 	views              []viewMetric
 	gpuUsedDesc        *prometheus.Desc
 	gpuTotalDesc       *prometheus.Desc
@@ -88,7 +88,7 @@ func newDescs(pods bool) *descs {
 		"Processes a view could not follow (the other views watched them on), by view and reason (an errno name, or other).",
 		[]string{"view", "reason"}, nil)
 	d.viewUpDesc = prometheus.NewDesc("autoglm_view_up",
-		"1 when the view runs, 0 when it is down (failed to load, or still loading): fd, sched, sock, cuda, python, nvml. The log says why. A view not expected on this node has autoglm_view_absent instead.",
+		"1 when the view runs, 0 when it is down (failed to load, or still loading): fd, sched, sock, cuda, nccl, python, nvml. The log says why. A view not expected on this node has autoglm_view_absent instead.",
 		[]string{"view"}, nil)
 	d.viewAbsentDesc = prometheus.NewDesc("autoglm_view_absent",
 		"1 for a view that does not run because it is not expected on this node, which is no fault; it has no autoglm_view_up. reason: no_gpu (the node has no NVIDIA GPU), no_nvml (NVML was not given to the agent: no libnvidia-ml or no GPU device nodes in its container).",
@@ -136,7 +136,7 @@ func newDescs(pods bool) *descs {
 	for _, sh := range model.Shows {
 		for _, vm := range sh.Metrics {
 			v := viewMetric{Metric: vm, desc: prometheus.NewDesc(vm.Name, vm.Help, names(vm.Labels...), nil)}
-			if !vm.OwnOnly {
+			if !vm.OwnOnly && !vm.EveryProcess {
 				v.unitDesc = unitDesc(vm.Name, vm.Help, vm.Labels...)
 			}
 			d.views = append(d.views, v)
@@ -150,7 +150,7 @@ func newDescs(pods bool) *descs {
 type viewMetric struct {
 	model.Metric
 	desc     *prometheus.Desc
-	unitDesc *prometheus.Desc // its per-container sum; nil for OwnOnly
+	unitDesc *prometheus.Desc // its per-container sum; nil for OwnOnly and EveryProcess
 }
 
 // all lists every description, for Describe.
@@ -505,11 +505,12 @@ func (m *Metrics) render() []prometheus.Metric {
 // series of their own. The caller holds m.mu.
 func (m *Metrics) viewSeries(s *model.Snapshot, out []prometheus.Metric) []prometheus.Metric {
 	for _, p := range s.Processes {
-		if !m.own(s, p.PID) {
-			continue
-		}
+		own := m.own(s, p.PID)
 		id := m.procLabels(p)
 		for _, vm := range m.d.views {
+			if !own && !vm.EveryProcess {
+				continue
+			}
 			switch vm.Type {
 			case model.GaugeMetric:
 				vm.Samples(p, func(v float64, labels ...string) {
@@ -522,6 +523,9 @@ func (m *Metrics) viewSeries(s *model.Snapshot, out []prometheus.Metric) []prome
 			}
 		}
 		for k, c := range m.counts[p.PID].counters {
+			if !own && !m.d.views[k.metric].EveryProcess {
+				continue
+			}
 			out = append(out, constMetric(m.d.views[k.metric].desc, prometheus.CounterValue, c.v, with(id, c.labels...)...))
 		}
 	}

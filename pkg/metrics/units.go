@@ -20,6 +20,13 @@ import (
 // exhaustion of a process's own limit judge. It keeps them for
 // Options.Hold after, so that its alerts do not flap.
 //
+// Metrics marked EveryProcess escape both: an NCCL rank's collective count
+// and last call's time are served per process, always, and never summed.
+// The cross-node rule compares each rank with its communicator's others,
+// which a sum over a container's ranks would hide; they are few (one
+// series per rank, communicator and operation) and only processes that
+// call NCCL have them.
+//
 // A container's sums include the processes that have series of their own,
 // which only add detail under other names, so that summing one metric never
 // counts a process twice, and rules on the sums work in either granularity.
@@ -157,6 +164,9 @@ func (m *Metrics) handOver(s *model.Snapshot, counts map[int]*procCounts) {
 		}
 		u := m.unit(old.unit, s.Time)
 		for k, c := range old.counters {
+			if m.d.views[k.metric].unitDesc == nil {
+				continue // not summed (EveryProcess)
+			}
 			r := u.retired[k]
 			u.retired[k] = counter{c.labels, r.v + c.v}
 		}

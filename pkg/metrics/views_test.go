@@ -28,7 +28,7 @@ func TestViewSeries(t *testing.T) {
 # TYPE autoglm_view_absent gauge
 autoglm_view_absent{reason="no_gpu",view="cuda"} 1
 autoglm_view_absent{reason="no_nvml",view="nvml"} 1
-# HELP autoglm_view_up 1 when the view runs, 0 when it is down (failed to load, or still loading): fd, sched, sock, cuda, python, nvml. The log says why. A view not expected on this node has autoglm_view_absent instead.
+# HELP autoglm_view_up 1 when the view runs, 0 when it is down (failed to load, or still loading): fd, sched, sock, cuda, nccl, python, nvml. The log says why. A view not expected on this node has autoglm_view_absent instead.
 # TYPE autoglm_view_up gauge
 autoglm_view_up{view="fd"} 1
 autoglm_view_up{view="python"} 1

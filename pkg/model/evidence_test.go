@@ -114,7 +114,7 @@ func TestEvidenceKeysDocumented(t *testing.T) {
 	structs := map[string]Evidence{}
 	for _, ev := range []Evidence{FDLeakEvidence{}, FDExhaustedEvidence{}, SocketLeakEvidence{}, CtxSwitchStormEvidence{},
 		GPUAllocBurstEvidence{}, GPUMemoryLeakEvidence{}, GPUAllocFailureEvidence{}, GPUAllocChurnEvidence{},
-		GPUXIDEvidence{}, GPUECCEvidence{}, GPUInputBoundEvidence{}, GPUSyncStormEvidence{}} {
+		GPUXIDEvidence{}, GPUECCEvidence{}, GPUInputBoundEvidence{}, GPUSyncStormEvidence{}, NCCLStragglerEvidence{}, NCCLHangEvidence{}} {
 		structs[ev.EvidenceKind()] = ev
 	}
 	for _, kind := range Kinds {

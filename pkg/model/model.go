@@ -7,7 +7,7 @@ import "time"
 
 // Kinds lists every finding kind, for flag validation and metric pre-creation;
 // each view's file (fd.go, sock.go, ...) declares its own.
-var Kinds = []string{KindFDLeak, KindFDExhausted, KindSocketLeak, KindCtxSwitchStorm, KindGPUAllocBurst, KindGPUMemoryLeak, KindGPUAllocFailure, KindGPUAllocChurn, KindGPUXID, KindGPUECCError, KindGPUInputBound, KindGPUSyncStorm}
+var Kinds = []string{KindFDLeak, KindFDExhausted, KindSocketLeak, KindCtxSwitchStorm, KindGPUAllocBurst, KindGPUMemoryLeak, KindGPUAllocFailure, KindGPUAllocChurn, KindGPUXID, KindGPUECCError, KindGPUInputBound, KindGPUSyncStorm, KindNCCLStraggler, KindNCCLHang}
 
 // Severities, lowest first.
 const (
@@ -148,7 +148,7 @@ type Snapshot struct {
 // Views are the parts of the tool that can be up or down on their own: the
 // BPF concerns, Python frames (carried by the fd and cuda objects), and
 // NVML.
-var Views = []string{"fd", "sched", "sock", "cuda", "python", "nvml"}
+var Views = []string{"fd", "sched", "sock", "cuda", "nccl", "python", "nvml"}
 
 // ViewState is how one view stands: up, down, or absent (down where it is
 // not expected).
@@ -188,4 +188,4 @@ func (a Absence) Meaning() string {
 }
 
 // Shows lists what each view shows, in the order of Views.
-var Shows = []Shown{fdShown, schedShown, sockShown, cudaShown, nvmlShown}
+var Shows = []Shown{fdShown, schedShown, sockShown, cudaShown, ncclShown, nvmlShown}

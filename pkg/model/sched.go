@@ -114,7 +114,9 @@ var schedShown = Shown{
 	Charts: []Chart{
 		{ID: ChartContextSwitches, Title: "Context switches", Unit: UnitSwitches, Rank: 40,
 			Lines: []Line{{Series: SeriesVoluntarySwitches, Label: "voluntary", Color: "purple"}, {Series: SeriesInvoluntarySwitches, Label: "involuntary", Color: "orange"}},
-			Marks: []string{KindCtxSwitchStorm}},
+			// A straggling NCCL rank's threads keep switching where they
+			// wait (a loader's sleeps), or stop switching where blocked.
+			Marks: []string{KindCtxSwitchStorm, KindNCCLStraggler, KindNCCLHang}},
 		{ID: ChartRunqueue, Title: "Run-queue latency, p99 of each interval", Unit: UnitSeconds, Empty: "no run-queue waits seen", Rank: 50,
 			Lines: []Line{{Series: SeriesRunqueueP99, Label: "p99 wait", Color: "teal"}}},
 	},

@@ -152,6 +152,11 @@ type Metric struct {
 	// Histogram is p's histogram, for a HistogramMetric; false when the
 	// view did not observe p.
 	Histogram func(p *Process) (Histogram, bool)
+	// EveryProcess is a figure served for every process that has it, in
+	// either granularity, and never summed: what a rule compares process
+	// by process (an NCCL rank's progress against its communicator's
+	// other ranks), whose series are few (one per rank and communicator).
+	EveryProcess bool
 	// OwnOnly is a figure of each process that means nothing summed (a
 	// limit): it has no per-container series.
 	OwnOnly bool

@@ -27,10 +27,12 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpualloc"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/inputbound"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ncclstall"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/sockleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/gpunode"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/nvml"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/offcpu"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/stacks"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
@@ -43,7 +45,7 @@ type Sink interface {
 	Close(final *model.Snapshot) error
 }
 
-// Concern is the kernel side of one view (fd, sched, sock, cuda): one BPF
+// Concern is the kernel side of one view (fd, sched, sock, cuda, nccl): one BPF
 // object and the Go code that decodes its maps.
 type Concern interface {
 	Name() string
@@ -71,6 +73,8 @@ type Config struct {
 	GPUAlloc gpualloc.Config
 	// InputBound judges whether GPU processes wait on their CPU side.
 	InputBound inputbound.Config
+	// NCCLStall judges the ranks of each NCCL communicator on this node.
+	NCCLStall ncclstall.Config
 	// Cache, when set, is the poll's cache of /proc reads, shared with a
 	// Source that reads them to choose processes (nil: the pipeline's
 	// own).
@@ -131,7 +135,7 @@ type Source interface {
 // DefaultConfig is what the CLI starts from.
 func DefaultConfig() Config {
 	return Config{Interval: time.Second, ProcRoot: "/proc", MaxFDs: 1 << 16, FDLeak: fdleak.DefaultConfig(), CtxStorm: ctxstorm.DefaultConfig(), SockLeak: sockleak.DefaultConfig(),
-		GPUAlloc: gpualloc.DefaultConfig(), InputBound: inputbound.DefaultConfig(), MaxAllocs: 1 << 18, GPUInterval: nvml.DefaultInterval, TopSites: 64}
+		GPUAlloc: gpualloc.DefaultConfig(), InputBound: inputbound.DefaultConfig(), NCCLStall: ncclstall.DefaultConfig(), MaxAllocs: 1 << 18, GPUInterval: nvml.DefaultInterval, TopSites: 64}
 }
 
 // Pipeline owns the concerns and the per-process state.
@@ -162,6 +166,10 @@ type Pipeline struct {
 	order    []int // pids in the order they were added
 	findings []model.Finding
 	judges   []judge // the per-process detectors
+	across   []acrossJudge
+	// offcpu takes the stacks of suspected NCCL stragglers' threads,
+	// loaded at the first suspect.
+	offcpu   *offcpu.Lazy
 	link     *causes.Linker
 	bound    *inputbound.Detector // across processes: a GPU process and its workers
 	required []string             // the views the tool cannot run without
@@ -236,6 +244,12 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 		return nil, err
 	}
 	if p.stacks, err = stacks.New(stacks.Config{Proc: proc.WithPollCache(cache), Symbolizer: p.sym, Processes: p.tracked.Entries()}); err != nil {
+		p.tracked.Close()
+		return nil, err
+	}
+	p.offcpu = offcpu.NewLazy(offcpu.Config{ProcRoot: cfg.ProcRoot, Stacks: p.stacks, Symbolizer: p.sym})
+	if p.across, err = p.registeredAcross(); err != nil {
+		p.stacks.Close()
 		p.tracked.Close()
 		return nil, err
 	}
@@ -551,6 +565,9 @@ func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 		for _, j := range p.judges {
 			j.det.Forget(pr.PID)
 		}
+		for _, j := range p.across {
+			j.det.Forget(pr.PID)
+		}
 		p.forgetUntracked(pr.PID)
 		p.sym.Forget(pr.PID)
 		for _, f := range p.findings {
@@ -764,6 +781,13 @@ func (p *Pipeline) snapshot(now time.Time) *model.Snapshot {
 		}
 		maps.Copy(s.Lost, lost)
 	}
+	if p.offcpu != nil {
+		if lost, err := p.offcpu.Lost(); err != nil {
+			slog.Warn("reading BPF error counters", "concern", "offcpu", "err", err)
+		} else {
+			maps.Copy(s.Lost, lost)
+		}
+	}
 	if p.stacks != nil {
 		if lost, err := p.stacks.Lost(); err != nil {
 			slog.Warn("reading the stack service's counters", "err", err)
@@ -812,6 +836,9 @@ func (p *Pipeline) Close() error {
 	}
 	wg.Wait()
 	p.concerns = nil
+	if p.offcpu != nil {
+		errs = append(errs, p.offcpu.Close())
+	}
 	if p.stacks != nil {
 		// After the objects that use its maps.
 		errs = append(errs, p.stacks.Close())

@@ -11,12 +11,15 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/fdleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpualloc"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/gpuxid"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ncclstall"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/sockleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/syncstorm"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/fdtrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/features"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/gpunode"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/nccltrack"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/offcpu"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/schedtrack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/socktrack"
 )
@@ -61,6 +64,9 @@ func (p *Pipeline) views() []view {
 		{name: "cuda", check: cudatrack.Check, finds: "GPU allocations", load: func() (Concern, error) {
 			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, Launches: cfg.Launches, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites, Cache: p.cache, Symbolizer: p.sym, Stacks: p.stacks, Tracked: p.tracked}, p.sym)
 		}},
+		{name: "nccl", check: nccltrack.Check, finds: "NCCL progress per rank", load: func() (Concern, error) {
+			return nccltrack.New(nccltrack.Config{ProcRoot: cfg.ProcRoot, Cache: p.cache, Symbolizer: p.sym, Stacks: p.stacks, Tracked: p.tracked}, p.sym)
+		}},
 	})
 }
 
@@ -85,6 +91,9 @@ func Checks(devs gpunode.Devices) (rs []features.Result, finds []string, absent 
 		}
 		rs = append(rs, got...)
 	}
+	// Not a view: loaded by a run only once it suspects a straggling
+	// NCCL rank, whose threads' stacks it takes.
+	rs = append(rs, offcpu.Check())
 	return rs, finds, absent
 }
 
@@ -146,6 +155,36 @@ func (p *Pipeline) registered() []judge {
 	}
 }
 
+// AcrossDetector judges together the processes a view filled each poll:
+// what one process does only means something beside the others (the
+// ranks of a communicator). Forget drops what it keeps of an exited
+// process.
+type AcrossDetector interface {
+	Observe(now time.Time, procs []*model.Process) []model.Finding
+	Forget(pid int)
+}
+
+// acrossJudge is an AcrossDetector and the view whose processes it
+// judges, as judge is.
+type acrossJudge struct {
+	need string
+	det  AcrossDetector
+}
+
+// registeredAcross are the detectors across processes, in the order they
+// run after the per-process ones.
+func (p *Pipeline) registeredAcross() ([]acrossJudge, error) {
+	// Where a straggling rank's threads are: their states read from /proc,
+	// their stacks taken as they leave the CPU, only for it.
+	threads, err := ncclstall.ProcThreads(p.cfg.ProcRoot)
+	if err != nil {
+		return nil, err
+	}
+	return []acrossJudge{
+		{"nccl", ncclstall.New(p.cfg.NCCLStall, threads, p.offcpu)},
+	}, nil
+}
+
 // Annotator is a concern that adds to findings what only its source can
 // say (the fd view: what a leak's fds point at, from /proc).
 type Annotator interface {
@@ -184,6 +223,14 @@ func (p *Pipeline) judge(now time.Time, observe []*model.Process) ([]model.Findi
 				p.annotate(pr, &f)
 				fresh = append(fresh, f)
 			}
+		}
+	}
+	for _, j := range p.across {
+		for _, f := range j.det.Observe(now, filled[j.need]) {
+			if pr := p.procs[f.PID]; pr != nil {
+				p.annotate(pr, &f)
+			}
+			fresh = append(fresh, f)
 		}
 	}
 	if p.bound != nil {

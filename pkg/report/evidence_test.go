@@ -152,6 +152,7 @@ func TestEveryKindHasEvidenceRows(t *testing.T) {
 		model.FDLeakEvidence{}, model.FDExhaustedEvidence{}, model.SocketLeakEvidence{}, model.CtxSwitchStormEvidence{},
 		model.GPUAllocBurstEvidence{}, model.GPUMemoryLeakEvidence{}, model.GPUAllocFailureEvidence{}, model.GPUAllocChurnEvidence{},
 		model.GPUXIDEvidence{}, model.GPUECCEvidence{}, model.GPUInputBoundEvidence{}, model.GPUSyncStormEvidence{},
+		model.NCCLStragglerEvidence{}, model.NCCLHangEvidence{},
 	}
 	clock := func(t time.Time) string { return t.Format(time.TimeOnly) }
 	var kinds []string
@@ -221,6 +222,15 @@ func TestEvidenceRowsOtherKinds(t *testing.T) {
 		{model.GPUSyncStormEvidence{SMUtilizationMean: new(0.25)}, []string{"SM utilization: 25 %"}},
 		{model.GPUAllocChurnEvidence{BytesPerSecond: 3 << 30, PairsPerSecond: 2500.4, SynchronizingFrees: map[string]uint64{"cudaFree": 9}},
 			[]string{"allocated: 3.0 GiB/s", "alloc/free pairs: 2500 pairs/s", "synchronizing frees: cudaFree 9"}},
+		{model.NCCLStragglerEvidence{StalledSeconds: 75, Communicators: []model.NCCLLag{{Communicator: "9f86d081", Rank: 2, NRanks: 4, Collectives: 20, Behind: 1,
+			LastCall: &model.NCCLCall{Op: "allreduce", At: t0, Stack: frames("train_step")}, Peers: []model.NCCLRank{{Rank: 0, PID: 11, Comm: "train", Collectives: 21}}}},
+			Threads: []model.NCCLThread{{TID: 12, Name: "train", State: "sleeping", WaitChannel: "hrtimer_nanosleep", Stack: frames("load_next_batch")}}},
+			[]string{"no collective for: 1 min 15 s", "[9f86d081|2 of 4|20|1|allreduce] train_step (trainer.c:10) / peer rank 0: pid 11 (train), 21 collectives",
+				"[12|train|sleeping|hrtimer_nanosleep] load_next_batch (trainer.c:10)"}},
+		{model.NCCLStragglerEvidence{StacksUnavailable: "no registers"}, []string{"no thread stacks: no registers"}},
+		{model.NCCLHangEvidence{StalledSeconds: 30, Communicators: []model.NCCLHung{{Communicator: "c0ffee", NRanks: 4, Collectives: 20,
+			Ranks: []model.NCCLRank{{Rank: 0, PID: 11}, {Rank: 1, PID: 12}}}}},
+			[]string{"no collective for: 30 s", "[c0ffee|4|20|0 (pid 11), 1 (pid 12)]"}},
 	} {
 		got := text(evidenceRows(c.ev, clock))
 		for _, w := range c.want {

@@ -324,6 +324,26 @@ func facts(p *Process) []kv {
 			out = append(out, kv{"failed GPU allocations", strconv.Itoa(c.Failures)})
 		}
 	}
+	if n := p.NCCL; n != nil {
+		for _, c := range n.Comms {
+			var calls uint64
+			for _, v := range c.Calls {
+				calls += v
+			}
+			what := fmt.Sprintf("rank %d of %d, %d collectives", c.Rank, c.NRanks, calls)
+			if c.LastTime != nil {
+				what += fmt.Sprintf(", last %s at %s", c.LastOp, c.LastTime.Format("15:04:05.000"))
+			}
+			if c.Destroyed {
+				what += " (destroyed)"
+			}
+			id := c.ID
+			if id == "" {
+				id = "(set up before tracking)"
+			}
+			out = append(out, kv{"NCCL communicator " + id, what})
+		}
+	}
 	if p.Exited {
 		out = append(out, kv{"state", "exited"})
 	}

@@ -121,6 +121,29 @@ func quantile(h model.Histogram, q float64) *float64 {
 	return &v
 }
 
+// NCCL is the collectives view of a process that is a rank of an NCCL
+// communicator.
+type NCCL struct {
+	Library string     `json:"library"`
+	Comms   []NCCLComm `json:"communicators"`
+}
+
+// NCCLComm is one communicator as this rank saw it (model.NCCLComm).
+type NCCLComm struct {
+	// ID is the same in every rank on every node; "" for one set up
+	// before tracking began (rank and nranks -1 then, and for a split).
+	ID     string            `json:"id"`
+	Rank   int               `json:"rank"`
+	NRanks int               `json:"nranks"`
+	Calls  map[string]uint64 `json:"calls"` // by operation
+	Bytes  map[string]uint64 `json:"bytes"` // by operation
+	// The last call: absent before any.
+	LastTime  *time.Time `json:"last_time,omitempty"`
+	LastOp    string     `json:"last_op,omitempty"`
+	LastStack []string   `json:"last_stack,omitempty"` // innermost first
+	Destroyed bool       `json:"destroyed"`
+}
+
 // GPUUtil is model.GPUUtil in the report.
 type GPUUtil struct {
 	Device int     `json:"device"`
@@ -142,6 +165,7 @@ type Process struct {
 	FDsOpened map[string]uint64 `json:"fds_opened"`
 	FDsClosed map[string]uint64 `json:"fds_closed"`
 	CUDA      *CUDA             `json:"cuda,omitempty"` // absent without CUDA activity
+	NCCL      *NCCL             `json:"nccl,omitempty"` // absent for a process that is no NCCL rank
 
 	// TCP sockets held by state, and socket fds by kind; {} without the
 	// socket concern.
@@ -223,6 +247,7 @@ func (w *Writer) record(s *model.Snapshot) {
 			FDsOpened: copyCounts(p.FD.Opened),
 			FDsClosed: copyCounts(p.FD.Closed),
 			CUDA:      cudaOf(&p.CUDA),
+			NCCL:      ncclOf(&p.NCCL),
 
 			TCPSocketsByState: copyInts(p.Sock.TCPByState),
 			SocketFDsByKind:   copyInts(p.Sock.ByKind),
@@ -359,6 +384,27 @@ func cudaOf(c *model.CUDAStats) *CUDA {
 	}
 	if c.Launches != nil {
 		out.Launches = copyCounts(c.Launches.Calls)
+	}
+	return out
+}
+
+// ncclOf copies the NCCL view of a process, or nil if it is no rank.
+func ncclOf(n *model.NCCLStats) *NCCL {
+	if !n.Active() {
+		return nil
+	}
+	out := &NCCL{Library: n.Library}
+	for _, c := range n.Comms {
+		rc := NCCLComm{ID: c.ID, Rank: c.Rank, NRanks: c.NRanks, Calls: copyCounts(c.Calls), Bytes: copyCounts(c.Bytes),
+			LastOp: c.LastOp, Destroyed: c.Destroyed}
+		if !c.LastTime.IsZero() {
+			t := c.LastTime
+			rc.LastTime = &t
+		}
+		for _, f := range c.LastStack {
+			rc.LastStack = append(rc.LastStack, f.String())
+		}
+		out.Comms = append(out.Comms, rc)
 	}
 	return out
 }
