@@ -303,10 +303,13 @@ func (t *Tracker) Untrack(pid int) {
 // forget deletes the table entries of tgid (the filter is off by now).
 func (t *Tracker) forget(tgid uint32) {
 	for _, m := range []*ebpf.Map{t.maps.Comms, t.maps.NcclCounters} {
-		var keys []ncclNcclKey
-		var k ncclNcclKey
+		var (
+			keys []ncclNcclKey
+			k    ncclNcclKey
+			v    []byte // either table's value, unread
+		)
 		it := m.Iterate()
-		for it.Next(&k, nil) {
+		for it.Next(&k, &v) {
 			if k.Tgid == tgid {
 				keys = append(keys, k)
 			}
