@@ -24,8 +24,9 @@
  *
  * NCCLRANK_START=signal: the ranks set up their communicators only after
  * the parent gets SIGUSR1 (tests hook the ranks first), and the parent
- * prints "ready" when they are forked. NCCLRANK_START=S (seconds): they
- * wait that long first (for a tracer that finds them at its next poll). */
+ * prints "ready" when they are forked, then their pids. NCCLRANK_START=S
+ * (seconds): they wait that long first (for a tracer that finds them at
+ * its next poll). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <signal.h>
@@ -262,18 +263,19 @@ int main(int argc, char **argv)
 			rank_main(r, NRANKS, id, mode, straggler, stop, ready[1]);
 			_exit(0);
 		}
-		printf("rank %d pid %d\n", r, pids[r]);
-		fflush(stdout);
 	}
 	close(gate[0]);
 	close(ready[1]);
-	fflush(stdout);
-	if (on_signal) {
+	/* On signal, "ready" first: a test waiting for it reads the ranks'
+	 * pids after. */
+	if (on_signal)
 		printf("ready\n");
-		fflush(stdout);
+	for (int r = 0; r < NRANKS; r++)
+		printf("rank %d pid %d\n", r, pids[r]);
+	fflush(stdout);
+	if (on_signal)
 		while (!go)
 			sigsuspend(&old);
-	}
 	char gobytes[NRANKS] = {0};
 	if (write(gate[1], gobytes, NRANKS) != NRANKS) {
 		perror("ncclrank: write");

@@ -90,7 +90,7 @@ func Check(devs gpunode.Devices) []Result {
 func gpus(devs gpunode.Devices) Result {
 	r := Result{Name: "NVIDIA GPUs (/dev/nvidia[0-9]*)", OK: len(devs.Node) > 0}
 	if !r.OK {
-		r.Detail = "none on this node (its /dev and the host's): the cuda and nvml views are not expected here"
+		r.Detail = "none on this node (its /dev and the host's): the cuda, nccl and nvml views are not expected here"
 		return r
 	}
 	given := strings.Join(devs.Agent, " ")

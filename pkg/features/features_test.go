@@ -40,7 +40,7 @@ func TestGPUsLine(t *testing.T) {
 		ok     bool
 		detail string
 	}{
-		{gpunode.Devices{}, false, "none on this node (its /dev and the host's): the cuda and nvml views are not expected here"},
+		{gpunode.Devices{}, false, "none on this node (its /dev and the host's): the cuda, nccl and nvml views are not expected here"},
 		{gpunode.Devices{Node: []string{"nvidia0", "nvidia1"}}, true, "on the node: nvidia0 nvidia1; given to this process: none (NVML cannot read them)"},
 		{gpunode.Devices{Node: []string{"nvidia0"}, Agent: []string{"nvidia0"}}, true, "on the node: nvidia0; given to this process: nvidia0"},
 	} {

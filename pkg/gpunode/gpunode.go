@@ -1,6 +1,6 @@
 // Package gpunode finds the NVIDIA GPUs of this node, and from them says
-// whether the GPU views (cuda, nvml) are expected to run here. A view that
-// does not run where it is not expected is absent (model.Absence), not
+// whether the GPU views (cuda, nccl, nvml) are expected to run here. A
+// view that does not run where it is not expected is absent (model.Absence), not
 // down: a CPU node, or a GPU node whose agent was deliberately not given
 // NVML, raises no alarm. A view that runs is up wherever it is.
 package gpunode
@@ -63,8 +63,9 @@ func gpus(dev fs.FS) []string {
 
 // Absence says why view, which does not run (err: what failed), is not
 // expected on this node, or "" when it is expected there: then it is down.
-//   - cuda hooks the CUDA libraries of the node's processes, which need a
-//     GPU to do anything; its BPF side needs no device of the agent's own.
+//   - cuda and nccl hook the CUDA and NCCL libraries of the node's
+//     processes, which need a GPU to do anything; their BPF side needs no
+//     device of the agent's own.
 //   - nvml needs a GPU, and NVML given to the agent: the library and the
 //     device nodes. Given both, a failure (no permission, a driver not
 //     loaded, versions that differ) is a fault.
@@ -73,7 +74,7 @@ func gpus(dev fs.FS) []string {
 // always expected.
 func (d Devices) Absence(view string, err error) model.Absence {
 	switch view {
-	case "cuda":
+	case "cuda", "nccl":
 		if len(d.Node) == 0 {
 			return model.AbsentNoGPU
 		}

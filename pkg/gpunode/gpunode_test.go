@@ -66,6 +66,8 @@ func TestAbsence(t *testing.T) {
 	}{
 		{"cuda on a CPU node", cpuNode, "cuda", loadErr, model.AbsentNoGPU},
 		{"cuda on a GPU node, whatever the agent was given", notGiven, "cuda", loadErr, ""},
+		{"nccl on a CPU node", cpuNode, "nccl", loadErr, model.AbsentNoGPU},
+		{"nccl on a GPU node", notGiven, "nccl", loadErr, ""},
 		{"nvml on a CPU node", cpuNode, "nvml", failed, model.AbsentNoGPU},
 		{"nvml where the agent's container has no GPU", notGiven, "nvml", failed, model.AbsentNoNVML},
 		{"nvml without the library", gpuNode, "nvml", noLib, model.AbsentNoNVML},

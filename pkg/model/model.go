@@ -168,7 +168,7 @@ type Absence string
 
 const (
 	// AbsentNoGPU: the node has no NVIDIA GPU (no /dev/nvidia0, ...), so
-	// the GPU views (cuda, nvml) have nothing to see.
+	// the GPU views (cuda, nccl, nvml) have nothing to see.
 	AbsentNoGPU Absence = "no_gpu"
 	// AbsentNoNVML: the node has GPUs, but NVML was not given to the
 	// agent: no libnvidia-ml, or no GPU device nodes in its container

@@ -46,12 +46,12 @@ type Config struct {
 	Tracked *tracked.Set
 }
 
-// IsLibrary tells whether a mapped file is a libnccl by its base name:
-// libnccl.so.2 as NVIDIA ships it, or a renamed copy bundled by a wheel
-// (libnccl-1a2b3c4d.so.2).
+// IsLibrary tells whether a mapped file is NCCL by its base name:
+// libnccl.so.2 as NVIDIA and the nvidia-nccl wheels ship it, or another
+// version. NCCL's plugins (libnccl-net.so, libnccl-tuner.so) are not.
 func IsLibrary(path string) bool {
 	base := filepath.Base(path)
-	return strings.HasPrefix(base, "libnccl") && strings.Contains(base, ".so")
+	return base == "libnccl.so" || strings.HasPrefix(base, "libnccl.so.")
 }
 
 // MapsLibrary tells whether pid maps a libnccl executable: a process the
@@ -270,7 +270,9 @@ func (t *Tracker) attach(pid int, path string) []link.Link {
 		links = append(links, in)
 	}
 	if len(links) == 0 {
-		slog.Warn("libnccl defines none of the hooked functions", "pid", pid, "path", path)
+		// Retried at each poll: said once at warning level would need a
+		// record per file; the next process to map it tries again.
+		slog.Debug("libnccl defines none of the hooked functions", "pid", pid, "path", path)
 		_ = closeLinks(setups)
 		return nil
 	}
@@ -303,10 +305,13 @@ func (t *Tracker) Untrack(pid int) {
 // forget deletes the table entries of tgid (the filter is off by now).
 func (t *Tracker) forget(tgid uint32) {
 	for _, m := range []*ebpf.Map{t.maps.Comms, t.maps.NcclCounters} {
-		var keys []ncclNcclKey
-		var k ncclNcclKey
+		var (
+			keys []ncclNcclKey
+			k    ncclNcclKey
+			v    []byte // either table's value, unread
+		)
 		it := m.Iterate()
-		for it.Next(&k, nil) {
+		for it.Next(&k, &v) {
 			if k.Tgid == tgid {
 				keys = append(keys, k)
 			}

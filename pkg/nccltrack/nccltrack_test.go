@@ -39,9 +39,9 @@ func ranks(t *testing.T, c *Concern, mode ...string) (*testutil.Proc, []*model.P
 	p := testutil.StartProc(t, []string{"NCCLRANK_START=signal"}, testutil.Fixture(t, "ncclrank"), append([]string{lib, mode[0], "60"}, mode[1:]...)...)
 	procs := make([]*model.Process, 4)
 	for r := range procs {
-		// Printed before "ready", which StartProc waited for.
+		// Printed after "ready", which StartProc waited for.
 		var rank, pid int
-		l := p.Wait(t, fmt.Sprintf("rank %d pid ", r), time.Second)
+		l := p.Wait(t, fmt.Sprintf("rank %d pid ", r), 5*time.Second)
 		if _, err := fmt.Sscanf(l, "rank %d pid %d", &rank, &pid); err != nil {
 			t.Fatalf("%q: %v", l, err)
 		}
