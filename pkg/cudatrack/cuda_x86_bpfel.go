@@ -188,8 +188,9 @@ type cudaThreadCalls struct {
 		Width   uint64
 		Api     uint16
 		Shape   uint8
-		Pad     uint8
+		Noret   uint8
 		StackId int32
+		Ret     uint64
 	}
 }
 
@@ -269,9 +270,13 @@ const (
 	cudaMapUnwindSeq                     = "unwind_seq"
 	cudaMapUnwoundStacks                 = "unwound_stacks"
 	cudaProgCudaAllocEnter               = "cuda_alloc_enter"
+	cudaProgCudaAllocSession             = "cuda_alloc_session"
 	cudaProgCudaCountEnter               = "cuda_count_enter"
+	cudaProgCudaCountSession             = "cuda_count_session"
 	cudaProgCudaFreeEnter                = "cuda_free_enter"
+	cudaProgCudaFreeSession              = "cuda_free_session"
 	cudaProgCudaPitchEnter               = "cuda_pitch_enter"
+	cudaProgCudaPitchSession             = "cuda_pitch_session"
 	cudaProgCudaReturnDriver             = "cuda_return_driver"
 	cudaProgCudaReturnRuntime            = "cuda_return_runtime"
 	cudaProgEnterCuMemAllocAsync         = "enter_cuMemAllocAsync"
@@ -366,9 +371,13 @@ type cudaSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type cudaProgramSpecs struct {
 	CudaAllocEnter               *ebpf.ProgramSpec `ebpf:"cuda_alloc_enter"`
+	CudaAllocSession             *ebpf.ProgramSpec `ebpf:"cuda_alloc_session"`
 	CudaCountEnter               *ebpf.ProgramSpec `ebpf:"cuda_count_enter"`
+	CudaCountSession             *ebpf.ProgramSpec `ebpf:"cuda_count_session"`
 	CudaFreeEnter                *ebpf.ProgramSpec `ebpf:"cuda_free_enter"`
+	CudaFreeSession              *ebpf.ProgramSpec `ebpf:"cuda_free_session"`
 	CudaPitchEnter               *ebpf.ProgramSpec `ebpf:"cuda_pitch_enter"`
+	CudaPitchSession             *ebpf.ProgramSpec `ebpf:"cuda_pitch_session"`
 	CudaReturnDriver             *ebpf.ProgramSpec `ebpf:"cuda_return_driver"`
 	CudaReturnRuntime            *ebpf.ProgramSpec `ebpf:"cuda_return_runtime"`
 	EnterCuMemAllocAsync         *ebpf.ProgramSpec `ebpf:"enter_cuMemAllocAsync"`
@@ -568,9 +577,13 @@ type cudaVariables struct {
 // It can be passed to loadCudaObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cudaPrograms struct {
 	CudaAllocEnter               *ebpf.Program `ebpf:"cuda_alloc_enter"`
+	CudaAllocSession             *ebpf.Program `ebpf:"cuda_alloc_session"`
 	CudaCountEnter               *ebpf.Program `ebpf:"cuda_count_enter"`
+	CudaCountSession             *ebpf.Program `ebpf:"cuda_count_session"`
 	CudaFreeEnter                *ebpf.Program `ebpf:"cuda_free_enter"`
+	CudaFreeSession              *ebpf.Program `ebpf:"cuda_free_session"`
 	CudaPitchEnter               *ebpf.Program `ebpf:"cuda_pitch_enter"`
+	CudaPitchSession             *ebpf.Program `ebpf:"cuda_pitch_session"`
 	CudaReturnDriver             *ebpf.Program `ebpf:"cuda_return_driver"`
 	CudaReturnRuntime            *ebpf.Program `ebpf:"cuda_return_runtime"`
 	EnterCuMemAllocAsync         *ebpf.Program `ebpf:"enter_cuMemAllocAsync"`
@@ -602,9 +615,13 @@ type cudaPrograms struct {
 func (p *cudaPrograms) Close() error {
 	return _CudaClose(
 		p.CudaAllocEnter,
+		p.CudaAllocSession,
 		p.CudaCountEnter,
+		p.CudaCountSession,
 		p.CudaFreeEnter,
+		p.CudaFreeSession,
 		p.CudaPitchEnter,
+		p.CudaPitchSession,
 		p.CudaReturnDriver,
 		p.CudaReturnRuntime,
 		p.EnterCuMemAllocAsync,

@@ -49,6 +49,10 @@ type Config struct {
 	// Tracked is the map of tracked processes shared with the other
 	// objects; nil: one of the tracker's own, closed with it.
 	Tracked *tracked.Set
+	// Classic attaches uprobe and uretprobe pairs even where the kernel
+	// has session uprobes: tests and benchmarks take both paths on one
+	// kernel.
+	Classic bool
 }
 
 // Tracker owns the loaded CUDA BPF object and the uprobe links of the
@@ -59,7 +63,9 @@ type Tracker struct {
 	coll     *ebpf.Collection
 	maps     cudaMaps
 	// Entry programs: by API where the kernel has no cookies, else by
-	// shape (the cookie says the API); return programs by layer.
+	// shape (the cookie says the API); return programs by layer. With
+	// session uprobes, byShape holds each shape's session program, which
+	// serves the returns too.
 	byAPI   []*ebpf.Program
 	byShape [shapeCount + 1]*ebpf.Program
 	ret     map[string]*ebpf.Program
@@ -75,6 +81,10 @@ type Tracker struct {
 	// multi link waits once for all of its functions: detaching 48 perf
 	// events takes seconds.
 	multi bool
+	// session: hooks are session uprobes (Linux 6.13+), one link per
+	// argument shape and library, whose entries decline the returns no one
+	// needs (see bpf/cuda.bpf.c).
+	session bool
 
 	procs map[int]*procState
 	// hooks: the links of each library file a tracked process maps,
@@ -139,15 +149,15 @@ func NewTracker(cfg Config) (*Tracker, error) {
 		spec.Maps[cudaMapLiveAllocs].MaxEntries = cfg.MaxAllocs
 	}
 	cookies := bpfobj.Probe().Cookies
-	for name := range spec.Programs {
-		perAPI, perShape := strings.HasPrefix(name, "enter_"), strings.HasSuffix(name, "_enter")
-		if (cookies && perAPI) || (!cookies && perShape) {
-			delete(spec.Programs, name)
-		}
-	}
 	multi := cookies && haveUprobeMulti()
-	if multi {
-		for _, p := range spec.Programs {
+	session := multi && !cfg.Classic && bpfobj.Probe().UprobeSession
+	// One set of programs is loaded: the session programs, or the entry
+	// (per API or per shape) and return programs of the classic pairs.
+	for name, p := range spec.Programs {
+		perAPI, perShape, perSession := strings.HasPrefix(name, "enter_"), strings.HasSuffix(name, "_enter"), strings.HasSuffix(name, "_session")
+		if (cookies && perAPI) || (!cookies && perShape) || perSession != session {
+			delete(spec.Programs, name)
+		} else if multi && !session {
 			p.AttachType = ebpf.AttachTraceUprobeMulti
 		}
 	}
@@ -158,7 +168,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Tracker{procRoot: cfg.ProcRoot, proc: proc.WithPollCache(cfg.Cache), multi: multi, procs: map[int]*procState{}, hooks: map[inodeKey]*attached{}, files: map[fileKey]*Library{}, failStacks: map[uint32]bool{}}
+	t := &Tracker{procRoot: cfg.ProcRoot, proc: proc.WithPollCache(cfg.Cache), multi: multi, session: session, procs: map[int]*procState{}, hooks: map[inodeKey]*attached{}, files: map[fileKey]*Library{}, failStacks: map[uint32]bool{}}
 	if t.member, err = tracked.Join(cfg.Tracked); err != nil {
 		return nil, err
 	}
@@ -187,10 +197,14 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	t.sites = t.stacks.Sites(t.maps.Sites, t.maps.SiteOwners)
 	t.view = t.stacks.Join("cuda")
 	if cookies {
-		t.byShape[shapeAlloc] = coll.Programs["cuda_alloc_enter"]
-		t.byShape[shapePitch] = coll.Programs["cuda_pitch_enter"]
-		t.byShape[shapeFree] = coll.Programs["cuda_free_enter"]
-		t.byShape[shapeCount] = coll.Programs["cuda_count_enter"]
+		suffix := "_enter"
+		if session {
+			suffix = "_session"
+		}
+		t.byShape[shapeAlloc] = coll.Programs["cuda_alloc"+suffix]
+		t.byShape[shapePitch] = coll.Programs["cuda_pitch"+suffix]
+		t.byShape[shapeFree] = coll.Programs["cuda_free"+suffix]
+		t.byShape[shapeCount] = coll.Programs["cuda_count"+suffix]
 	} else {
 		for _, a := range APIs {
 			p := coll.Programs["enter_"+a.Name]
@@ -366,6 +380,9 @@ func (t *Tracker) attach(pid int, lib *Library) []link.Link {
 		slog.Warn("hooking CUDA library", "pid", pid, "path", lib.Path, "err", err)
 		return nil
 	}
+	if t.session {
+		return t.attachSession(pid, lib)
+	}
 	if t.multi {
 		return t.attachMulti(ex, pid, lib)
 	}
@@ -444,6 +461,48 @@ func (t *Tracker) attachMulti(ex *link.Executable, pid int, lib *Library) []link
 	}
 	slog.Debug("hooked CUDA library", "pid", pid, "path", lib.Path, "kind", lib.Kind, "functions", len(lib.Hooks))
 	return links
+}
+
+// attachSession hooks lib with one session link per argument shape: its
+// program runs at each function's entry and, where the entry asks for it,
+// at its return.
+func (t *Tracker) attachSession(pid int, lib *Library) []link.Link {
+	type offsets struct{ at, cookies []uint64 }
+	byShape := map[int]*offsets{}
+	for _, hk := range lib.Hooks {
+		shape := APIs[hk.API].Shape
+		o := byShape[shape]
+		if o == nil {
+			o = &offsets{}
+			byShape[shape] = o
+		}
+		o.at = append(o.at, hk.Offset)
+		o.cookies = append(o.cookies, uint64(hk.API))
+	}
+	var links []link.Link
+	for shape, o := range byShape {
+		l, err := bpfobj.UprobeSession(t.rootPath(pid, lib.Path), t.byShape[shape], o.at, o.cookies, 0)
+		if err != nil {
+			slog.Warn("hooking CUDA library", "pid", pid, "path", lib.Path, "err", err)
+			_ = closeLinks(links)
+			return nil
+		}
+		links = append(links, l)
+	}
+	slog.Debug("hooked CUDA library", "pid", pid, "path", lib.Path, "kind", lib.Kind, "functions", len(lib.Hooks), "session", true)
+	return links
+}
+
+// AttachPath says how the hooks are attached: "session uprobes",
+// "uprobe_multi pairs" or "perf-event pairs".
+func (t *Tracker) AttachPath() string {
+	switch {
+	case t.session:
+		return "session uprobes"
+	case t.multi:
+		return "uprobe_multi pairs"
+	}
+	return "perf-event pairs"
 }
 
 func btoi(b bool) int {
