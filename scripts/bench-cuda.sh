@@ -15,7 +15,10 @@ export PATH="$PATH:/usr/local/go/bin"
 pairs=${CUDA_BENCH_PAIRS:-200000}
 count=${CUDA_BENCH_COUNT:-5}
 
-out=$(go test -count=1 -run '^$' -bench 'BenchmarkAllocFree' -benchtime="${pairs}x" -count="$count" ./pkg/cudatrack)
+# Rounds of every setup in turn (go test's -count would run each setup's
+# runs back to back): a machine that slows down for a while slows all alike.
+go test -c -o bin/cudatrack.test ./pkg/cudatrack
+out=$(cd pkg/cudatrack && for _ in $(seq "$count"); do ../../bin/cudatrack.test -test.run '^$' -test.bench 'BenchmarkAllocFree' -test.benchtime="${pairs}x"; done)
 echo "$out" | grep -E '^Benchmark'
 # Median ns/pair of each setup, then the ratio.
 echo "$out" | awk '
