@@ -64,12 +64,14 @@ type Tracker struct {
 	maps     cudaMaps
 	// Entry programs: by API where the kernel has no cookies, else by
 	// shape (the cookie says the API); return programs by layer. With
-	// session uprobes, byShape holds each shape's session program, which
-	// serves the returns too.
-	byAPI   []*ebpf.Program
-	byShape [shapeCount + 1]*ebpf.Program
-	ret     map[string]*ebpf.Program
-	reader  *ringbuf.Reader
+	// session uprobes, sessions holds the session program of each shape
+	// that has one, which serves its returns too; byShape the classic
+	// entry programs of the others.
+	byAPI    []*ebpf.Program
+	byShape  [shapeCount + 1]*ebpf.Program
+	sessions [shapeCount + 1]*ebpf.Program
+	ret      map[string]*ebpf.Program
+	reader   *ringbuf.Reader
 
 	// peakWindow is the window of the kernel's high-water marks that
 	// allocations raise now (struct cuda_peak).
@@ -83,7 +85,8 @@ type Tracker struct {
 	multi bool
 	// session: hooks are session uprobes (Linux 6.13+), one link per
 	// argument shape and library, whose entries decline the returns no one
-	// needs (see bpf/cuda.bpf.c).
+	// needs (see bpf/cuda.bpf.c); a shape without a session program keeps
+	// its uprobe_multi pair.
 	session bool
 
 	procs map[int]*procState
@@ -141,7 +144,7 @@ type attached struct {
 
 // NewTracker loads the CUDA object. Nothing is attached until Track.
 func NewTracker(cfg Config) (*Tracker, error) {
-	spec, err := loadCuda()
+	spec, err := loadSpec()
 	if err != nil {
 		return nil, err
 	}
@@ -151,13 +154,25 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	cookies := bpfobj.Probe().Cookies
 	multi := cookies && haveUprobeMulti()
 	session := multi && !cfg.Classic && bpfobj.Probe().UprobeSession
-	// One set of programs is loaded: the session programs, or the entry
-	// (per API or per shape) and return programs of the classic pairs.
-	for name, p := range spec.Programs {
+	// Only the programs of the attach path taken are loaded: with session
+	// uprobes a shape's session program (cuda_<shape>_session) replaces
+	// its classic entry program (cuda_<shape>_enter), and the return
+	// programs go with the last classic entry; without them, the session
+	// programs go.
+	classicLeft := false
+	for name := range spec.Programs {
 		perAPI, perShape, perSession := strings.HasPrefix(name, "enter_"), strings.HasSuffix(name, "_enter"), strings.HasSuffix(name, "_session")
-		if (cookies && perAPI) || (!cookies && perShape) || perSession != session {
+		twin := spec.Programs[strings.TrimSuffix(name, "_enter")+"_session"] != nil
+		if (cookies && perAPI) || (!cookies && perShape) || (session && perShape && twin) || (!session && perSession) {
 			delete(spec.Programs, name)
-		} else if multi && !session {
+		} else if perAPI || perShape {
+			classicLeft = true
+		}
+	}
+	for name, p := range spec.Programs {
+		if p.SectionName == "uretprobe" && !classicLeft {
+			delete(spec.Programs, name)
+		} else if multi && !strings.HasSuffix(name, "_session") {
 			p.AttachType = ebpf.AttachTraceUprobeMulti
 		}
 	}
@@ -197,14 +212,10 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	t.sites = t.stacks.Sites(t.maps.Sites, t.maps.SiteOwners)
 	t.view = t.stacks.Join("cuda")
 	if cookies {
-		suffix := "_enter"
-		if session {
-			suffix = "_session"
+		for shape, name := range shapePrograms {
+			t.byShape[shape] = coll.Programs["cuda_"+name+"_enter"]
+			t.sessions[shape] = coll.Programs["cuda_"+name+"_session"]
 		}
-		t.byShape[shapeAlloc] = coll.Programs["cuda_alloc"+suffix]
-		t.byShape[shapePitch] = coll.Programs["cuda_pitch"+suffix]
-		t.byShape[shapeFree] = coll.Programs["cuda_free"+suffix]
-		t.byShape[shapeCount] = coll.Programs["cuda_count"+suffix]
 	} else {
 		for _, a := range APIs {
 			p := coll.Programs["enter_"+a.Name]
@@ -381,7 +392,7 @@ func (t *Tracker) attach(pid int, lib *Library) []link.Link {
 		return nil
 	}
 	if t.session {
-		return t.attachSession(pid, lib)
+		return t.attachSession(ex, pid, lib)
 	}
 	if t.multi {
 		return t.attachMulti(ex, pid, lib)
@@ -465,12 +476,19 @@ func (t *Tracker) attachMulti(ex *link.Executable, pid int, lib *Library) []link
 
 // attachSession hooks lib with one session link per argument shape: its
 // program runs at each function's entry and, where the entry asks for it,
-// at its return.
-func (t *Tracker) attachSession(pid int, lib *Library) []link.Link {
+// at its return. The functions of a shape without a session program get
+// uprobe_multi pairs.
+func (t *Tracker) attachSession(ex *link.Executable, pid int, lib *Library) []link.Link {
 	type offsets struct{ at, cookies []uint64 }
 	byShape := map[int]*offsets{}
+	classic := *lib
+	classic.Hooks = nil
 	for _, hk := range lib.Hooks {
 		shape := APIs[hk.API].Shape
+		if t.sessions[shape] == nil {
+			classic.Hooks = append(classic.Hooks, hk)
+			continue
+		}
 		o := byShape[shape]
 		if o == nil {
 			o = &offsets{}
@@ -480,8 +498,13 @@ func (t *Tracker) attachSession(pid int, lib *Library) []link.Link {
 		o.cookies = append(o.cookies, uint64(hk.API))
 	}
 	var links []link.Link
+	if len(classic.Hooks) > 0 {
+		if links = t.attachMulti(ex, pid, &classic); links == nil {
+			return nil
+		}
+	}
 	for shape, o := range byShape {
-		l, err := bpfobj.UprobeSession(t.rootPath(pid, lib.Path), t.byShape[shape], o.at, o.cookies, 0)
+		l, err := bpfobj.UprobeSession(t.rootPath(pid, lib.Path), t.sessions[shape], o.at, o.cookies, 0)
 		if err != nil {
 			slog.Warn("hooking CUDA library", "pid", pid, "path", lib.Path, "err", err)
 			_ = closeLinks(links)
@@ -489,14 +512,17 @@ func (t *Tracker) attachSession(pid int, lib *Library) []link.Link {
 		}
 		links = append(links, l)
 	}
-	slog.Debug("hooked CUDA library", "pid", pid, "path", lib.Path, "kind", lib.Kind, "functions", len(lib.Hooks), "session", true)
+	slog.Debug("hooked CUDA library", "pid", pid, "path", lib.Path, "kind", lib.Kind, "functions", len(lib.Hooks), "session", len(lib.Hooks)-len(classic.Hooks))
 	return links
 }
 
 // AttachPath says how the hooks are attached: "session uprobes",
-// "uprobe_multi pairs" or "perf-event pairs".
+// "uprobe_multi pairs" or "perf-event pairs", or session uprobes for some
+// shapes and uprobe_multi pairs for the others.
 func (t *Tracker) AttachPath() string {
 	switch {
+	case t.session && slices.ContainsFunc(t.byShape[:], func(p *ebpf.Program) bool { return p != nil }):
+		return "session uprobes, uprobe_multi pairs for shapes without a session program"
 	case t.session:
 		return "session uprobes"
 	case t.multi:
@@ -511,6 +537,14 @@ func btoi(b bool) int {
 	}
 	return 0
 }
+
+// shapePrograms names each argument shape's programs in bpf/cuda.bpf.c:
+// cuda_<name>_enter (classic) and cuda_<name>_session.
+var shapePrograms = [...]string{shapeAlloc: "alloc", shapePitch: "pitch", shapeFree: "free", shapeCount: "count"}
+
+// loadSpec reads the cuda object; a variable so that tests can load it
+// without a session program.
+var loadSpec = loadCuda
 
 // haveUprobeMulti tells whether this kernel has uprobe_multi links; a
 // variable so that tests can take the per-function path too.

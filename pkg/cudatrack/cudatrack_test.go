@@ -14,6 +14,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj/bpfobjtest"
@@ -435,7 +436,16 @@ func TestPeakBetweenPolls(t *testing.T) {
 // classic pairs (kernels 5.10 to 6.12) pass the same tests on this kernel.
 func TestAttachPaths(t *testing.T) {
 	testutil.RequireRoot(t)
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		t.Fatal(err)
+	}
+	var major, minor int
+	_, _ = fmt.Sscanf(unix.ByteSliceToString(uts.Release[:]), "%d.%d", &major, &minor)
 	if !bpfobj.Probe().UprobeSession {
+		if major > 6 || (major == 6 && minor >= 13) {
+			t.Errorf("kernel %d.%d: session uprobes not found", major, minor)
+		}
 		t.Log("no session uprobes on this kernel: the classic path only")
 	} else if c := newConcern(t); !c.session || c.AttachPath() != "session uprobes" {
 		t.Fatalf("session uprobes present but not used: %s", c.AttachPath())
@@ -456,6 +466,36 @@ func TestAttachPaths(t *testing.T) {
 	t.Run("shared hooks", TestSharedHooks)
 	t.Run("untrack and close", TestUntrackAndClose)
 	t.Run("python", TestPythonFramesAtAllocations)
+}
+
+// A shape without a session program (one added to the classic path only)
+// keeps its uprobe_multi pair beside the other shapes' session uprobes.
+func TestSessionBesidePairs(t *testing.T) {
+	testutil.RequireRoot(t)
+	if !bpfobj.Probe().UprobeSession {
+		t.Skip("no session uprobes on this kernel")
+	}
+	saved := loadSpec
+	loadSpec = func() (*ebpf.CollectionSpec, error) {
+		spec, err := saved()
+		if err == nil {
+			delete(spec.Programs, cudaProgCudaFreeSession)
+			delete(spec.Programs, cudaProgCudaCountSession)
+		}
+		return spec, err
+	}
+	t.Cleanup(func() { loadSpec = saved })
+	c := newConcern(t)
+	if c.sessions[shapeAlloc] == nil || c.byShape[shapeAlloc] != nil || c.sessions[shapeFree] != nil || c.byShape[shapeFree] == nil || c.ret[LayerRuntime] == nil {
+		t.Fatalf("programs: session %v, classic %v, returns %v", c.sessions, c.byShape, c.ret)
+	}
+	if got := c.AttachPath(); got != "session uprobes, uprobe_multi pairs for shapes without a session program" {
+		t.Errorf("attach path %q", got)
+	}
+	t.Run("every API once", TestRuntimeCountedOnce)
+	t.Run("driver direct", TestDriverDirect)
+	t.Run("free then deeper allocation", TestFreeThenDeeperAlloc)
+	t.Run("untrack and close", TestUntrackAndClose)
 }
 
 // A free's return is not probed on the session path, and its state stays
