@@ -69,7 +69,7 @@ type Tracker struct {
 	// entry programs of the others.
 	byAPI    []*ebpf.Program
 	byShape  [shapeCount + 1]*ebpf.Program
-	sessions [shapeCount + 1]*ebpf.Program
+	sessions map[int]*ebpf.Program
 	ret      map[string]*ebpf.Program
 	reader   *ringbuf.Reader
 
@@ -212,9 +212,12 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	t.sites = t.stacks.Sites(t.maps.Sites, t.maps.SiteOwners)
 	t.view = t.stacks.Join("cuda")
 	if cookies {
+		t.sessions = map[int]*ebpf.Program{}
 		for shape, name := range shapePrograms {
 			t.byShape[shape] = coll.Programs["cuda_"+name+"_enter"]
-			t.sessions[shape] = coll.Programs["cuda_"+name+"_session"]
+			if p := coll.Programs["cuda_"+name+"_session"]; p != nil {
+				t.sessions[shape] = p
+			}
 		}
 	} else {
 		for _, a := range APIs {
