@@ -691,7 +691,10 @@ struct launch_counts {
 	u64 slots[WAIT_SLOTS];
 };
 
-/* Saved at the entry of the outermost timed call of a layer on a thread. */
+/* Saved at the entry of the outermost timed call of a layer on a thread. A
+ * session entry declines the return only where it saved nothing here (see
+ * timed_entry), so unlike call_state no state is left behind by a return
+ * not run. */
 struct timed_call {
 	u64 sp; /* as in call_state; 0: none */
 	u64 start_ns;
@@ -784,30 +787,34 @@ static __always_inline u32 wait_slot(u64 ns)
 	return slot < WAIT_SLOTS ? slot : WAIT_SLOTS - 1;
 }
 
-static __always_inline void timed_entry(struct pt_regs *ctx, u32 api, u8 shape)
+/* Saves the entry state of an outermost timed call; false when the call is
+ * not ours to time (untracked process, nested call) and nothing was saved:
+ * a session entry then declines the return. */
+static __always_inline bool timed_entry(struct pt_regs *ctx, u32 api, u8 shape)
 {
 	u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	if (!is_tracked(tgid) || api >= API_MAX)
-		return;
+		return false;
 	struct thread_timed init = {};
 	struct thread_timed *tt = thread_state(&timed_calls, &timed_calls_tid, &init, true);
 	if (!tt) {
 		count_err(ERR_ENTRY_STATE);
-		return;
+		return false;
 	}
 	u64 sp = PT_REGS_SP(ctx);
 	u32 layer = timed_layer(api);
 	if (layer == LAYER_DRIVER && timed_in_flight(&tt->layer[LAYER_RUNTIME], sp, true))
-		return;
+		return false;
 	struct timed_call *st = &tt->layer[layer == LAYER_DRIVER];
 	if (timed_in_flight(st, sp, false))
-		return;
+		return false;
 	st->sp = sp;
 	st->api = api;
 	st->shape = shape;
 	/* The stack before the clock starts: the walk is not the GPU's time. */
 	st->stack_id = shape == SHAPE_SYNC ? unwind_at_entry(tgid, sp, PT_REGS_FP(ctx)) : -1;
 	st->start_ns = bpf_ktime_get_ns();
+	return true;
 }
 
 /* Adds one wait of ns to its site and thread. */
@@ -993,3 +1000,26 @@ int cuda_free_session(struct pt_regs *ctx)
 	return on_session(ctx, SHAPE_FREE);
 }
 
+/* Timed calls: the start time stays in the per-thread state, not in the
+ * session's cookie, as the nesting check reads that state anyway. */
+static __always_inline int on_timed_session(struct pt_regs *ctx, u8 shape)
+{
+	u32 api = api_of(ctx);
+	if (bpf_session_is_return()) {
+		timed_return(ctx, timed_layer(api));
+		return 0;
+	}
+	return timed_entry(ctx, api, shape) ? 0 : 1;
+}
+
+SEC("uprobe.session")
+int cuda_sync_session(struct pt_regs *ctx)
+{
+	return on_timed_session(ctx, SHAPE_SYNC);
+}
+
+SEC("uprobe.session")
+int cuda_launch_session(struct pt_regs *ctx)
+{
+	return on_timed_session(ctx, SHAPE_LAUNCH);
+}

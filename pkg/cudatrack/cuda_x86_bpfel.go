@@ -347,11 +347,13 @@ const (
 	cudaProgCudaFreeEnter                = "cuda_free_enter"
 	cudaProgCudaFreeSession              = "cuda_free_session"
 	cudaProgCudaLaunchEnter              = "cuda_launch_enter"
+	cudaProgCudaLaunchSession            = "cuda_launch_session"
 	cudaProgCudaPitchEnter               = "cuda_pitch_enter"
 	cudaProgCudaPitchSession             = "cuda_pitch_session"
 	cudaProgCudaReturnDriver             = "cuda_return_driver"
 	cudaProgCudaReturnRuntime            = "cuda_return_runtime"
 	cudaProgCudaSyncEnter                = "cuda_sync_enter"
+	cudaProgCudaSyncSession              = "cuda_sync_session"
 	cudaProgCudaTimedReturnDriver        = "cuda_timed_return_driver"
 	cudaProgCudaTimedReturnRuntime       = "cuda_timed_return_runtime"
 	cudaProgEnterCuCtxSynchronize        = "enter_cuCtxSynchronize"
@@ -470,11 +472,13 @@ type cudaProgramSpecs struct {
 	CudaFreeEnter                *ebpf.ProgramSpec `ebpf:"cuda_free_enter"`
 	CudaFreeSession              *ebpf.ProgramSpec `ebpf:"cuda_free_session"`
 	CudaLaunchEnter              *ebpf.ProgramSpec `ebpf:"cuda_launch_enter"`
+	CudaLaunchSession            *ebpf.ProgramSpec `ebpf:"cuda_launch_session"`
 	CudaPitchEnter               *ebpf.ProgramSpec `ebpf:"cuda_pitch_enter"`
 	CudaPitchSession             *ebpf.ProgramSpec `ebpf:"cuda_pitch_session"`
 	CudaReturnDriver             *ebpf.ProgramSpec `ebpf:"cuda_return_driver"`
 	CudaReturnRuntime            *ebpf.ProgramSpec `ebpf:"cuda_return_runtime"`
 	CudaSyncEnter                *ebpf.ProgramSpec `ebpf:"cuda_sync_enter"`
+	CudaSyncSession              *ebpf.ProgramSpec `ebpf:"cuda_sync_session"`
 	CudaTimedReturnDriver        *ebpf.ProgramSpec `ebpf:"cuda_timed_return_driver"`
 	CudaTimedReturnRuntime       *ebpf.ProgramSpec `ebpf:"cuda_timed_return_runtime"`
 	EnterCuCtxSynchronize        *ebpf.ProgramSpec `ebpf:"enter_cuCtxSynchronize"`
@@ -721,11 +725,13 @@ type cudaPrograms struct {
 	CudaFreeEnter                *ebpf.Program `ebpf:"cuda_free_enter"`
 	CudaFreeSession              *ebpf.Program `ebpf:"cuda_free_session"`
 	CudaLaunchEnter              *ebpf.Program `ebpf:"cuda_launch_enter"`
+	CudaLaunchSession            *ebpf.Program `ebpf:"cuda_launch_session"`
 	CudaPitchEnter               *ebpf.Program `ebpf:"cuda_pitch_enter"`
 	CudaPitchSession             *ebpf.Program `ebpf:"cuda_pitch_session"`
 	CudaReturnDriver             *ebpf.Program `ebpf:"cuda_return_driver"`
 	CudaReturnRuntime            *ebpf.Program `ebpf:"cuda_return_runtime"`
 	CudaSyncEnter                *ebpf.Program `ebpf:"cuda_sync_enter"`
+	CudaSyncSession              *ebpf.Program `ebpf:"cuda_sync_session"`
 	CudaTimedReturnDriver        *ebpf.Program `ebpf:"cuda_timed_return_driver"`
 	CudaTimedReturnRuntime       *ebpf.Program `ebpf:"cuda_timed_return_runtime"`
 	EnterCuCtxSynchronize        *ebpf.Program `ebpf:"enter_cuCtxSynchronize"`
@@ -776,11 +782,13 @@ func (p *cudaPrograms) Close() error {
 		p.CudaFreeEnter,
 		p.CudaFreeSession,
 		p.CudaLaunchEnter,
+		p.CudaLaunchSession,
 		p.CudaPitchEnter,
 		p.CudaPitchSession,
 		p.CudaReturnDriver,
 		p.CudaReturnRuntime,
 		p.CudaSyncEnter,
+		p.CudaSyncSession,
 		p.CudaTimedReturnDriver,
 		p.CudaTimedReturnRuntime,
 		p.EnterCuCtxSynchronize,

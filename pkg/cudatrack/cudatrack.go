@@ -579,7 +579,7 @@ func btoi(b bool) int {
 
 // shapePrograms names each argument shape's programs in bpf/cuda.bpf.c:
 // cuda_<name>_enter (classic) and cuda_<name>_session.
-var shapePrograms = [...]string{shapeAlloc: "alloc", shapePitch: "pitch", shapeFree: "free", shapeCount: "count"}
+var shapePrograms = [...]string{shapeAlloc: "alloc", shapePitch: "pitch", shapeFree: "free", shapeCount: "count", shapeSync: "sync", shapeLaunch: "launch"}
 
 // loadSpec reads the cuda object; a variable so that tests can load it
 // without a session program.

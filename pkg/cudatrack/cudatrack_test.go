@@ -498,6 +498,7 @@ func TestSessionBesidePairs(t *testing.T) {
 	t.Run("driver direct", TestDriverDirect)
 	t.Run("free then deeper allocation", TestFreeThenDeeperAlloc)
 	t.Run("untrack and close", TestUntrackAndClose)
+	t.Run("waits", TestWaits)
 }
 
 // A free's return is not probed on the session path, and its state stays
