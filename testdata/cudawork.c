@@ -33,6 +33,8 @@
  *   launches N      launch_step: N x cudaLaunchKernel, then N x
  *                   cudaGraphLaunch; prints "done"
  *   launchbench N   N x cudaLaunchKernel; prints "ns TOTAL"
+ *   syncbench N     N x sync_stream (cudaStreamSynchronize, which calls
+ *                   cuStreamSynchronize); prints "ns TOTAL"
  * Exits after SECONDS (bench, rate, churn: when done).
  *
  * With CUDAWORK_STEP=1 in the environment, tests drive it with SIGUSR1: the
@@ -503,6 +505,14 @@ int main(int argc, char **argv)
 		uint64_t t0 = now_ns();
 		for (long i = 0; i < n; i++)
 			check(rt.launch_kernel(kernel_fn, grid, block, NULL, 0, NULL), "launchbench");
+		printf("ns %llu\n", (unsigned long long)(now_ns() - t0));
+		fflush(stdout);
+	} else if (strcmp(scenario, "syncbench") == 0) {
+		long n = argc > 4 ? atol(argv[4]) : 100000;
+		wait_go();
+		uint64_t t0 = now_ns();
+		for (long i = 0; i < n; i++)
+			sync_stream();
 		printf("ns %llu\n", (unsigned long long)(now_ns() - t0));
 		fflush(stdout);
 	} else if (strcmp(scenario, "bench") == 0) {

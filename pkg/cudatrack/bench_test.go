@@ -33,7 +33,30 @@ import (
 // (BPF run-time statistics): bpf-ns/pair in all of them, and, on the
 // classic path, entry-ns/alloc in the allocation entry program, where the
 // stack is unwound.
-func BenchmarkAllocFree(b *testing.B) {
+func BenchmarkAllocFree(b *testing.B) { benchSetups(b, "bench", "pair", nil) }
+
+// BenchmarkSync measures one cudaStreamSynchronize on the stand-ins (which
+// calls cuStreamSynchronize: two hooked functions) in the setups of
+// BenchmarkAllocFree, the GPU's wait taken out (CUDA_STUB_SYNC_US=0): what
+// is left is the call and its hooks. Tracked, every call is counted once
+// as a wait.
+func BenchmarkSync(b *testing.B) {
+	b.Setenv("CUDA_STUB_SYNC_US", "0")
+	benchSetups(b, "syncbench", "sync", func(b *testing.B, c *Concern, pid int) {
+		pr := &model.Process{PID: pid}
+		if _, err := c.Fill(time.Now(), []*model.Process{pr}); err != nil {
+			b.Fatal(err)
+		}
+		if w := pr.CUDA.Waits; w.Calls != uint64(b.N) {
+			b.Fatalf("%d waits counted, want %d", w.Calls, b.N)
+		}
+	})
+}
+
+// benchSetups runs cudawork's scenario (N calls, then "ns TOTAL") in each
+// setup of BenchmarkAllocFree and reports ns/unit, and bpf-ns/unit with
+// our hooks; verify, when set, checks what a tracked caller's hooks saw.
+func benchSetups(b *testing.B, scenario, unit string, verify func(b *testing.B, c *Concern, pid int)) {
 	testutil.RequireRoot(b)
 	runtime := testutil.CUDAStubs(b)
 	bin := testutil.Fixture(b, "cudawork")
@@ -52,6 +75,7 @@ func BenchmarkAllocFree(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			caller := pid
 			if untracked {
 				other := testutil.StartProc(b, nil, bin, runtime, "bench", "600", "1")
 				other.Wait(b, "loaded", 10*time.Second)
@@ -64,7 +88,10 @@ func BenchmarkAllocFree(b *testing.B) {
 				b.Fatalf("%d libraries hooked, want 2", n)
 			}
 			return func() {
-				reportRunTime(b, c)
+				reportRunTime(b, c, unit)
+				if verify != nil && !untracked {
+					verify(b, c, caller)
+				}
 				_ = c.Close()
 				_ = stats.Close()
 			}
@@ -86,7 +113,7 @@ func BenchmarkAllocFree(b *testing.B) {
 	for _, s := range setups {
 		b.Run(s.name, func(b *testing.B) {
 			b.StopTimer()
-			p := testutil.StartProc(b, nil, bin, runtime, "bench", "60", strconv.Itoa(b.N))
+			p := testutil.StartProc(b, nil, bin, runtime, scenario, "60", strconv.Itoa(b.N))
 			p.Wait(b, "loaded", 10*time.Second)
 			detach := s.attach(b, p.Cmd.Process.Pid)
 			defer detach()
@@ -98,27 +125,33 @@ func BenchmarkAllocFree(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			b.ReportMetric(ns/float64(b.N), "ns/pair")
+			b.ReportMetric(ns/float64(b.N), "ns/"+unit)
 		})
 	}
 }
 
-// reportRunTime reports the time the kernel counted in our programs.
-func reportRunTime(b *testing.B, c *Concern) {
+// reportRunTime reports the time the kernel counted in our programs and
+// how many times they ran, per unit (one call of the benchmark's loop).
+func reportRunTime(b *testing.B, c *Concern, unit string) {
 	var total time.Duration
+	var runs uint64
 	for name, p := range c.coll.Programs {
 		st, err := p.Stats()
 		if err != nil {
 			b.Fatal(err)
 		}
 		total += st.Runtime
+		runs += st.RunCount
 		if name == cudaProgCudaAllocEnter && st.RunCount > 0 {
 			// Two runs per pair: the runtime's call, and the driver's
 			// nested in it, which returns early.
 			b.ReportMetric(float64(st.Runtime.Nanoseconds())/float64(b.N), "entry-ns/alloc")
 		}
 	}
-	b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "bpf-ns/pair")
+	b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "bpf-ns/"+unit)
+	// Probe hits that ran a program of ours: a return declined on the
+	// session path is not one.
+	b.ReportMetric(float64(runs)/float64(b.N), "runs/"+unit)
 }
 
 // attachEmpty puts a program that does nothing on the entry (and the return,
