@@ -23,7 +23,15 @@
  * cookies (before 5.15) get one entry program per function instead, each
  * with its API built in; user space loads one set. Returns need no cookie:
  * the state saved at entry says what the call was, and there is one return
- * program per layer. */
+ * program per layer.
+ *
+ * Where the kernel has session uprobes (6.13+), one program per shape serves
+ * the entry and the return of its functions (on_session), and the entry
+ * declines the return of a call nobody needs: an untracked process's, a
+ * driver call nested in a hooked runtime call, a free (recorded at entry).
+ * A declined return costs nothing: the kernel does not hijack the return
+ * address. Elsewhere (5.10 to 6.12) uprobe and uretprobe pairs run the same
+ * on_entry and on_return. */
 #include "tracked.h"
 #include "pyframes.h"
 #include "sites.h"
@@ -141,8 +149,9 @@ struct call_state {
 	u64 width; /* bytes per row asked for, pitch shape only */
 	u16 api;
 	u8 shape;
-	u8 pad;
+	u8 noret; /* no return probe will clear this state: see in_flight */
 	s32 stack_id; /* allocations: the caller's stack, taken at entry */
+	u64 ret; /* noret only: the return address at sp at entry */
 };
 
 /* Per-thread entry state, one slot per layer (thread_state() in common.h:
@@ -259,10 +268,25 @@ static __always_inline u32 api_of(struct pt_regs *ctx)
  * stack. One below sp is stale: its return was never seen (longjmp, or the
  * uretprobe could not be installed). One at sp itself is a call that
  * tail-called this one when outer_too (the runtime jumping into the driver),
- * and a stale one otherwise. */
-static __always_inline bool in_flight(const struct call_state *st, u64 sp, bool outer_too)
+ * and a stale one otherwise.
+ * A call whose return was declined (noret) leaves its state behind when it
+ * returns, and a later call from a deeper frame is below it too: that call
+ * is in flight only while its return address is still at its entry stack
+ * pointer (a returned call's slot is the next call's return address, from
+ * another call instruction); otherwise its state is cleared. */
+static __always_inline bool in_flight(struct call_state *st, u64 sp, bool outer_too)
 {
-	return st->sp > sp || (outer_too && st->sp && st->sp == sp);
+	if (!(st->sp > sp || (outer_too && st->sp && st->sp == sp)))
+		return false;
+	if (!st->noret)
+		return true;
+	u64 ret = 0;
+	if (bpf_probe_read_user(&ret, sizeof(ret), (void *)st->sp))
+		count_err(ERR_READ_USER);
+	else if (ret == st->ret)
+		return true;
+	st->sp = 0;
+	return false;
 }
 
 /* Pinned host memory: not on the GPU, so not in the live device bytes. */
@@ -351,8 +375,10 @@ __noinline int unwind_at_entry(u32 tgid, u64 sp, u64 bp)
 }
 
 /* Saves the entry state of an outermost call. Returns the API, or API_MAX
- * when the call is not ours to record (untracked process, nested call). */
-static __always_inline u32 enter(struct pt_regs *ctx, u32 api, u8 shape, u64 out, u64 size, u64 pitch, u64 width)
+ * when the call is not ours to record (untracked process, nested call).
+ * noret: no return probe will run for this call (see in_flight). */
+static __always_inline u32 enter(struct pt_regs *ctx, u32 api, u8 shape, u64 out, u64 size, u64 pitch, u64 width,
+				 bool noret)
 {
 	u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	if (!is_tracked(tgid) || api >= API_MAX)
@@ -376,6 +402,14 @@ static __always_inline u32 enter(struct pt_regs *ctx, u32 api, u8 shape, u64 out
 	st->width = width;
 	st->api = api;
 	st->shape = shape;
+	st->noret = noret;
+	st->ret = 0;
+	/* Unreadable: recorded all the same, but its nested calls are not
+	 * recognised as such. */
+	if (noret && bpf_probe_read_user(&st->ret, sizeof(st->ret), (void *)sp)) {
+		count_err(ERR_READ_USER);
+		st->sp = 0;
+	}
 	/* At entry the caller's return address is at the stack pointer; by the
 	 * return the callee has overwritten the registers a walk needs. Frees
 	 * and counted calls have no site to record. */
@@ -385,10 +419,10 @@ static __always_inline u32 enter(struct pt_regs *ctx, u32 api, u8 shape, u64 out
 
 /* Frees are recorded at entry: once the library has released the memory,
  * another thread may get the same address back before our return hook runs. */
-static __always_inline void free_entry(struct pt_regs *ctx, u32 api)
+static __always_inline void free_entry(struct pt_regs *ctx, u32 api, bool session)
 {
 	u64 addr = PT_REGS_PARM1(ctx);
-	if (enter(ctx, api, SHAPE_FREE, 0, 0, 0, 0) == API_MAX)
+	if (enter(ctx, api, SHAPE_FREE, 0, 0, 0, 0, session) == API_MAX)
 		return;
 	u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	u64 freed = 0;
@@ -412,52 +446,52 @@ static __always_inline void free_entry(struct pt_regs *ctx, u32 api)
 	count(tgid, api, 0, freed);
 }
 
-/* The entry of a function of api with arguments of shape. */
-static __always_inline void on_entry(struct pt_regs *ctx, u32 api, u8 shape)
+/* The entry of a function of api with arguments of shape. session: a
+ * session uprobe, whose return runs only when this returns true (the
+ * return needs the state saved); a uretprobe runs anyway. */
+static __always_inline bool on_entry(struct pt_regs *ctx, u32 api, u8 shape, bool session)
 {
 	switch (shape) {
 	case SHAPE_ALLOC:
-		enter(ctx, api, SHAPE_ALLOC, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), 0, 0);
-		break;
+		return enter(ctx, api, SHAPE_ALLOC, PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), 0, 0, false) != API_MAX;
 	case SHAPE_PITCH:
-		enter(ctx, api, SHAPE_PITCH, PT_REGS_PARM1(ctx), PT_REGS_PARM4(ctx), PT_REGS_PARM2(ctx),
-		      PT_REGS_PARM3(ctx));
-		break;
+		return enter(ctx, api, SHAPE_PITCH, PT_REGS_PARM1(ctx), PT_REGS_PARM4(ctx), PT_REGS_PARM2(ctx),
+			     PT_REGS_PARM3(ctx), false) != API_MAX;
 	case SHAPE_COUNT:
-		enter(ctx, api, SHAPE_COUNT, 0, PT_REGS_PARM2(ctx), 0, 0);
-		break;
+		return enter(ctx, api, SHAPE_COUNT, 0, PT_REGS_PARM2(ctx), 0, 0, false) != API_MAX;
 	case SHAPE_FREE:
-		free_entry(ctx, api);
-		break;
+		free_entry(ctx, api, session);
+		return !session;
 	}
+	return false;
 }
 
 /* One program per shape, the API from the attach point's cookie. */
 SEC("uprobe")
 int cuda_alloc_enter(struct pt_regs *ctx)
 {
-	on_entry(ctx, api_of(ctx), SHAPE_ALLOC);
+	on_entry(ctx, api_of(ctx), SHAPE_ALLOC, false);
 	return 0;
 }
 
 SEC("uprobe")
 int cuda_pitch_enter(struct pt_regs *ctx)
 {
-	on_entry(ctx, api_of(ctx), SHAPE_PITCH);
+	on_entry(ctx, api_of(ctx), SHAPE_PITCH, false);
 	return 0;
 }
 
 SEC("uprobe")
 int cuda_count_enter(struct pt_regs *ctx)
 {
-	on_entry(ctx, api_of(ctx), SHAPE_COUNT);
+	on_entry(ctx, api_of(ctx), SHAPE_COUNT, false);
 	return 0;
 }
 
 SEC("uprobe")
 int cuda_free_enter(struct pt_regs *ctx)
 {
-	on_entry(ctx, api_of(ctx), SHAPE_FREE);
+	on_entry(ctx, api_of(ctx), SHAPE_FREE, false);
 	return 0;
 }
 
@@ -467,7 +501,7 @@ int cuda_free_enter(struct pt_regs *ctx)
 	SEC("uprobe")                                  \
 	int enter_##fn(struct pt_regs *ctx)            \
 	{                                              \
-		on_entry(ctx, api, shape);             \
+		on_entry(ctx, api, shape, false);      \
 		return 0;                              \
 	}
 
@@ -657,7 +691,10 @@ struct launch_counts {
 	u64 slots[WAIT_SLOTS];
 };
 
-/* Saved at the entry of the outermost timed call of a layer on a thread. */
+/* Saved at the entry of the outermost timed call of a layer on a thread. A
+ * session entry declines the return only where it saved nothing here (see
+ * timed_entry), so unlike call_state no state is left behind by a return
+ * not run. */
 struct timed_call {
 	u64 sp; /* as in call_state; 0: none */
 	u64 start_ns;
@@ -750,30 +787,34 @@ static __always_inline u32 wait_slot(u64 ns)
 	return slot < WAIT_SLOTS ? slot : WAIT_SLOTS - 1;
 }
 
-static __always_inline void timed_entry(struct pt_regs *ctx, u32 api, u8 shape)
+/* Saves the entry state of an outermost timed call; false when the call is
+ * not ours to time (untracked process, nested call) and nothing was saved:
+ * a session entry then declines the return. */
+static __always_inline bool timed_entry(struct pt_regs *ctx, u32 api, u8 shape)
 {
 	u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	if (!is_tracked(tgid) || api >= API_MAX)
-		return;
+		return false;
 	struct thread_timed init = {};
 	struct thread_timed *tt = thread_state(&timed_calls, &timed_calls_tid, &init, true);
 	if (!tt) {
 		count_err(ERR_ENTRY_STATE);
-		return;
+		return false;
 	}
 	u64 sp = PT_REGS_SP(ctx);
 	u32 layer = timed_layer(api);
 	if (layer == LAYER_DRIVER && timed_in_flight(&tt->layer[LAYER_RUNTIME], sp, true))
-		return;
+		return false;
 	struct timed_call *st = &tt->layer[layer == LAYER_DRIVER];
 	if (timed_in_flight(st, sp, false))
-		return;
+		return false;
 	st->sp = sp;
 	st->api = api;
 	st->shape = shape;
 	/* The stack before the clock starts: the walk is not the GPU's time. */
 	st->stack_id = shape == SHAPE_SYNC ? unwind_at_entry(tgid, sp, PT_REGS_FP(ctx)) : -1;
 	st->start_ns = bpf_ktime_get_ns();
+	return true;
 }
 
 /* Adds one wait of ns to its site and thread. */
@@ -918,3 +959,67 @@ TIMED_ENTRY(cuMemcpyDtoD_v2, API_CU_MEMCPY_DTOD, SHAPE_SYNC)
 TIMED_ENTRY(cudaLaunchKernel, API_CUDA_LAUNCH_KERNEL, SHAPE_LAUNCH)
 TIMED_ENTRY(cudaGraphLaunch, API_CUDA_GRAPH_LAUNCH, SHAPE_LAUNCH)
 TIMED_ENTRY(cuLaunchKernel, API_CU_LAUNCH_KERNEL, SHAPE_LAUNCH)
+
+/* Session uprobes (6.13+), kfuncs: absent elsewhere, where these programs
+ * are not loaded. */
+extern bool bpf_session_is_return(void) __ksym __weak;
+
+/* One program per shape serves the entry and the return of its functions:
+ * the entry returns 0 to have the return run, 1 to decline it. */
+static __always_inline int on_session(struct pt_regs *ctx, u8 shape)
+{
+	u32 api = api_of(ctx);
+	if (bpf_session_is_return()) {
+		on_return(ctx, layer_of(api));
+		return 0;
+	}
+	return on_entry(ctx, api, shape, true) ? 0 : 1;
+}
+
+SEC("uprobe.session")
+int cuda_alloc_session(struct pt_regs *ctx)
+{
+	return on_session(ctx, SHAPE_ALLOC);
+}
+
+SEC("uprobe.session")
+int cuda_pitch_session(struct pt_regs *ctx)
+{
+	return on_session(ctx, SHAPE_PITCH);
+}
+
+SEC("uprobe.session")
+int cuda_count_session(struct pt_regs *ctx)
+{
+	return on_session(ctx, SHAPE_COUNT);
+}
+
+SEC("uprobe.session")
+int cuda_free_session(struct pt_regs *ctx)
+{
+	return on_session(ctx, SHAPE_FREE);
+}
+
+/* Timed calls: the start time stays in the per-thread state, not in the
+ * session's cookie, as the nesting check reads that state anyway. */
+static __always_inline int on_timed_session(struct pt_regs *ctx, u8 shape)
+{
+	u32 api = api_of(ctx);
+	if (bpf_session_is_return()) {
+		timed_return(ctx, timed_layer(api));
+		return 0;
+	}
+	return timed_entry(ctx, api, shape) ? 0 : 1;
+}
+
+SEC("uprobe.session")
+int cuda_sync_session(struct pt_regs *ctx)
+{
+	return on_timed_session(ctx, SHAPE_SYNC);
+}
+
+SEC("uprobe.session")
+int cuda_launch_session(struct pt_regs *ctx)
+{
+	return on_timed_session(ctx, SHAPE_LAUNCH);
+}

@@ -19,6 +19,8 @@
  *   driver          the driver API directly: cuMemAlloc_v2, cuMemCreate +
  *                   cuMemMap + cuMemUnmap, cuMemAllocHost_v2 + cuMemFreeHost
  *   unload          dlclose the runtime (and with it the driver)
+ *   depth           cudaMalloc 1 MiB and cudaFree it, then from a deeper
+ *                   frame cudaMalloc 7 MiB, freed from the first
  *   bench N         N x (cudaMalloc 4 KiB + cudaFree); prints "ns TOTAL"
  *   rate R THREADS  R allocation+free pairs per second over THREADS threads
  *                   for SECONDS; prints "pairs N ns TOTAL"
@@ -31,6 +33,8 @@
  *   launches N      launch_step: N x cudaLaunchKernel, then N x
  *                   cudaGraphLaunch; prints "done"
  *   launchbench N   N x cudaLaunchKernel; prints "ns TOTAL"
+ *   syncbench N     N x sync_stream (cudaStreamSynchronize, which calls
+ *                   cuStreamSynchronize); prints "ns TOTAL"
  * Exits after SECONDS (bench, rate, churn: when done).
  *
  * With CUDAWORK_STEP=1 in the environment, tests drive it with SIGUSR1: the
@@ -263,6 +267,23 @@ static void driver(void)
 	check(((cu_free_host_fn)sym(h, "cuMemFreeHost"))(host), "cuMemFreeHost");
 }
 
+/* A free whose return is not probed leaves its state behind: an allocation
+ * from a deeper frame after it must not look nested in it. */
+__attribute__((noinline)) static void *deeper_alloc(void)
+{
+	void *p;
+	check(rt.malloc(&p, 7 * MiB), "cudaMalloc (deeper)");
+	return p;
+}
+
+static void depth(void)
+{
+	void *a;
+	check(rt.malloc(&a, 1 * MiB), "cudaMalloc");
+	check(rt.free(a), "cudaFree");
+	check(rt.free(deeper_alloc()), "cudaFree (deeper)");
+}
+
 __attribute__((noinline)) static void bench_pair(void)
 {
 	void *p;
@@ -442,7 +463,7 @@ int main(int argc, char **argv)
 			usleep(10 * 1000);
 		}
 	} else if (strcmp(scenario, "fail") == 0 || strcmp(scenario, "once") == 0 || strcmp(scenario, "driver") == 0 ||
-		   strcmp(scenario, "unload") == 0) {
+		   strcmp(scenario, "unload") == 0 || strcmp(scenario, "depth") == 0) {
 		wait_go();
 		if (scenario[0] == 'u') {
 			if (!handle || dlclose(handle) != 0) {
@@ -457,6 +478,8 @@ int main(int argc, char **argv)
 			}
 		} else if (scenario[0] == 'o') {
 			once();
+		} else if (strcmp(scenario, "depth") == 0) {
+			depth();
 		} else {
 			driver();
 		}
@@ -482,6 +505,14 @@ int main(int argc, char **argv)
 		uint64_t t0 = now_ns();
 		for (long i = 0; i < n; i++)
 			check(rt.launch_kernel(kernel_fn, grid, block, NULL, 0, NULL), "launchbench");
+		printf("ns %llu\n", (unsigned long long)(now_ns() - t0));
+		fflush(stdout);
+	} else if (strcmp(scenario, "syncbench") == 0) {
+		long n = argc > 4 ? atol(argv[4]) : 100000;
+		wait_go();
+		uint64_t t0 = now_ns();
+		for (long i = 0; i < n; i++)
+			sync_stream();
 		printf("ns %llu\n", (unsigned long long)(now_ns() - t0));
 		fflush(stdout);
 	} else if (strcmp(scenario, "bench") == 0) {

@@ -33,6 +33,10 @@ type Kernel struct {
 	// panic_on_warn) or, on PREEMPT_RT, refuses; hash maps are then
 	// preallocated.
 	RuntimeAlloc bool
+	// UprobeSession: session uprobes (6.13), one program for a function's
+	// entry and return whose entry can decline the return. Without them
+	// the CUDA hooks are uprobe and uretprobe pairs.
+	UprobeSession bool
 	// Memlock says how map memory is charged: "memcg" (5.11+, or the
 	// limit was unlimited already), RLIMIT_MEMLOCK raised for this process,
 	// or why it could not be.
@@ -52,8 +56,9 @@ var Probe = sync.OnceValue(func() Kernel {
 	k := Kernel{
 		TaskStorage: features.HaveMapType(ebpf.TaskStorage) == nil &&
 			features.HaveProgramHelper(ebpf.Kprobe, asm.FnGetCurrentTaskBtf) == nil,
-		Cookies:      features.HaveProgramHelper(ebpf.Kprobe, asm.FnGetAttachCookie) == nil,
-		RuntimeAlloc: haveMemAlloc(),
+		Cookies:       features.HaveProgramHelper(ebpf.Kprobe, asm.FnGetAttachCookie) == nil,
+		RuntimeAlloc:  haveMemAlloc(),
+		UprobeSession: haveUprobeSession(),
 	}
 	k.TaskPtRegs = k.TaskStorage && features.HaveProgramHelper(ebpf.TracePoint, asm.FnTaskPtRegs) == nil
 	var before, after unix.Rlimit

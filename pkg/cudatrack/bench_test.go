@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
@@ -22,30 +23,63 @@ import (
 // BenchmarkAllocFree measures one cudaMalloc+cudaFree pair on the stand-ins
 // (each call enters the driver stand-in too: four hooked functions per
 // pair): without hooks, with an empty entry+return program on every hooked
-// function (the bare cost of the probes), and with our hooks. ns/op is the
-// cost of one pair; scripts/bench-cuda.sh compares hooked with empty. With
-// our hooks it also reports the kernel's own count of the time spent in
-// our programs (BPF run-time statistics): bpf-ns/pair in all of them, and
-// entry-ns/alloc in the allocation entry program, where the stack is
-// unwound.
-func BenchmarkAllocFree(b *testing.B) {
+// function (the bare cost of the probes), with an empty entry program only,
+// and with our hooks on each attach path: the classic uprobe+uretprobe
+// pairs and, where the kernel has them, session uprobes; then the same
+// hooks with the calling process untracked (another process, tracked,
+// maps the libraries: the hooks are on the files). ns/op is the cost of one
+// pair; scripts/bench-cuda.sh compares each with empty. With our hooks it
+// also reports the kernel's own count of the time spent in our programs
+// (BPF run-time statistics): bpf-ns/pair in all of them, and, on the
+// classic path, entry-ns/alloc in the allocation entry program, where the
+// stack is unwound.
+func BenchmarkAllocFree(b *testing.B) { benchSetups(b, "bench", "pair", nil) }
+
+// BenchmarkSync measures one cudaStreamSynchronize on the stand-ins (which
+// calls cuStreamSynchronize: two hooked functions) in the setups of
+// BenchmarkAllocFree, the GPU's wait taken out (CUDA_STUB_SYNC_US=0): what
+// is left is the call and its hooks. Tracked, every call is counted once
+// as a wait.
+func BenchmarkSync(b *testing.B) {
+	b.Setenv("CUDA_STUB_SYNC_US", "0")
+	benchSetups(b, "syncbench", "sync", func(b *testing.B, c *Concern, pid int) {
+		pr := &model.Process{PID: pid}
+		if _, err := c.Fill(time.Now(), []*model.Process{pr}); err != nil {
+			b.Fatal(err)
+		}
+		if w := pr.CUDA.Waits; w.Calls != uint64(b.N) {
+			b.Fatalf("%d waits counted, want %d", w.Calls, b.N)
+		}
+	})
+}
+
+// benchSetups runs cudawork's scenario (N calls, then "ns TOTAL") in each
+// setup of BenchmarkAllocFree and reports ns/unit, and bpf-ns/unit with
+// our hooks; verify, when set, checks what a tracked caller's hooks saw.
+func benchSetups(b *testing.B, scenario, unit string, verify func(b *testing.B, c *Concern, pid int)) {
 	testutil.RequireRoot(b)
 	runtime := testutil.CUDAStubs(b)
 	bin := testutil.Fixture(b, "cudawork")
-	setups := []struct {
-		name   string
-		attach func(b *testing.B, pid int) func()
-	}{
-		{"unhooked", func(*testing.B, int) func() { return func() {} }},
-		{"empty", func(b *testing.B, pid int) func() { return attachEmpty(b, pid, runtime) }},
-		{"hooked", func(b *testing.B, pid int) func() {
+	// hooked attaches our hooks, tracking pid or, for an untracked caller,
+	// another process mapping the same libraries.
+	hooked := func(classic, untracked bool) func(b *testing.B, pid int) func() {
+		return func(b *testing.B, pid int) func() {
+			if !classic && !bpfobj.Probe().UprobeSession {
+				b.Skip("no session uprobes on this kernel")
+			}
 			stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
 			if err != nil {
 				b.Fatal(err)
 			}
-			c, err := New(Config{ProcRoot: "/proc"}, symbolize.New("/proc"))
+			c, err := New(Config{ProcRoot: "/proc", Classic: classic}, symbolize.New("/proc"))
 			if err != nil {
 				b.Fatal(err)
+			}
+			caller := pid
+			if untracked {
+				other := testutil.StartProc(b, nil, bin, runtime, "bench", "600", "1")
+				other.Wait(b, "loaded", 10*time.Second)
+				pid = other.Cmd.Process.Pid
 			}
 			if err := c.Track(pid); err != nil {
 				b.Fatal(err)
@@ -54,16 +88,32 @@ func BenchmarkAllocFree(b *testing.B) {
 				b.Fatalf("%d libraries hooked, want 2", n)
 			}
 			return func() {
-				reportRunTime(b, c)
+				reportRunTime(b, c, unit)
+				if verify != nil && !untracked {
+					verify(b, c, caller)
+				}
 				_ = c.Close()
 				_ = stats.Close()
 			}
-		}},
+		}
+	}
+	setups := []struct {
+		name   string
+		attach func(b *testing.B, pid int) func()
+	}{
+		{"unhooked", func(*testing.B, int) func() { return func() {} }},
+		{"empty", func(b *testing.B, pid int) func() { return attachEmpty(b, pid, runtime, true) }},
+		{"empty-entry", func(b *testing.B, pid int) func() { return attachEmpty(b, pid, runtime, false) }},
+		{"empty-session", func(b *testing.B, pid int) func() { return attachEmptySession(b, pid, runtime) }},
+		{"classic", hooked(true, false)},
+		{"session", hooked(false, false)},
+		{"untracked-classic", hooked(true, true)},
+		{"untracked-session", hooked(false, true)},
 	}
 	for _, s := range setups {
 		b.Run(s.name, func(b *testing.B) {
 			b.StopTimer()
-			p := testutil.StartProc(b, nil, bin, runtime, "bench", "60", strconv.Itoa(b.N))
+			p := testutil.StartProc(b, nil, bin, runtime, scenario, "60", strconv.Itoa(b.N))
 			p.Wait(b, "loaded", 10*time.Second)
 			detach := s.attach(b, p.Cmd.Process.Pid)
 			defer detach()
@@ -75,32 +125,39 @@ func BenchmarkAllocFree(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			b.ReportMetric(ns/float64(b.N), "ns/pair")
+			b.ReportMetric(ns/float64(b.N), "ns/"+unit)
 		})
 	}
 }
 
-// reportRunTime reports the time the kernel counted in our programs.
-func reportRunTime(b *testing.B, c *Concern) {
+// reportRunTime reports the time the kernel counted in our programs and
+// how many times they ran, per unit (one call of the benchmark's loop).
+func reportRunTime(b *testing.B, c *Concern, unit string) {
 	var total time.Duration
+	var runs uint64
 	for name, p := range c.coll.Programs {
 		st, err := p.Stats()
 		if err != nil {
 			b.Fatal(err)
 		}
 		total += st.Runtime
-		if name == "cuda_alloc_enter" && st.RunCount > 0 {
+		runs += st.RunCount
+		if name == cudaProgCudaAllocEnter && st.RunCount > 0 {
 			// Two runs per pair: the runtime's call, and the driver's
 			// nested in it, which returns early.
 			b.ReportMetric(float64(st.Runtime.Nanoseconds())/float64(b.N), "entry-ns/alloc")
 		}
 	}
-	b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "bpf-ns/pair")
+	b.ReportMetric(float64(total.Nanoseconds())/float64(b.N), "bpf-ns/"+unit)
+	// Probe hits that ran a program of ours: a return declined on the
+	// session path is not one.
+	b.ReportMetric(float64(runs)/float64(b.N), "runs/"+unit)
 }
 
-// attachEmpty puts a program that does nothing on the entry and return of
-// every function our hooks cover, the way our hooks are attached.
-func attachEmpty(b *testing.B, pid int, runtime string) func() {
+// attachEmpty puts a program that does nothing on the entry (and the return,
+// with returns) of every function our hooks cover, the way our classic
+// hooks are attached.
+func attachEmpty(b *testing.B, pid int, runtime string, returns bool) func() {
 	b.Helper()
 	multi := haveUprobeMulti()
 	spec := &ebpf.ProgramSpec{
@@ -129,7 +186,7 @@ func attachEmpty(b *testing.B, pid int, runtime string) func() {
 		for _, h := range l.Hooks {
 			opts.Addresses = append(opts.Addresses, h.Offset)
 			if !multi {
-				for _, ret := range []bool{false, true} {
+				for _, ret := range []bool{false, true}[:btoi(returns)+1] {
 					attach := ex.Uprobe
 					if ret {
 						attach = ex.Uretprobe
@@ -147,12 +204,54 @@ func attachEmpty(b *testing.B, pid int, runtime string) func() {
 			if err != nil {
 				b.Fatal(err)
 			}
-			out, err := ex.UretprobeMulti(nil, prog, opts)
-			if err != nil {
-				b.Fatal(err)
+			links = append(links, in)
+			if returns {
+				out, err := ex.UretprobeMulti(nil, prog, opts)
+				if err != nil {
+					b.Fatal(err)
+				}
+				links = append(links, out)
 			}
-			links = append(links, in, out)
 		}
+	}
+	return func() {
+		_ = closeLinks(links)
+		prog.Close()
+	}
+}
+
+// attachEmptySession puts a session program that does nothing and asks for
+// every return on every function our hooks cover: the bare cost of the
+// session path's probes.
+func attachEmptySession(b *testing.B, pid int, runtime string) func() {
+	b.Helper()
+	if !bpfobj.Probe().UprobeSession {
+		b.Skip("no session uprobes on this kernel")
+	}
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         ebpf.Kprobe,
+		AttachType:   bpfobj.AttachTraceUprobeSession,
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+		License:      "GPL",
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var links []link.Link
+	for _, lib := range []struct{ path, kind string }{{runtime, kindRuntime}, {filepath.Join(filepath.Dir(runtime), "libcuda.so.1"), kindDriver}} {
+		l, err := Inspect(lib.path, lib.path, lib.kind)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var offsets []uint64
+		for _, h := range l.Hooks {
+			offsets = append(offsets, h.Offset)
+		}
+		sl, err := bpfobj.UprobeSession(lib.path, prog, offsets, nil, uint32(pid))
+		if err != nil {
+			b.Fatal(err)
+		}
+		links = append(links, sl)
 	}
 	return func() {
 		_ = closeLinks(links)
@@ -237,7 +336,7 @@ func BenchmarkLaunch(b *testing.B) {
 			pr := &model.Process{PID: p.Cmd.Process.Pid}
 			var c *Concern
 			if setup == "empty" {
-				defer attachEmpty(b, pr.PID, runtime)()
+				defer attachEmpty(b, pr.PID, runtime, true)()
 			} else {
 				stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
 				if err != nil {

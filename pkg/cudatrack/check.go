@@ -29,7 +29,7 @@ func cuda() features.Result {
 		r.Detail = "loads, but uprobes do not attach: " + err.Error()
 		return r
 	}
-	r.OK, r.Detail = true, "loads; uprobes attach"
+	r.OK, r.Detail = true, "loads; uprobes attach; hooks: "+t.AttachPath()
 	if !bpfobj.Probe().Cookies {
 		r.Detail += ", one entry program per function (no uprobe cookies)"
 	}

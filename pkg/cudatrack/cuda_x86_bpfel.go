@@ -210,8 +210,9 @@ type cudaThreadCalls struct {
 		Width   uint64
 		Api     uint16
 		Shape   uint8
-		Pad     uint8
+		Noret   uint8
 		StackId int32
+		Ret     uint64
 	}
 }
 
@@ -340,13 +341,19 @@ const (
 	cudaMapWaitThreads                   = "wait_threads"
 	cudaMapWaitZero                      = "wait_zero"
 	cudaProgCudaAllocEnter               = "cuda_alloc_enter"
+	cudaProgCudaAllocSession             = "cuda_alloc_session"
 	cudaProgCudaCountEnter               = "cuda_count_enter"
+	cudaProgCudaCountSession             = "cuda_count_session"
 	cudaProgCudaFreeEnter                = "cuda_free_enter"
+	cudaProgCudaFreeSession              = "cuda_free_session"
 	cudaProgCudaLaunchEnter              = "cuda_launch_enter"
+	cudaProgCudaLaunchSession            = "cuda_launch_session"
 	cudaProgCudaPitchEnter               = "cuda_pitch_enter"
+	cudaProgCudaPitchSession             = "cuda_pitch_session"
 	cudaProgCudaReturnDriver             = "cuda_return_driver"
 	cudaProgCudaReturnRuntime            = "cuda_return_runtime"
 	cudaProgCudaSyncEnter                = "cuda_sync_enter"
+	cudaProgCudaSyncSession              = "cuda_sync_session"
 	cudaProgCudaTimedReturnDriver        = "cuda_timed_return_driver"
 	cudaProgCudaTimedReturnRuntime       = "cuda_timed_return_runtime"
 	cudaProgEnterCuCtxSynchronize        = "enter_cuCtxSynchronize"
@@ -459,13 +466,19 @@ type cudaSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type cudaProgramSpecs struct {
 	CudaAllocEnter               *ebpf.ProgramSpec `ebpf:"cuda_alloc_enter"`
+	CudaAllocSession             *ebpf.ProgramSpec `ebpf:"cuda_alloc_session"`
 	CudaCountEnter               *ebpf.ProgramSpec `ebpf:"cuda_count_enter"`
+	CudaCountSession             *ebpf.ProgramSpec `ebpf:"cuda_count_session"`
 	CudaFreeEnter                *ebpf.ProgramSpec `ebpf:"cuda_free_enter"`
+	CudaFreeSession              *ebpf.ProgramSpec `ebpf:"cuda_free_session"`
 	CudaLaunchEnter              *ebpf.ProgramSpec `ebpf:"cuda_launch_enter"`
+	CudaLaunchSession            *ebpf.ProgramSpec `ebpf:"cuda_launch_session"`
 	CudaPitchEnter               *ebpf.ProgramSpec `ebpf:"cuda_pitch_enter"`
+	CudaPitchSession             *ebpf.ProgramSpec `ebpf:"cuda_pitch_session"`
 	CudaReturnDriver             *ebpf.ProgramSpec `ebpf:"cuda_return_driver"`
 	CudaReturnRuntime            *ebpf.ProgramSpec `ebpf:"cuda_return_runtime"`
 	CudaSyncEnter                *ebpf.ProgramSpec `ebpf:"cuda_sync_enter"`
+	CudaSyncSession              *ebpf.ProgramSpec `ebpf:"cuda_sync_session"`
 	CudaTimedReturnDriver        *ebpf.ProgramSpec `ebpf:"cuda_timed_return_driver"`
 	CudaTimedReturnRuntime       *ebpf.ProgramSpec `ebpf:"cuda_timed_return_runtime"`
 	EnterCuCtxSynchronize        *ebpf.ProgramSpec `ebpf:"enter_cuCtxSynchronize"`
@@ -706,13 +719,19 @@ type cudaVariables struct {
 // It can be passed to loadCudaObjects or ebpf.CollectionSpec.LoadAndAssign.
 type cudaPrograms struct {
 	CudaAllocEnter               *ebpf.Program `ebpf:"cuda_alloc_enter"`
+	CudaAllocSession             *ebpf.Program `ebpf:"cuda_alloc_session"`
 	CudaCountEnter               *ebpf.Program `ebpf:"cuda_count_enter"`
+	CudaCountSession             *ebpf.Program `ebpf:"cuda_count_session"`
 	CudaFreeEnter                *ebpf.Program `ebpf:"cuda_free_enter"`
+	CudaFreeSession              *ebpf.Program `ebpf:"cuda_free_session"`
 	CudaLaunchEnter              *ebpf.Program `ebpf:"cuda_launch_enter"`
+	CudaLaunchSession            *ebpf.Program `ebpf:"cuda_launch_session"`
 	CudaPitchEnter               *ebpf.Program `ebpf:"cuda_pitch_enter"`
+	CudaPitchSession             *ebpf.Program `ebpf:"cuda_pitch_session"`
 	CudaReturnDriver             *ebpf.Program `ebpf:"cuda_return_driver"`
 	CudaReturnRuntime            *ebpf.Program `ebpf:"cuda_return_runtime"`
 	CudaSyncEnter                *ebpf.Program `ebpf:"cuda_sync_enter"`
+	CudaSyncSession              *ebpf.Program `ebpf:"cuda_sync_session"`
 	CudaTimedReturnDriver        *ebpf.Program `ebpf:"cuda_timed_return_driver"`
 	CudaTimedReturnRuntime       *ebpf.Program `ebpf:"cuda_timed_return_runtime"`
 	EnterCuCtxSynchronize        *ebpf.Program `ebpf:"enter_cuCtxSynchronize"`
@@ -757,13 +776,19 @@ type cudaPrograms struct {
 func (p *cudaPrograms) Close() error {
 	return _CudaClose(
 		p.CudaAllocEnter,
+		p.CudaAllocSession,
 		p.CudaCountEnter,
+		p.CudaCountSession,
 		p.CudaFreeEnter,
+		p.CudaFreeSession,
 		p.CudaLaunchEnter,
+		p.CudaLaunchSession,
 		p.CudaPitchEnter,
+		p.CudaPitchSession,
 		p.CudaReturnDriver,
 		p.CudaReturnRuntime,
 		p.CudaSyncEnter,
+		p.CudaSyncSession,
 		p.CudaTimedReturnDriver,
 		p.CudaTimedReturnRuntime,
 		p.EnterCuCtxSynchronize,

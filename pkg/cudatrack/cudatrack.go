@@ -53,6 +53,10 @@ type Config struct {
 	// cuLaunchKernel, cudaGraphLaunch) too: off by default, as PyTorch
 	// eager issues tens of thousands a second and each pays for its hooks.
 	Launches bool
+	// Classic attaches uprobe and uretprobe pairs even where the kernel
+	// has session uprobes: tests and benchmarks take both paths on one
+	// kernel.
+	Classic bool
 }
 
 // Tracker owns the loaded CUDA BPF object and the uprobe links of the
@@ -63,10 +67,14 @@ type Tracker struct {
 	coll     *ebpf.Collection
 	maps     cudaMaps
 	// Entry programs: by API where the kernel has no cookies, else by
-	// shape (the cookie says the API); return programs by layer.
-	byAPI   []*ebpf.Program
-	byShape [shapeLaunch + 1]*ebpf.Program
-	ret     map[string]*ebpf.Program // by API.retKey
+	// shape (the cookie says the API); return programs by layer. With
+	// session uprobes, sessions holds the session program of each shape
+	// that has one, which serves its returns too; byShape the classic
+	// entry programs of the others.
+	byAPI    []*ebpf.Program
+	byShape  [shapeLaunch + 1]*ebpf.Program
+	sessions map[int]*ebpf.Program
+	ret      map[string]*ebpf.Program // by API.retKey
 	// launches: the launch functions are hooked (Config.Launches).
 	launches bool
 	reader   *ringbuf.Reader
@@ -81,6 +89,11 @@ type Tracker struct {
 	// multi link waits once for all of its functions: detaching 48 perf
 	// events takes seconds.
 	multi bool
+	// session: hooks are session uprobes (Linux 6.13+), one link per
+	// argument shape and library, whose entries decline the returns no one
+	// needs (see bpf/cuda.bpf.c); a shape without a session program keeps
+	// its uprobe_multi pair.
+	session bool
 
 	procs map[int]*procState
 	// hooks: the links of each library file a tracked process maps,
@@ -140,7 +153,7 @@ type attached struct {
 
 // NewTracker loads the CUDA object. Nothing is attached until Track.
 func NewTracker(cfg Config) (*Tracker, error) {
-	spec, err := loadCuda()
+	spec, err := loadSpec()
 	if err != nil {
 		return nil, err
 	}
@@ -148,15 +161,27 @@ func NewTracker(cfg Config) (*Tracker, error) {
 		spec.Maps[cudaMapLiveAllocs].MaxEntries = cfg.MaxAllocs
 	}
 	cookies := bpfobj.Probe().Cookies
+	multi := cookies && haveUprobeMulti()
+	session := multi && !cfg.Classic && bpfobj.Probe().UprobeSession
+	// Only the programs of the attach path taken are loaded: with session
+	// uprobes a shape's session program (cuda_<shape>_session) replaces
+	// its classic entry program (cuda_<shape>_enter), and the return
+	// programs go with the last classic entry; without them, the session
+	// programs go.
+	classicLeft := false
 	for name := range spec.Programs {
-		perAPI, perShape := strings.HasPrefix(name, "enter_"), strings.HasSuffix(name, "_enter")
-		if (cookies && perAPI) || (!cookies && perShape) {
+		perAPI, perShape, perSession := strings.HasPrefix(name, "enter_"), strings.HasSuffix(name, "_enter"), strings.HasSuffix(name, "_session")
+		twin := spec.Programs[strings.TrimSuffix(name, "_enter")+"_session"] != nil
+		if (cookies && perAPI) || (!cookies && perShape) || (session && perShape && twin) || (!session && perSession) {
 			delete(spec.Programs, name)
+		} else if perAPI || perShape {
+			classicLeft = true
 		}
 	}
-	multi := cookies && haveUprobeMulti()
-	if multi {
-		for _, p := range spec.Programs {
+	for name, p := range spec.Programs {
+		if p.SectionName == "uretprobe" && !classicLeft {
+			delete(spec.Programs, name)
+		} else if multi && !strings.HasSuffix(name, "_session") {
 			p.AttachType = ebpf.AttachTraceUprobeMulti
 		}
 	}
@@ -167,7 +192,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	if err != nil {
 		return nil, err
 	}
-	t := &Tracker{procRoot: cfg.ProcRoot, proc: proc.WithPollCache(cfg.Cache), multi: multi, launches: cfg.Launches, procs: map[int]*procState{}, hooks: map[inodeKey]*attached{}, files: map[fileKey]*Library{}, failStacks: map[uint32]bool{}}
+	t := &Tracker{procRoot: cfg.ProcRoot, proc: proc.WithPollCache(cfg.Cache), multi: multi, session: session, launches: cfg.Launches, procs: map[int]*procState{}, hooks: map[inodeKey]*attached{}, files: map[fileKey]*Library{}, failStacks: map[uint32]bool{}}
 	if t.member, err = tracked.Join(cfg.Tracked); err != nil {
 		return nil, err
 	}
@@ -198,12 +223,13 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	t.waitThreads = bpfobj.NewTable(t.maps.WaitThreads, func(k cudaWaitThreadKey, _ cudaWaitThread) uint32 { return k.Tgid })
 	t.view = t.stacks.Join("cuda")
 	if cookies {
-		t.byShape[shapeAlloc] = coll.Programs["cuda_alloc_enter"]
-		t.byShape[shapePitch] = coll.Programs["cuda_pitch_enter"]
-		t.byShape[shapeFree] = coll.Programs["cuda_free_enter"]
-		t.byShape[shapeCount] = coll.Programs["cuda_count_enter"]
-		t.byShape[shapeSync] = coll.Programs["cuda_sync_enter"]
-		t.byShape[shapeLaunch] = coll.Programs["cuda_launch_enter"]
+		t.sessions = map[int]*ebpf.Program{}
+		for shape, name := range shapePrograms {
+			t.byShape[shape] = coll.Programs["cuda_"+name+"_enter"]
+			if p := coll.Programs["cuda_"+name+"_session"]; p != nil {
+				t.sessions[shape] = p
+			}
+		}
 	} else {
 		for _, a := range APIs {
 			p := coll.Programs["enter_"+a.Name]
@@ -394,6 +420,9 @@ func (t *Tracker) attach(pid int, lib *Library) []link.Link {
 		slog.Warn("hooking CUDA library", "pid", pid, "path", lib.Path, "err", err)
 		return nil
 	}
+	if t.session {
+		return t.attachSession(ex, pid, lib)
+	}
 	if t.multi {
 		return t.attachMulti(ex, pid, lib)
 	}
@@ -483,12 +512,78 @@ func (t *Tracker) attachMulti(ex *link.Executable, pid int, lib *Library) []link
 	return links
 }
 
+// attachSession hooks lib with one session link per argument shape: its
+// program runs at each function's entry and, where the entry asks for it,
+// at its return. The functions of a shape without a session program get
+// uprobe_multi pairs.
+func (t *Tracker) attachSession(ex *link.Executable, pid int, lib *Library) []link.Link {
+	type offsets struct{ at, cookies []uint64 }
+	byShape := map[int]*offsets{}
+	classic := *lib
+	classic.Hooks = nil
+	hooks := t.hooked(lib)
+	for _, hk := range hooks {
+		shape := APIs[hk.API].Shape
+		if t.sessions[shape] == nil {
+			classic.Hooks = append(classic.Hooks, hk)
+			continue
+		}
+		o := byShape[shape]
+		if o == nil {
+			o = &offsets{}
+			byShape[shape] = o
+		}
+		o.at = append(o.at, hk.Offset)
+		o.cookies = append(o.cookies, uint64(hk.API))
+	}
+	var links []link.Link
+	if len(classic.Hooks) > 0 {
+		if links = t.attachMulti(ex, pid, &classic); links == nil {
+			return nil
+		}
+	}
+	for shape, o := range byShape {
+		l, err := bpfobj.UprobeSession(t.rootPath(pid, lib.Path), t.sessions[shape], o.at, o.cookies, 0)
+		if err != nil {
+			slog.Warn("hooking CUDA library", "pid", pid, "path", lib.Path, "err", err)
+			_ = closeLinks(links)
+			return nil
+		}
+		links = append(links, l)
+	}
+	slog.Debug("hooked CUDA library", "pid", pid, "path", lib.Path, "kind", lib.Kind, "functions", len(hooks), "session", len(hooks)-len(classic.Hooks))
+	return links
+}
+
+// AttachPath says how the hooks are attached: "session uprobes",
+// "uprobe_multi pairs" or "perf-event pairs", or session uprobes for some
+// shapes and uprobe_multi pairs for the others.
+func (t *Tracker) AttachPath() string {
+	switch {
+	case t.session && slices.ContainsFunc(t.byShape[:], func(p *ebpf.Program) bool { return p != nil }):
+		return "session uprobes, uprobe_multi pairs for shapes without a session program"
+	case t.session:
+		return "session uprobes"
+	case t.multi:
+		return "uprobe_multi pairs"
+	}
+	return "perf-event pairs"
+}
+
 func btoi(b bool) int {
 	if b {
 		return 1
 	}
 	return 0
 }
+
+// shapePrograms names each argument shape's programs in bpf/cuda.bpf.c:
+// cuda_<name>_enter (classic) and cuda_<name>_session.
+var shapePrograms = [...]string{shapeAlloc: "alloc", shapePitch: "pitch", shapeFree: "free", shapeCount: "count", shapeSync: "sync", shapeLaunch: "launch"}
+
+// loadSpec reads the cuda object; a variable so that tests can load it
+// without a session program.
+var loadSpec = loadCuda
 
 // haveUprobeMulti tells whether this kernel has uprobe_multi links; a
 // variable so that tests can take the per-function path too.

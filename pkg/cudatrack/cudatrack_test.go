@@ -13,7 +13,10 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj/bpfobjtest"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
@@ -22,10 +25,21 @@ import (
 
 const MiB = 1 << 20
 
+// classic makes newConcern attach uprobe and uretprobe pairs where the
+// kernel has session uprobes (Config.Classic); set by forceClassic.
+var classic bool
+
+// forceClassic makes the concerns of the rest of the test take the classic
+// path, as on kernels before 6.13.
+func forceClassic(t *testing.T) {
+	classic = true
+	t.Cleanup(func() { classic = false })
+}
+
 func newConcern(t *testing.T) *Concern {
 	t.Helper()
 	testutil.RequireRoot(t)
-	c, err := New(Config{ProcRoot: "/proc"}, symbolize.New("/proc"))
+	c, err := New(Config{ProcRoot: "/proc", Classic: classic}, symbolize.New("/proc"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -418,6 +432,103 @@ func TestPeakBetweenPolls(t *testing.T) {
 	noLoss(t, c)
 }
 
+// Where the kernel has session uprobes they are what the hooks use; the
+// classic pairs (kernels 5.10 to 6.12) pass the same tests on this kernel.
+func TestAttachPaths(t *testing.T) {
+	testutil.RequireRoot(t)
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		t.Fatal(err)
+	}
+	var major, minor int
+	_, _ = fmt.Sscanf(unix.ByteSliceToString(uts.Release[:]), "%d.%d", &major, &minor)
+	if !bpfobj.Probe().UprobeSession {
+		if major > 6 || (major == 6 && minor >= 13) {
+			t.Errorf("kernel %d.%d: session uprobes not found", major, minor)
+		}
+		t.Log("no session uprobes on this kernel: the classic path only")
+	} else if c := newConcern(t); !c.session || c.AttachPath() != "session uprobes" {
+		t.Fatalf("session uprobes present but not used: %s", c.AttachPath())
+	}
+	forceClassic(t)
+	if c := newConcern(t); c.session || c.AttachPath() != "uprobe_multi pairs" {
+		t.Fatalf("Classic set, hooks attached as %s", c.AttachPath())
+	}
+	t.Run("every API once", TestRuntimeCountedOnce)
+	t.Run("static runtime", TestStaticRuntime)
+	t.Run("driver direct", TestDriverDirect)
+	t.Run("free then deeper allocation", TestFreeThenDeeperAlloc)
+	t.Run("failure", TestFailure)
+	t.Run("pitch failure", TestPitchFailure)
+	t.Run("leak", TestLeak)
+	t.Run("peak between polls", TestPeakBetweenPolls)
+	t.Run("steady", TestSteady)
+	t.Run("shared hooks", TestSharedHooks)
+	t.Run("untrack and close", TestUntrackAndClose)
+	t.Run("python", TestPythonFramesAtAllocations)
+	t.Run("waits", TestWaits)
+	t.Run("launches", TestLaunches)
+}
+
+// A shape without a session program (one added to the classic path only)
+// keeps its uprobe_multi pair beside the other shapes' session uprobes.
+func TestSessionBesidePairs(t *testing.T) {
+	testutil.RequireRoot(t)
+	if !bpfobj.Probe().UprobeSession {
+		t.Skip("no session uprobes on this kernel")
+	}
+	saved := loadSpec
+	loadSpec = func() (*ebpf.CollectionSpec, error) {
+		spec, err := saved()
+		if err == nil {
+			delete(spec.Programs, cudaProgCudaFreeSession)
+			delete(spec.Programs, cudaProgCudaCountSession)
+		}
+		return spec, err
+	}
+	t.Cleanup(func() { loadSpec = saved })
+	c := newConcern(t)
+	if c.sessions[shapeAlloc] == nil || c.byShape[shapeAlloc] != nil || c.sessions[shapeFree] != nil || c.byShape[shapeFree] == nil || c.ret[LayerRuntime] == nil {
+		t.Fatalf("programs: session %v, classic %v, returns %v", c.sessions, c.byShape, c.ret)
+	}
+	if got := c.AttachPath(); got != "session uprobes, uprobe_multi pairs for shapes without a session program" {
+		t.Errorf("attach path %q", got)
+	}
+	t.Run("every API once", TestRuntimeCountedOnce)
+	t.Run("driver direct", TestDriverDirect)
+	t.Run("free then deeper allocation", TestFreeThenDeeperAlloc)
+	t.Run("untrack and close", TestUntrackAndClose)
+	t.Run("waits", TestWaits)
+}
+
+// A free's return is not probed on the session path, and its state stays
+// behind: an allocation made after it from a deeper frame is counted (not
+// taken for a call nested in the free), and the driver calls nested in
+// either are not.
+func TestFreeThenDeeperAlloc(t *testing.T) {
+	c := newConcern(t)
+	p, pr := work(t, c, dynamic(t), "depth")
+	p.Signal(t)
+	p.Wait(t, "done", 10*time.Second)
+	observe(t, c, pr)
+	cs := pr.CUDA
+	if cs.AllocCalls["cudaMalloc"] != 2 || cs.AllocBytes["cudaMalloc"] != 8*MiB {
+		t.Errorf("cudaMalloc: %d calls, %d bytes; want 2 calls, 8 MiB", cs.AllocCalls["cudaMalloc"], cs.AllocBytes["cudaMalloc"])
+	}
+	if cs.Calls["cudaFree"] != 2 || cs.FreeBytes["cudaFree"] != 8*MiB {
+		t.Errorf("cudaFree: %d calls, %d bytes; want 2 calls, 8 MiB", cs.Calls["cudaFree"], cs.FreeBytes["cudaFree"])
+	}
+	for api, n := range cs.Calls {
+		if APIs[apiIndex[api]].Layer != LayerRuntime {
+			t.Errorf("driver call %s counted (%d) inside runtime calls", api, n)
+		}
+	}
+	if cs.LiveBytes != 0 || cs.LiveAllocs != 0 {
+		t.Errorf("live: %d bytes in %d allocations, want none", cs.LiveBytes, cs.LiveAllocs)
+	}
+	noLoss(t, c)
+}
+
 // The fallbacks of kernels before 5.15 and 6.1, taken on this one: an entry
 // program per hooked function (no cookies), per-thread state in an LRU hash
 // (no task storage), hash maps preallocated.
@@ -562,7 +673,7 @@ func TestUnload(t *testing.T) {
 // ours stays loaded.
 func TestUntrackAndClose(t *testing.T) {
 	testutil.RequireRoot(t)
-	c, err := New(Config{ProcRoot: "/proc"}, symbolize.New("/proc"))
+	c, err := New(Config{ProcRoot: "/proc", Classic: classic}, symbolize.New("/proc"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -582,7 +693,27 @@ func TestUntrackAndClose(t *testing.T) {
 	}
 	polled := kernelCalls()
 	testutil.Eventually(t, 10*time.Second, "calls counted in the kernel since the last poll", func() bool { return kernelCalls() > polled })
+	var linkIDs []link.ID
+	for _, at := range c.hooks {
+		for _, l := range at.links {
+			info, err := l.Info()
+			if err != nil {
+				t.Fatal(err)
+			}
+			linkIDs = append(linkIDs, info.ID)
+		}
+	}
+	if len(linkIDs) == 0 {
+		t.Fatal("no links")
+	}
 	c.Untrack(pr.PID)
+	// Detached at once, whichever way they were attached.
+	for _, id := range linkIDs {
+		if l, err := link.NewFromID(id); err == nil {
+			_ = l.Close()
+			t.Errorf("link %d left after Untrack", id)
+		}
+	}
 	// Allocations made since the last poll go at the next.
 	if _, err := c.Poll(nil); err != nil {
 		t.Fatal(err)

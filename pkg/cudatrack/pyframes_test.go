@@ -40,7 +40,7 @@ func TestPythonFramesAtAllocations(t *testing.T) {
 	burst := model.Frame{Kind: model.FramePython, Function: "prefill_batch", File: script, Line: burstLine}
 	for _, py := range testutil.Pythons(t) {
 		t.Run(testutil.PythonVersion(t, py)+"/"+filepath.Base(py), func(t *testing.T) {
-			c, err := New(Config{ProcRoot: "/proc"}, symbolize.New("/proc"))
+			c, err := New(Config{ProcRoot: "/proc", Classic: classic}, symbolize.New("/proc"))
 			if err != nil {
 				t.Fatal(err)
 			}

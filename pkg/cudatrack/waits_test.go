@@ -102,7 +102,7 @@ func TestLaunches(t *testing.T) {
 	for _, on := range []bool{true, false} {
 		t.Run("launches="+strconv.FormatBool(on), func(t *testing.T) {
 			testutil.RequireRoot(t)
-			c, err := New(Config{ProcRoot: "/proc", Launches: on}, symbolize.New("/proc"))
+			c, err := New(Config{ProcRoot: "/proc", Launches: on, Classic: classic}, symbolize.New("/proc"))
 			if err != nil {
 				t.Fatal(err)
 			}

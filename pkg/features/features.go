@@ -111,6 +111,7 @@ func kernel(k bpfobj.Kernel) []Result {
 		{"task storage (5.11)", "per-thread state in LRU hashes by thread id", k.TaskStorage},
 		{"bpf_task_pt_regs (5.15)", "no fd opening stacks where classic tracepoints are used", k.TaskPtRegs},
 		{"uprobe cookies (5.15)", "one CUDA entry program per hooked function", k.Cookies},
+		{"session uprobes (6.13)", "CUDA hooks as uprobe and uretprobe pairs: every hooked call runs its return probe", k.UprobeSession},
 		{"BPF memory allocator (6.1)", fmt.Sprintf("hash maps preallocated; per-CPU ones hold %d processes", bpfobj.PreallocPerCPU), k.RuntimeAlloc},
 	}
 	var rs []Result
