@@ -215,7 +215,7 @@ func attachEmpty(b *testing.B, pid int, runtime string, returns bool) func() {
 		}
 	}
 	return func() {
-		_ = closeLinks(links)
+		_ = bpfobj.CloseLinks(links)
 		prog.Close()
 	}
 }
@@ -254,7 +254,7 @@ func attachEmptySession(b *testing.B, pid int, runtime string) func() {
 		links = append(links, sl)
 	}
 	return func() {
-		_ = closeLinks(links)
+		_ = bpfobj.CloseLinks(links)
 		prog.Close()
 	}
 }

@@ -17,7 +17,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -383,7 +382,7 @@ func (t *Tracker) release(key fileKey, h *hooked) {
 	if h.at.refs--; h.at.refs > 0 {
 		return
 	}
-	_ = closeLinks(h.at.links)
+	_ = bpfobj.CloseLinks(h.at.links)
 	delete(t.hooks, inodeKey{key.dev, key.inode})
 }
 
@@ -494,7 +493,7 @@ func (t *Tracker) attachMulti(ex *link.Executable, pid int, lib *Library) []link
 		l, err := ex.UretprobeMulti(nil, t.ret[layer], r)
 		if err != nil {
 			slog.Warn("hooking CUDA library returns", "pid", pid, "path", lib.Path, "err", err)
-			_ = closeLinks(links)
+			_ = bpfobj.CloseLinks(links)
 			return nil
 		}
 		links = append(links, l)
@@ -503,7 +502,7 @@ func (t *Tracker) attachMulti(ex *link.Executable, pid int, lib *Library) []link
 		l, err := ex.UprobeMulti(nil, t.byShape[shape], o)
 		if err != nil {
 			slog.Warn("hooking CUDA library", "pid", pid, "path", lib.Path, "err", err)
-			_ = closeLinks(links)
+			_ = bpfobj.CloseLinks(links)
 			return nil
 		}
 		links = append(links, l)
@@ -546,7 +545,7 @@ func (t *Tracker) attachSession(ex *link.Executable, pid int, lib *Library) []li
 		l, err := bpfobj.UprobeSession(t.rootPath(pid, lib.Path), t.sessions[shape], o.at, o.cookies, 0)
 		if err != nil {
 			slog.Warn("hooking CUDA library", "pid", pid, "path", lib.Path, "err", err)
-			_ = closeLinks(links)
+			_ = bpfobj.CloseLinks(links)
 			return nil
 		}
 		links = append(links, l)
@@ -744,7 +743,7 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		}
 		out[pid] = s
 	}
-	toWall := wallClock()
+	toWall := bpfobj.WallClock()
 	live, err := t.live.Read(t.tracked)
 	if err != nil {
 		return nil, fmt.Errorf("reading the live allocation table: %w", err)
@@ -865,7 +864,7 @@ type Failure struct {
 
 // Failures drains the failure ring buffer without blocking.
 func (t *Tracker) Failures() ([]Failure, error) {
-	toWall := wallClock()
+	toWall := bpfobj.WallClock()
 	t.reader.SetDeadline(time.Now())
 	var (
 		out []Failure
@@ -919,7 +918,7 @@ func (t *Tracker) Memory() uint64 { return t.members.Memory() }
 func (t *Tracker) Close() error {
 	var errs []error
 	for k, at := range t.hooks {
-		errs = append(errs, closeLinks(at.links))
+		errs = append(errs, bpfobj.CloseLinks(at.links))
 		delete(t.hooks, k)
 	}
 	clear(t.procs)
@@ -940,25 +939,6 @@ func (t *Tracker) Close() error {
 	return errors.Join(append(errs, t.member.Close())...)
 }
 
-// closeLinks closes links concurrently: each uprobe waits for an RCU grace
-// period (about 100 ms) when removed, and concurrent waits share one.
-func closeLinks(links []link.Link) error {
-	errs := make([]error, len(links))
-	var wg sync.WaitGroup
-	for i, l := range links {
-		wg.Go(func() { errs[i] = l.Close() })
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
 func (t *Tracker) rootPath(pid int, path string) string {
 	return filepath.Join(t.procRoot, strconv.Itoa(pid), "root", path)
-}
-
-// wallClock returns a converter from bpf_ktime_get_ns (CLOCK_MONOTONIC) to
-// wall-clock time, anchored now.
-func wallClock() func(uint64) time.Time {
-	wall, mono := time.Now(), bpfobj.KtimeNow()
-	return func(ns uint64) time.Time { return wall.Add(-time.Duration(mono - ns)) }
 }

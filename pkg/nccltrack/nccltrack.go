@@ -16,8 +16,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -232,7 +230,7 @@ func (t *Tracker) release(k inodeKey) {
 	if at.refs--; at.refs > 0 {
 		return
 	}
-	_ = closeLinks(at.links)
+	_ = bpfobj.CloseLinks(at.links)
 	delete(t.hooks, k)
 }
 
@@ -273,7 +271,7 @@ func (t *Tracker) attach(pid int, path string) []link.Link {
 		// Retried at each poll: said once at warning level would need a
 		// record per file; the next process to map it tries again.
 		slog.Debug("libnccl defines none of the hooked functions", "pid", pid, "path", path)
-		_ = closeLinks(setups)
+		_ = bpfobj.CloseLinks(setups)
 		return nil
 	}
 	if len(missing) > 0 {
@@ -392,7 +390,7 @@ func (t *Tracker) Poll(pids []int) (map[int][]model.NCCLComm, error) {
 	if err != nil {
 		return nil, err
 	}
-	toWall := wallClock()
+	toWall := bpfobj.WallClock()
 	out := make(map[int][]model.NCCLComm, len(pids))
 	keep := map[uint32]bool{}
 	for _, pid := range pids {
@@ -479,7 +477,7 @@ func (t *Tracker) Memory() uint64 { return t.members.Memory() }
 func (t *Tracker) Close() error {
 	var errs []error
 	for k, at := range t.hooks {
-		errs = append(errs, closeLinks(at.links))
+		errs = append(errs, bpfobj.CloseLinks(at.links))
 		delete(t.hooks, k)
 	}
 	clear(t.procs)
@@ -494,23 +492,4 @@ func (t *Tracker) Close() error {
 	}
 	errs = append(errs, t.stacks.Release())
 	return errors.Join(append(errs, t.member.Close())...)
-}
-
-// closeLinks closes links concurrently: each uprobe waits for an RCU grace
-// period when removed, and concurrent waits share one.
-func closeLinks(links []link.Link) error {
-	errs := make([]error, len(links))
-	var wg sync.WaitGroup
-	for i, l := range links {
-		wg.Go(func() { errs[i] = l.Close() })
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-// wallClock returns a converter from bpf_ktime_get_ns (CLOCK_MONOTONIC) to
-// wall-clock time, anchored now.
-func wallClock() func(uint64) time.Time {
-	wall, mono := time.Now(), bpfobj.KtimeNow()
-	return func(ns uint64) time.Time { return wall.Add(-time.Duration(mono - ns)) }
 }
