@@ -56,6 +56,11 @@ type Config struct {
 	// has session uprobes: tests and benchmarks take both paths on one
 	// kernel.
 	Classic bool
+	// DeviceFull says whether a device pid ran on was at least
+	// model.SnapshotFullShare used at the instant at, per NVML: a failed
+	// allocation whose error is not out of memory is then snapshotted
+	// all the same. Nil: only out-of-memory failures are.
+	DeviceFull func(pid int, at time.Time) bool
 }
 
 // Tracker owns the loaded CUDA BPF object and the uprobe links of the

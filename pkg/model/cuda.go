@@ -62,6 +62,10 @@ type CUDAStats struct {
 	Waits CUDAWaits
 	// Launches counts kernel launches; nil unless --launches.
 	Launches *CUDALaunches
+	// Snapshots are the process's GPU memory at its allocation failures
+	// (oom.go): the newest MaxSnapshots, oldest first, shared with
+	// earlier snapshots of the model.
+	Snapshots []*GPUMemorySnapshot
 }
 
 // VerdictHost is the host side of a verdict.
@@ -279,6 +283,13 @@ type GPUAllocFailureEvidence struct {
 	LiveBytes    uint64    `json:"live_bytes"`
 	MaxSizeBytes uint64    `json:"max_size_bytes"`
 	SizeBytes    uint64    `json:"size_bytes"` // the latest
+	// Snapshot is the process's GPU memory at the first of these
+	// failures that one was taken at (oom.go); nil when none was (the
+	// process not tracked then, not out of memory).
+	Snapshot *GPUMemorySnapshot `json:"snapshot"`
+	// Snapshots counts the snapshots taken at these failures: the first,
+	// then at most one a SnapshotEvery.
+	Snapshots int `json:"snapshots"`
 }
 
 func (e GPUAllocFailureEvidence) EvidenceKind() string { return KindGPUAllocFailure }

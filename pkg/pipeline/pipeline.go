@@ -118,6 +118,11 @@ type Config struct {
 	// missing: the API server may answer later, and the kubelet reports a
 	// container's id in the pod's status only after its process started.
 	Pod func(pid int, known model.Pod) model.Pod
+	// OOMProfile, if set, names where the pprof profile of a memory
+	// snapshot taken at a failed allocation of pid at the instant at is
+	// served or written (model.GPUMemorySnapshot.Profile): the daemon's
+	// URL path, or the file --pprof writes.
+	OOMProfile func(pid int, at time.Time) string
 
 	// views, in tests, replaces the registered views (a view that
 	// refuses every process, one that does not load).
