@@ -286,10 +286,10 @@ type GPUAllocFailureEvidence struct {
 	// Snapshot is the process's GPU memory at the first of these
 	// failures that one was taken at (oom.go); nil when none was (the
 	// process not tracked then, not out of memory).
-	Snapshot *GPUMemorySnapshot `json:"snapshot"`
+	Snapshot *GPUMemorySnapshot `json:"snapshot,omitempty"`
 	// Snapshots counts the snapshots taken at these failures: the first,
 	// then at most one a SnapshotEvery.
-	Snapshots int `json:"snapshots"`
+	Snapshots int `json:"snapshots,omitempty"`
 }
 
 func (e GPUAllocFailureEvidence) EvidenceKind() string { return KindGPUAllocFailure }
