@@ -94,6 +94,9 @@ func CountCell(n int) Cell { return func(c Card) { c.Count("", "", n) } }
 // ChangeCell is a Change in a Row.
 func ChangeCell(n int) Cell { return func(c Card) { c.Change("", "", n) } }
 
+// YesNoCell is a YesNo in a Row.
+func YesNoCell(yes bool) Cell { return func(c Card) { c.YesNo("", "", yes) } }
+
 // BytesCell is Bytes in a Row.
 func BytesCell(n uint64) Cell { return func(c Card) { c.Bytes("", "", n) } }
 

@@ -303,6 +303,13 @@ func (e GPUAllocFailureEvidence) Card(c Card) {
 	c.Time("first_failure", "first", e.FirstFailure)
 	c.Time("last_failure", "last", e.LastFailure)
 	c.Bytes("live_bytes", "live", e.LiveBytes)
+	// Older reports' failures have no snapshot: their cards end here.
+	if e.Snapshots > 0 {
+		c.Count("snapshots", "memory snapshots", e.Snapshots)
+	}
+	if e.Snapshot != nil {
+		e.Snapshot.card(c)
+	}
 }
 
 // GPUAllocChurnEvidence is a gpu_alloc_churn's evidence.

@@ -168,6 +168,7 @@ func compact(t *testing.T, data []byte) string {
 func FuzzFindingJSON(f *testing.F) {
 	f.Add([]byte(`{"kind":"fd_leak","evidence":{"open_fds":3,"top_sites":[{"stack":["a+0x1 (b)"],"unclosed_fds":3}]}}`))
 	f.Add([]byte(`{"kind":"gpu_xid","evidence":{}}`))
+	f.Add([]byte(`{"kind":"gpu_alloc_failure","evidence":{"snapshot":{"stack":null,"devices":[{"mig":1,"processes":[{"pid":7,"self":true,"live_bytes":null}]}],"gap_bytes":-4}}}`))
 	f.Add([]byte(`{"kind":"socket_leak","evidence":{"fd_growth":null,"top_pairs":[{}]}}`))
 	f.Add([]byte(`{"kind":"nccl","evidence":[1,2]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
