@@ -9,7 +9,8 @@
 //   - a leak: live device memory that keeps growing while allocations no
 //     request lives long enough to hold pile up at the same stack, with the
 //     time left until the device (or a given budget) is full;
-//   - failed allocations, named by their error, API, size and stack.
+//   - failed allocations, named by their error, API, size and stack, with
+//     what held the memory when one failed where a snapshot was taken.
 //
 // Healthy programs do much that looks alike at a glance: caching allocators
 // grab a large pool once and keep it, training loops allocate and free the
@@ -328,6 +329,13 @@ type failGroup struct {
 	lastNew time.Time // observation that last brought a failure
 	size    uint64    // last requested size
 	maxSize uint64
+	// The memory snapshots of its failures (CUDAStats.Snapshots): the
+	// first, kept for the group's life although the list rolls; how many
+	// there were; the time of the newest counted, which tells the next
+	// ones (the list is oldest first) without keeping them.
+	snapshot  *model.GPUMemorySnapshot
+	snapshots int
+	snapped   time.Time
 }
 
 func (d *Detector) observeFailures(now time.Time, p *model.Process, st *procState) []model.Finding {
@@ -357,6 +365,8 @@ func (d *Detector) observeFailures(now time.Time, p *model.Process, st *procStat
 		g.maxSize = max(g.maxSize, fl.Size)
 	}
 
+	takeSnapshots(st.failures, p.CUDA.Snapshots)
+
 	var out []model.Finding
 	for _, k := range slices.SortedFunc(maps.Keys(st.failures), func(a, b failKey) int {
 		return st.failures[a].f.FirstSeen.Compare(st.failures[b].f.FirstSeen)
@@ -369,6 +379,35 @@ func (d *Detector) observeFailures(now time.Time, p *model.Process, st *procStat
 		}
 	}
 	return out
+}
+
+// takeSnapshots gives each failure group the snapshots taken at its
+// failures: a snapshot is keyed by its failure (its Time is the failure's),
+// so one of the group's API, error and stack taken between its first and
+// last failure is of one of them. Those after the newest a group counted
+// are new to it.
+func takeSnapshots(groups map[failKey]*failGroup, snaps []*model.GPUMemorySnapshot) {
+	for _, s := range snaps {
+		if s == nil {
+			continue
+		}
+		var g *failGroup
+		for k, cand := range groups {
+			if k.api == s.API && k.err == s.Error && k.code == s.Code && !s.Time.Before(cand.first) && !s.Time.After(cand.last) &&
+				k.stack == stackpkg.Key(s.Stack) {
+				g = cand
+				break
+			}
+		}
+		if g == nil || !s.Time.After(g.snapped) {
+			continue
+		}
+		if g.snapshot == nil {
+			g.snapshot = s
+		}
+		g.snapshots++
+		g.snapped = s.Time
+	}
 }
 
 // newFailures returns the entries of list after counted. The source keeps
@@ -439,6 +478,10 @@ func (d *Detector) fillFailure(g *failGroup, k failKey, now time.Time, p *model.
 	if g.count > 1 {
 		fmt.Fprintf(&b, "; %d times", g.count)
 	}
+	if g.snapshot != nil {
+		b.WriteString(". ")
+		b.WriteString(g.snapshot.Describe(callSite))
+	}
 	f.Summary = b.String()
 	f.Evidence = model.GPUAllocFailureEvidence{
 		API:          k.api,
@@ -450,6 +493,8 @@ func (d *Detector) fillFailure(g *failGroup, k failKey, now time.Time, p *model.
 		FirstFailure: g.first,
 		LastFailure:  g.last,
 		LiveBytes:    p.CUDA.LiveBytes,
+		Snapshot:     g.snapshot,
+		Snapshots:    g.snapshots,
 	}
 	return f
 }

@@ -1,6 +1,7 @@
 package gpualloc
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -575,5 +576,93 @@ func TestCallSite(t *testing.T) {
 		if got := callSite(testutil.Frames(c.stack...)); got != c.want {
 			t.Errorf("callSite(%q) = %q, want %q", c.stack, got, c.want)
 		}
+	}
+}
+
+// A failure group carries the memory snapshot of its failures: the first
+// one taken, kept when the source's list of four rolls past it, and how
+// many were taken over the group's life, each once; its summary says what
+// the snapshot shows. A group without one (another error, another stack,
+// a snapshot from before the group) has neither.
+func TestFailureSnapshot(t *testing.T) {
+	d := New(DefaultConfig())
+	s := newSim(1)
+	oomStack := testutil.Frames("cudaMalloc+0x10 (libcudart.so.12)", "alloc_batch+0x3c (trainer)", "main+0x40 (trainer)")
+	otherStack := testutil.Frames("cudaMalloc+0x10 (libcudart.so.12)", "alloc_scratch+0x10 (trainer)", "main+0x40 (trainer)")
+	oom := func(sec int) model.CUDAFailure {
+		return model.CUDAFailure{Time: at(sec).Add(-time.Second / 2), API: "cudaMalloc", Size: 2 * gib, Code: 2, Error: "cudaErrorMemoryAllocation", Stack: oomStack}
+	}
+	snap := func(f model.CUDAFailure) *model.GPUMemorySnapshot {
+		return &model.GPUMemorySnapshot{Time: f.Time, API: f.API, Error: f.Error, Code: f.Code, SizeBytes: f.Size, Stack: f.Stack, Why: model.SnapshotOutOfMemory,
+			LiveBytes: 22 * gib, Sites: []model.SnapshotSite{{Bytes: 18 * gib, Allocations: 3, Stack: stacks[cacheSite]}},
+			Devices: []model.SnapshotDevice{{Index: 3, Processes: []model.SnapshotProcess{
+				{PID: 77, Pod: model.Pod{Namespace: "batch", Name: "embed-7"}, UsedBytes: 51 * gib}, {PID: 42, Self: true, UsedBytes: 22 * gib}}}}}
+	}
+	noDev := model.CUDAFailure{Time: at(1).Add(-time.Second / 4), API: "cudaMalloc", Size: 64 * mib, Code: 100, Error: "cudaErrorNoDevice", Stack: oomStack}
+	// Out of memory at another stack, in the same second: its snapshot
+	// is not the group's.
+	elsewhere := oom(1)
+	elsewhere.Time, elsewhere.Stack = at(1).Add(-time.Second/8), otherStack
+	// A snapshot of the group's API, error and stack from before its first
+	// failure (an earlier group's, ended) is not its.
+	stale := snap(oom(-100))
+
+	var snaps []*model.GPUMemorySnapshot
+	observe := func(sec int) map[string]model.Finding {
+		p := s.process(42)
+		p.CUDA.Snapshots = slices.Clone(snaps)
+		out := map[string]model.Finding{}
+		for _, f := range d.Observe(at(sec), p) {
+			out[failureEv(f).Error+" "+callSite(f.Stack)] = f
+		}
+		return out
+	}
+	const oomKey, otherKey, noDevKey = "cudaErrorMemoryAllocation alloc_batch+0x3c (trainer)", "cudaErrorMemoryAllocation alloc_scratch+0x10 (trainer)",
+		"cudaErrorNoDevice alloc_batch+0x3c (trainer)"
+
+	first := snap(oom(1))
+	s.failures = append(s.failures, noDev, oom(1), elsewhere)
+	snaps = []*model.GPUMemorySnapshot{stale, first}
+	fs := observe(1)
+	if len(fs) != 3 {
+		t.Fatalf("findings %v, want three groups", fs)
+	}
+	om := fs[oomKey]
+	if ev := failureEv(om); ev.Snapshot != first || ev.Snapshots != 1 {
+		t.Errorf("OOM group: snapshot %p (%d), want %p (1)", ev.Snapshot, ev.Snapshots, first)
+	}
+	want := "GPU allocation failed: cudaMalloc returned cudaErrorMemoryAllocation (out of memory) for 2.0 GiB at alloc_batch+0x3c (trainer). " +
+		"Out of memory on GPU 3: this process held 22.0 GiB (top: cache_tensor+0x2a (trainer) 18.0 GiB); pod batch/embed-7 held 51.0 GiB on the same GPU."
+	if om.Summary != want {
+		t.Errorf("summary\n %q\nwant\n %q", om.Summary, want)
+	}
+	for _, k := range []string{otherKey, noDevKey} {
+		f := fs[k]
+		if ev := failureEv(f); ev.Snapshot != nil || ev.Snapshots != 0 || strings.Contains(f.Summary, "held") {
+			t.Errorf("%s: snapshot %v (%d), summary %q; want none", k, ev.Snapshot, ev.Snapshots, f.Summary)
+		}
+		if data, err := json.Marshal(f.Evidence); err != nil || strings.Contains(string(data), "snapshot") {
+			t.Errorf("%s: evidence %s (%v), want no snapshot keys", k, data, err)
+		}
+	}
+
+	// The same list again: nothing new.
+	if ev := failureEv(observe(2)[oomKey]); ev.Snapshot != first || ev.Snapshots != 1 {
+		t.Errorf("at 2s: snapshot %p (%d), want the first (1)", ev.Snapshot, ev.Snapshots)
+	}
+	// Four more failures with a snapshot each: the list keeps the newest
+	// four, the group its first and the count of all.
+	for sec := 3; sec <= 6; sec++ {
+		f := oom(sec)
+		s.failures = append(s.failures, f)
+		snaps = append(snaps, snap(f))
+		snaps = snaps[max(0, len(snaps)-model.MaxSnapshots):]
+		ev := failureEv(observe(sec)[oomKey])
+		if ev.Snapshot != first || ev.Snapshots != sec-1 {
+			t.Errorf("at %ds: snapshot %p (%d), want the first (%d)", sec, ev.Snapshot, ev.Snapshots, sec-1)
+		}
+	}
+	if slices.Contains(snaps, first) {
+		t.Fatal("the list did not roll past the first snapshot")
 	}
 }
