@@ -153,6 +153,8 @@ func TestEveryKindHasEvidenceRows(t *testing.T) {
 		model.GPUAllocBurstEvidence{}, model.GPUMemoryLeakEvidence{}, model.GPUAllocFailureEvidence{}, model.GPUAllocChurnEvidence{},
 		model.GPUXIDEvidence{}, model.GPUECCEvidence{}, model.GPUInputBoundEvidence{}, model.GPUSyncStormEvidence{},
 		model.NCCLStragglerEvidence{}, model.NCCLHangEvidence{},
+		// A failure's snapshot with nothing in it.
+		model.GPUAllocFailureEvidence{Snapshot: &model.GPUMemorySnapshot{Devices: []model.SnapshotDevice{{Processes: []model.SnapshotProcess{{}}}}}},
 	}
 	clock := func(t time.Time) string { return t.Format(time.TimeOnly) }
 	var kinds []string

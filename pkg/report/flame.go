@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/stack"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
@@ -14,8 +15,16 @@ import (
 const (
 	FlameGPUHeld  = "gpu_held"  // device memory held at the end, by stack
 	FlameGPUBurst = "gpu_burst" // what the largest burst's interval allocated, by stack
-	FlameFDOpen   = "fd_open"   // fds open at the end, by stack
+	// FlameGPUFailure is device memory live when an allocation failed (a
+	// gpu_alloc_failure's snapshot), by stack: one per failure finding
+	// with a snapshot, the newest failureFlames.
+	FlameGPUFailure = "gpu_failure"
+	FlameFDOpen     = "fd_open" // fds open at the end, by stack
 )
+
+// failureFlames bounds the snapshot graphs of a process: as many as the
+// agent keeps snapshots of it.
+const failureFlames = model.MaxSnapshots
 
 // Layout of a flame graph: as wide as the charts, one row per frame.
 const (
@@ -138,8 +147,10 @@ func cut(s string, n int) string {
 
 // processFlames are the flame graphs of one process: device memory held at
 // the end, what its largest burst's interval allocated (the burst
-// finding's sites), open fds. findings are the process's.
-func processFlames(p *Process, findings []model.Finding) []flame {
+// finding's sites), what was live at its failed allocations (the failure
+// findings' snapshots), open fds. findings are the process's; clock writes
+// a failure's time as the page does.
+func processFlames(p *Process, findings []model.Finding, clock func(time.Time) string) []flame {
 	var held, open []weighted
 	if s := p.Sites; s != nil {
 		for _, g := range s.GPU {
@@ -167,19 +178,46 @@ func processFlames(p *Process, findings []model.Finding) []flame {
 		}
 	}
 	fds := func(n uint64) string { return strconv.FormatUint(n, 10) + " fds" }
-	var out []flame
-	for _, c := range []struct {
+	type graph struct {
 		id, title string
 		samples   []weighted
 		text      func(uint64) string
-	}{
+	}
+	graphs := []graph{
 		{FlameGPUHeld, "GPU memory held at the end, by stack", held, bytesText},
 		{FlameGPUBurst, "GPU memory allocated in the largest burst's interval, by stack", burst, bytesText},
-		{FlameFDOpen, "fds open at the end, by stack", open, fds},
-	} {
+	}
+	for _, s := range failureSnapshots(findings) {
+		// The sites past the kept ones weigh on the whole, under no stack.
+		ws := []weighted{{nil, s.OtherSitesBytes}}
+		for _, site := range s.Sites {
+			ws = append(ws, weighted{site.Stack, site.Bytes})
+		}
+		why := ""
+		if s.Why == model.SnapshotOutOfMemory {
+			why = " (out of memory)"
+		}
+		graphs = append(graphs, graph{FlameGPUFailure, fmt.Sprintf("GPU memory live when %s failed%s at %s, by stack", s.API, why, clock(s.Time)), ws, bytesText})
+	}
+	graphs = append(graphs, graph{FlameFDOpen, "fds open at the end, by stack", open, fds})
+	var out []flame
+	for _, c := range graphs {
 		if fl, ok := newFlame(c.id, c.title, c.samples, c.text); ok {
 			out = append(out, fl)
 		}
 	}
 	return out
+}
+
+// failureSnapshots are the snapshots of a process's failure findings, the
+// newest failureFlames, oldest first.
+func failureSnapshots(findings []model.Finding) []*model.GPUMemorySnapshot {
+	var out []*model.GPUMemorySnapshot
+	for _, f := range findings {
+		if ev, ok := f.Evidence.(model.GPUAllocFailureEvidence); ok && ev.Snapshot != nil {
+			out = append(out, ev.Snapshot)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b *model.GPUMemorySnapshot) int { return a.Time.Compare(b.Time) })
+	return out[max(0, len(out)-failureFlames):]
 }

@@ -23,6 +23,13 @@ func FuzzReport(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(seed)
+	// A failure with its memory snapshot (oom_test.go).
+	js = filepath.Join(f.TempDir(), "oom.json")
+	oomReport(f, Outputs{JSON: js}, oomFailure())
+	if seed, err = os.ReadFile(js); err != nil {
+		f.Fatal(err)
+	}
+	f.Add(seed)
 	// Schema 1: no history, no sites.
 	f.Add([]byte(`{"version": "v0.3.0", "start": "2025-01-02T03:04:05Z", "end": "2025-01-02T03:05:05Z",
 		"processes": [{"pid": 7, "comm": "w", "open_fds": 3, "fd_limit": 1024}], "findings": []}`))

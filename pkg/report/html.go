@@ -277,7 +277,7 @@ func buildPage(r *Report, data []byte) *page {
 		for _, f := range pv.Findings {
 			own = append(own, r.Findings[f.N-1])
 		}
-		pv.Flames = processFlames(&p, own)
+		pv.Flames = processFlames(&p, own, clock)
 		pv.Waits = waitTable(p.Sites)
 		for j := range pv.Charts {
 			pv.Charts[j].Source = fmt.Sprintf("p%d", i)
