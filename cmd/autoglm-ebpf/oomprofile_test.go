@@ -3,8 +3,10 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"net"
 	"net/http"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -33,7 +35,7 @@ func TestOOMProfileOfWatch(t *testing.T) {
 // snapshot is served (as the daemon sets pipeline.Config.OOMProfile), and
 // the daemon's server serves it there, after the process is gone.
 func TestOOMProfileOfDaemon(t *testing.T) {
-	srv, err := daemon.Listen("127.0.0.1:0", "", false)
+	srv, err := daemon.Listen("0.0.0.0:0", "", false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +77,8 @@ func TestOOMProfileOfDaemon(t *testing.T) {
 	if path != "/debug/pprof/gpu?pid=42&at=failure&time=20261205T171620.123Z" {
 		t.Fatalf("the finding log names %q", path)
 	}
-	resp, err := http.Get("http://" + srv.Addr().String() + path)
+	port := strconv.Itoa(srv.Addr().(*net.TCPAddr).Port)
+	resp, err := http.Get("http://" + net.JoinHostPort("127.0.0.1", port) + path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,6 +94,39 @@ func TestOOMProfileOfDaemon(t *testing.T) {
 		prof.Sample[0].Location[0].Line[0].Function.Name != "allocate_kv_cache" {
 		t.Errorf("%s: time %d, samples %v", path, prof.TimeNanos, prof.Sample)
 	}
+
+	// Served as the other profiles are: not to a client from elsewhere
+	// than loopback, without --web.expose-profiles or authentication.
+	t.Run("not loopback", func(t *testing.T) {
+		ip := nonLoopbackIPv4(t)
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: ip}, Timeout: 10 * time.Second}
+		c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: d.DialContext}}
+		resp, err := c.Get("http://" + net.JoinHostPort(ip.String(), port) + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Errorf("%s from %s: %s, want 403", path, ip, resp.Status)
+		}
+	})
+}
+
+// nonLoopbackIPv4 is an address of this machine other than loopback; the
+// test is skipped without one.
+func nonLoopbackIPv4(t *testing.T) net.IP {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() && !n.IP.IsLinkLocalUnicast() {
+			return n.IP.To4()
+		}
+	}
+	t.Skip("this machine has no non-loopback IPv4 address to make a non-loopback request from")
+	return nil
 }
 
 // report --pprof writes the profile of the snapshot each gpu_alloc_failure
