@@ -32,8 +32,9 @@ const AtFailure = "failure"
 // failed. Only what was known then is in it: inuse_objects and
 // inuse_space, as Go's heap profile names them, one sample a site (each
 // site's bytes freed after the failure as the numeric label
-// freed_after_failure), and the sites past the snapshot's bound as
-// one. The failed call, and NVML's figures where known, are comments.
+// freed_after_failure; one without a stack under "[other call sites]"),
+// and the sites past the snapshot's bound as one, "[smaller call sites]".
+// The failed call, and NVML's figures where known, are comments.
 func OfSnapshot(pid int, comm string, s *model.GPUMemorySnapshot) (*profile.Profile, error) {
 	if s == nil {
 		return nil, errors.New("no snapshot")
