@@ -27,6 +27,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/pipeline"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/podinfo"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/profiles"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/tracked"
 )
 
@@ -68,7 +69,9 @@ library (or has the runtime linked in), found as it execs or loads the library
 (kernel events) and by a slow resync of /proc. Serves /metrics, /healthz and
 /readyz. In a Kubernetes pod with hostPID, processes are labelled with their
 pod (from their cgroup, and names from the API server). The current
-profiles (/debug/pprof/gpu, /debug/pprof/fd, /debug/pprof/wait) are served to loopback and
+profiles (/debug/pprof/gpu, /debug/pprof/fd, /debug/pprof/wait), and the GPU
+memory live at a process's last failed allocations
+(/debug/pprof/gpu?pid=N&at=failure), are served to loopback and
 authenticated clients only, unless --web.expose-profiles. SIGTERM detaches
 everything and exits 0.`,
 		Args: noArgs,
@@ -234,6 +237,9 @@ func runDaemon(f *daemonFlags, rules daemon.Rules) error {
 	cfg.NCCLStall.Stall = f.ncclStall
 	cfg.GPUAlloc.MemoryBudget = uint64(f.gpuBudget)
 	cfg.Daemon, cfg.Source, cfg.Cache = true, finder, maps
+	// The findings name where the profile of their memory snapshot at a
+	// failure is served (serveProfiles), kept past the process's exit.
+	cfg.OOMProfile = profiles.OOMPath
 	cfg.Pod = func(pid int, known model.Pod) model.Pod {
 		if known.UID != "" {
 			// The cgroup does not change: only the names may have come

@@ -50,7 +50,7 @@ func newReport() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&html, "html", "", "write the HTML page to FILE")
-	cmd.Flags().StringVar(&pprof, "pprof", "", "write each process's profiles (as run --pprof does) into DIR, from the call sites the report carries")
+	cmd.Flags().StringVar(&pprof, "pprof", "", "write each process's profiles (as run --pprof does) into DIR, from the call sites the report carries, and those of the memory snapshots its gpu_alloc_failure findings carry (PID-gpu-oom-TIME.pb.gz)")
 	return cmd
 }
 
@@ -64,6 +64,14 @@ func writeProfiles(dir string, r *report.Report) error {
 		mp := p.Sites.Model()
 		mp.PID, mp.Comm, mp.Started = p.PID, p.Comm, p.Started
 		w.Update(&model.Snapshot{Time: r.End, Processes: []*model.Process{mp}})
+	}
+	// The memory snapshots at failures the report keeps: each
+	// gpu_alloc_failure's first.
+	for _, f := range r.Findings {
+		if ev, ok := f.Evidence.(model.GPUAllocFailureEvidence); ok && ev.Snapshot != nil {
+			mp := &model.Process{PID: f.PID, Comm: f.Comm, CUDA: model.CUDAStats{Snapshots: []*model.GPUMemorySnapshot{ev.Snapshot}}}
+			w.Update(&model.Snapshot{Time: r.End, Processes: []*model.Process{mp}})
+		}
 	}
 	if err := w.Close(&model.Snapshot{Time: r.End}); err != nil {
 		return err

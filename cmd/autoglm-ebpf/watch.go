@@ -62,7 +62,7 @@ func (f *watchFlags) register(cmd *cobra.Command) {
 	fl.DurationVar(&f.interval, "interval", time.Second, "how often maps are read and detectors run")
 	fl.StringVar(&f.json, "json", "", "write a JSON report to FILE at the end (- for stdout)")
 	fl.StringVar(&f.html, "html", "", "write the report as a self-contained HTML page with charts to FILE at the end")
-	fl.StringVar(&f.pprof, "pprof", "", "write each process's GPU memory and fd profiles by call site (pprof format: go tool pprof, Pyroscope) into DIR at the end, as PID-gpu.pb.gz and PID-fd.pb.gz; DIR is made if missing")
+	fl.StringVar(&f.pprof, "pprof", "", "write each process's GPU memory, fd and GPU wait profiles by call site (pprof format: go tool pprof, Pyroscope) into DIR at the end, as PID-gpu.pb.gz, PID-fd.pb.gz and PID-wait.pb.gz, and the GPU memory live at each failed allocation it snapshots as PID-gpu-oom-TIME.pb.gz at once (TIME in UTC, e.g. 20261205T171620.123Z); DIR is made if missing")
 	addWebFlags(fl, &f.listen, &f.web, &f.expose, "", "Prometheus metrics (/metrics) to every client, and "+profilesHelp)
 	fl.BoolVar(&f.classic, "runqueue-classic-buckets", false, "give the run-queue histogram on /metrics a few classic buckets too, for scrapers without native histograms (--runqueue-classic-buckets=true)")
 	fl.StringSliceVar(&f.failOn, "fail-on", nil, "exit 3 if a finding of KIND[,KIND...] is made: "+strings.Join(model.Kinds, ", "))
@@ -255,6 +255,18 @@ func newRun() *cobra.Command {
 	return cmd
 }
 
+// oomProfile names, for the findings' memory snapshots at failed
+// allocations, the file --pprof writes each one's profile to; nil without
+// --pprof. The profiles --web.listen-address serves are not named: that
+// server ends with the run, the report outlives it.
+func (f *watchFlags) oomProfile() func(pid int, at time.Time) string {
+	if f.pprof == "" {
+		return nil
+	}
+	dir := f.pprof
+	return func(pid int, at time.Time) string { return filepath.Join(dir, profiles.OOMFileName(pid, at)) }
+}
+
 // killAfter is how long `run` waits for its command after SIGTERM.
 const killAfter = 10 * time.Second
 
@@ -314,6 +326,7 @@ func watch(cmd *cobra.Command, f *watchFlags, start func(*pipeline.Pipeline) (fu
 	cfg.GPUInterval, cfg.MaxAllocs, cfg.Launches = f.gpuEvery, f.maxAlloc, f.launches
 	cfg.GPUAlloc.MemoryBudget = uint64(f.budget)
 	cfg.Children = f.children
+	cfg.OOMProfile = f.oomProfile()
 	p, err := pipeline.New(cfg, sinks...)
 	if err != nil {
 		return err

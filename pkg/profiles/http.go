@@ -7,22 +7,30 @@ import (
 	"strconv"
 	"sync/atomic"
 
+	"github.com/google/pprof/profile"
+
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
 
 // Live is a sink that keeps the latest snapshot, for Handler to serve the
-// current profiles from.
+// current profiles from, and the memory snapshots taken at failed
+// allocations (failures), for the GPU handler to serve after the process
+// is gone: an out-of-memory error often ends it.
 type Live struct {
-	last atomic.Pointer[model.Snapshot]
+	last     atomic.Pointer[model.Snapshot]
+	failures failures
 }
 
 // Update keeps s.
-func (l *Live) Update(s *model.Snapshot) { l.last.Store(s) }
+func (l *Live) Update(s *model.Snapshot) {
+	l.last.Store(s)
+	l.failures.update(s)
+}
 
 // Close keeps final: a scrape during shutdown still gets an answer.
 func (l *Live) Close(final *model.Snapshot) error {
 	if final != nil {
-		l.last.Store(final)
+		l.Update(final)
 	}
 	return nil
 }
@@ -33,6 +41,10 @@ func (l *Live) Close(final *model.Snapshot) error {
 // as Grafana Alloy's pyroscope.scrape and go tool pprof pull it.
 func (l *Live) Handler(kind string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Has("at") || r.URL.Query().Has("time") {
+			l.serveFailure(w, r, kind)
+			return
+		}
 		s := l.last.Load()
 		if s == nil {
 			http.Error(w, "no poll has completed yet", http.StatusServiceUnavailable)
@@ -44,9 +56,9 @@ func (l *Live) Handler(kind string) http.Handler {
 			return
 		}
 		if q := r.URL.Query().Get("pid"); q != "" {
-			pid, err := strconv.Atoi(q)
-			if err != nil || pid <= 0 {
-				http.Error(w, fmt.Sprintf("pid %q: not a positive number", q), http.StatusBadRequest)
+			pid, err := parsePID(q)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
 				return
 			}
 			p := find(s, pid)
@@ -63,19 +75,34 @@ func (l *Live) Handler(kind string) http.Handler {
 			}
 		}
 		prof, err := b.Profile()
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		var buf bytes.Buffer
-		if err := prof.Write(&buf); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/octet-stream")
-		w.Header().Set("Content-Disposition", `attachment; filename="`+kind+`.pb.gz"`)
-		_, _ = w.Write(buf.Bytes())
+		serve(w, prof, err, kind+".pb.gz")
 	})
+}
+
+// serve writes prof, gzipped protobuf, as a download named file; err (of
+// making it) as a server error.
+func serve(w http.ResponseWriter, prof *profile.Profile, err error, file string) {
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	var buf bytes.Buffer
+	if err := prof.Write(&buf); err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Disposition", `attachment; filename="`+file+`"`)
+	_, _ = w.Write(buf.Bytes())
+}
+
+// parsePID reads the pid parameter q: a positive number.
+func parsePID(q string) (int, error) {
+	pid, err := strconv.Atoi(q)
+	if err != nil || pid <= 0 {
+		return 0, fmt.Errorf("pid %q: not a positive number", q)
+	}
+	return pid, nil
 }
 
 // find is the watched process pid of s; nil if none (or it exited).

@@ -66,7 +66,11 @@ func NewBuilder(kind string, now time.Time) (*Builder, error) {
 	default:
 		return nil, fmt.Errorf("unknown profile kind %q (%s, %s or %s)", kind, GPU, FD, Wait)
 	}
-	return &Builder{kind: kind, p: p, locs: map[model.Frame]*profile.Location{}, funcs: map[[3]string]*profile.Function{}, maps: map[string]*profile.Mapping{}}, nil
+	return newBuilder(kind, p), nil
+}
+
+func newBuilder(kind string, p *profile.Profile) *Builder {
+	return &Builder{kind: kind, p: p, locs: map[model.Frame]*profile.Location{}, funcs: map[[3]string]*profile.Function{}, maps: map[string]*profile.Mapping{}}
 }
 
 // Add adds the call sites of process p, each sample labelled with labels
@@ -122,13 +126,15 @@ func (b *Builder) Profile() (*profile.Profile, error) {
 	return b.p, nil
 }
 
-func (b *Builder) sample(stack []model.Frame, values []int64, label map[string][]string) {
+// sample adds a sample of values at stack, and returns it; nil when every
+// value is zero (nothing to show).
+func (b *Builder) sample(stack []model.Frame, values []int64, label map[string][]string) *profile.Sample {
 	nonzero := false
 	for _, v := range values {
 		nonzero = nonzero || v != 0
 	}
 	if !nonzero {
-		return
+		return nil
 	}
 	if len(stack) == 0 {
 		stack = []model.Frame{{Kind: model.FrameNative, Function: unsymbolized}}
@@ -138,6 +144,7 @@ func (b *Builder) sample(stack []model.Frame, values []int64, label map[string][
 		s.Location = append(s.Location, b.location(f))
 	}
 	b.p.Sample = append(b.p.Sample, s)
+	return s
 }
 
 // location is f's, made once. A frame without a function is named by its
