@@ -110,9 +110,13 @@ bench: deps build fixtures
 # (scripts/kernels.sh; logs and reports under bin/kernels/KERNEL/).
 # KERNELS="6.1 5.10" runs some.
 KERNELS ?=
-kernels: deps build fixtures
+kernels: deps build fixtures bin/cudatrack.test
 	@scripts/install-deps.sh kernels
 	scripts/kernels.sh $(KERNELS)
+
+# pkg/cudatrack's tests, which the matrix's oomsnap step runs in each guest.
+bin/cudatrack.test: $(GOSRC)
+	$(GO) test -c -o $@ ./pkg/cudatrack
 
 # The container image, built offline from bin/autoglm-ebpf and the glibc it
 # links against (deploy/image): an OCI layout archive with Docker's

@@ -32,7 +32,8 @@ enum err_kind {
 	ERR_RINGBUF = 6,     /* ring buffer reserve failed (buffer full) */
 	ERR_SITES = 7,       /* a call site's counters could not be made (site table full, process at its cap) */
 	ERR_FORKS = 8,       /* a child was not kept from its fork (fork tables full): its fds are read from /proc instead */
-	ERR_MAX = 9,
+	ERR_OOM_SNAPSHOT = 9, /* an allocation freed after a failure could not be kept for its snapshot (table full) */
+	ERR_MAX = 10,
 };
 
 struct {

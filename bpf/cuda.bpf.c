@@ -13,6 +13,14 @@
  * released between two polls leaves its site there.
  * Only failed allocations, which are rare, go through the ring buffer.
  *
+ * A failed allocation also opens its process's memory snapshot (oom_snaps),
+ * at most one at a time and, once user space kept one, not again before
+ * the time it set: from then on each free of an allocation made at or
+ * before the failure copies it to freed_allocs before deleting it from the
+ * live table. User space, at its next poll, has what was live at the
+ * failure: the live table's entries made before it, and freed_allocs; then
+ * it closes the snapshot and empties freed_allocs of the process.
+ *
  * The runtime implements its allocations by calling the driver on the same
  * thread. Each layer keeps its own per-thread entry state, and a driver call
  * made while a runtime call is in flight on the thread is ignored, so one
@@ -138,6 +146,23 @@ struct cuda_failure {
 	u16 api;
 	u16 pad[3];
 	u32 py_stack; /* as in cuda_alloc */
+	u64 snap_ns;  /* time_ns when this failure opened its process's snapshot; 0: it did not */
+	s64 live_bytes; /* the process's live device bytes at the failure */
+};
+
+/* A process's memory snapshot (see the top); user space creates the entry
+ * with the counters and closes an open one. */
+struct cuda_snap {
+	u64 open_ns;       /* the failure that opened it; 0: closed */
+	u64 not_before_ns; /* no failure opens one before */
+	u64 missed;        /* frees not kept in freed_allocs while open (table full) */
+};
+
+/* An allocation live at a failure and freed after it, keyed as in the live
+ * table. */
+struct cuda_freed {
+	struct cuda_alloc alloc;
+	u64 freed_ns;
 };
 
 /* Saved at the entry of the outermost call of a layer on a thread. */
@@ -236,12 +261,30 @@ struct {
 	__uint(max_entries, 256 * 1024);
 } failures SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, u32);
+	__type(value, struct cuda_snap);
+} oom_snaps SEC(".maps");
+
+/* Filled only while a snapshot is open, emptied by user space at its poll. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC); /* memory follows use, not capacity */
+	__type(key, struct cuda_alloc_key);
+	__type(value, struct cuda_freed);
+} freed_allocs SEC(".maps");
+
 /* Force the shared types into BTF so bpf2go can generate them. */
 const struct cuda_alloc_key *unused_cuda_alloc_key __attribute__((unused));
 const struct cuda_alloc *unused_cuda_alloc __attribute__((unused));
 const struct cuda_counts *unused_cuda_counts __attribute__((unused));
 const struct cuda_failure *unused_cuda_failure __attribute__((unused));
 const struct cuda_peak *unused_cuda_peak __attribute__((unused));
+const struct cuda_snap *unused_cuda_snap __attribute__((unused));
+const struct cuda_freed *unused_cuda_freed __attribute__((unused));
 const enum cuda_api *unused_cuda_api __attribute__((unused));
 const enum cuda_shape *unused_cuda_shape __attribute__((unused));
 const enum cuda_ns *unused_cuda_ns __attribute__((unused));
@@ -417,6 +460,25 @@ static __always_inline u32 enter(struct pt_regs *ctx, u32 api, u8 shape, u64 out
 	return api;
 }
 
+/* Before a device allocation a of tgid leaves the live table: kept in
+ * freed_allocs when tgid's snapshot is open and a was made at or before its
+ * failure. Kept before the delete, so that user space, reading the live
+ * table then freed_allocs, finds it in one or the other. */
+static __always_inline void keep_freed(u32 tgid, const struct cuda_alloc_key *key, const struct cuda_alloc *a)
+{
+	if (is_host(a->api))
+		return;
+	struct cuda_snap *s = bpf_map_lookup_elem(&oom_snaps, &tgid);
+	if (!s || !s->open_ns || a->time_ns > s->open_ns)
+		return;
+	struct cuda_freed f = { .alloc = *a, .freed_ns = bpf_ktime_get_ns() };
+	if (bpf_map_update_elem(&freed_allocs, key, &f, BPF_ANY)) {
+		/* Plain add: a lost count under a race only lowers the count. */
+		s->missed++;
+		count_err(ERR_OOM_SNAPSHOT);
+	}
+}
+
 /* Frees are recorded at entry: once the library has released the memory,
  * another thread may get the same address back before our return hook runs. */
 static __always_inline void free_entry(struct pt_regs *ctx, u32 api, bool session)
@@ -430,17 +492,15 @@ static __always_inline void free_entry(struct pt_regs *ctx, u32 api, bool sessio
 	/* Not found: allocated before tracking began, or not by a hooked API. */
 	struct cuda_alloc *a = addr ? bpf_map_lookup_elem(&live_allocs, &key) : NULL;
 	if (a) {
-		u64 size = a->size;
-		u16 alloc_api = a->api;
-		s32 stack_id = a->stack_id;
-		u32 py_stack = a->py_stack;
+		struct cuda_alloc held = *a;
+		keep_freed(tgid, &key, &held);
 		/* Only the deleting CPU accounts for it: two frees of one pointer
 		 * race here, one of them deletes. */
 		if (!bpf_map_delete_elem(&live_allocs, &key)) {
-			freed = size;
-			add_live(tgid, alloc_api, -(s64)size);
-			if (!is_host(alloc_api))
-				count_site(tgid, stack_id, py_stack, size, true);
+			freed = held.size;
+			add_live(tgid, held.api, -(s64)held.size);
+			if (!is_host(held.api))
+				count_site(tgid, held.stack_id, held.py_stack, held.size, true);
 		}
 	}
 	count(tgid, api, 0, freed);
@@ -537,7 +597,8 @@ static __always_inline void report_failure(struct call_state *st, u32 tgid, u32 
 		count_err(ERR_RINGBUF);
 		return;
 	}
-	f->time_ns = bpf_ktime_get_ns();
+	u64 now = bpf_ktime_get_ns();
+	f->time_ns = now;
 	/* The pitch was never written: the bytes asked for are width x rows. */
 	f->size = st->shape == SHAPE_PITCH ? st->width * st->size : st->size;
 	f->tgid = tgid;
@@ -547,6 +608,17 @@ static __always_inline void report_failure(struct call_state *st, u32 tgid, u32 
 	f->api = st->api;
 	f->pad[0] = f->pad[1] = f->pad[2] = 0;
 	f->py_stack = capture_py(tgid);
+	/* Opened once the record is sure to reach user space, which closes
+	 * it. Plain writes: two threads failing at once may both open it,
+	 * the later failure's time winning; user space takes one. */
+	f->snap_ns = 0;
+	struct cuda_snap *s = bpf_map_lookup_elem(&oom_snaps, &tgid);
+	if (!s)
+		count_err(ERR_COUNTERS);
+	else if (!s->open_ns && now >= s->not_before_ns)
+		s->open_ns = f->snap_ns = now;
+	s64 *live = bpf_map_lookup_elem(&live_bytes, &tgid);
+	f->live_bytes = live ? *live : 0;
 	bpf_ringbuf_submit(f, 0);
 }
 
@@ -578,14 +650,17 @@ static __always_inline u64 record_alloc(struct call_state *st, u32 tgid, s32 sta
 	/* A pointer already in the table was freed by a path we do not hook:
 	 * the new allocation replaces it, and its bytes are no longer live. */
 	struct cuda_alloc *stale = bpf_map_lookup_elem(&live_allocs, &key);
-	u64 stale_size = stale ? stale->size : 0;
-	u16 stale_api = stale ? stale->api : 0;
+	struct cuda_alloc old = {};
+	if (stale) {
+		old = *stale;
+		keep_freed(tgid, &key, &old);
+	}
 	if (bpf_map_update_elem(&live_allocs, &key, &a, BPF_ANY)) {
 		count_err(ERR_TABLE_FULL);
 		return 0;
 	}
 	if (stale)
-		add_live(tgid, stale_api, -(s64)stale_size);
+		add_live(tgid, old.api, -(s64)old.size);
 	add_live(tgid, st->api, size);
 	if (!is_host(st->api))
 		count_site(tgid, stack_id, a.py_stack, size, false);

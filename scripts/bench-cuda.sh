@@ -4,7 +4,9 @@
 # libraries without hooks, with empty uprobe+uretprobe programs on the same
 # functions (and empty entry programs only, and empty session programs),
 # and with our hooks on each attach path: classic uprobe+uretprobe pairs and
-# session uprobes (Linux 6.13+), for a tracked caller and an untracked one.
+# session uprobes (Linux 6.13+), for a tracked caller and an untracked one,
+# and classic pairs with the caller's memory snapshot open (every free
+# copying its block, against classic: the cost at a failure).
 # Each against the empty pair is the cost of our hooks over the bare probes
 # (target <= 1.25); an untracked caller's against the empty entries. The
 # setups run in turn, CUDA_BENCH_COUNT rounds. Then the sustained run:
@@ -37,10 +39,11 @@ for bench in AllocFree:pair Sync:sync; do
 	END {
 		e = median("empty"); ee = median("empty-entry")
 		printf "%s: median ns per %s:\n", bench, unit
-		split("unhooked empty empty-entry empty-session classic session untracked-classic untracked-session", names, " ")
-		for (i = 1; i <= 8; i++) if (n[names[i]]) printf "  %-18s %6.0f\n", names[i], median(names[i])
+		split("unhooked empty empty-entry empty-session classic session untracked-classic untracked-session snapshot-open-classic", names, " ")
+		for (i = 1; i <= 9; i++) if (n[names[i]]) printf "  %-21s %6.0f\n", names[i], median(names[i])
 		for (i = 5; i <= 6; i++) if (n[names[i]]) printf "%s/empty pair: %.3f (target <= 1.25)\n", names[i], median(names[i]) / e
 		for (i = 7; i <= 8; i++) if (n[names[i]]) printf "%s/empty pair: %.3f, /empty entries: %.3f\n", names[i], median(names[i]) / e, median(names[i]) / ee
+		if (n[names[9]] && n[names[5]]) printf "%s/classic: %.3f\n", names[9], median(names[9]) / median(names[5])
 	}'
 done
 

@@ -17,7 +17,12 @@
 # with the loss kept on the device: the first must make a gpu_sync_storm
 # naming the .item() line, the second none; each run's findings and
 # verdicts (cuda.verdict, cuda.verdict_host) are printed next to the SM
-# utilization `nvidia-smi pmon` saw for its pid.
+# utilization `nvidia-smi pmon` saw for its pid. Last, a real PyTorch
+# out-of-memory (testdata/python/torchoom.py: tensors kept from two
+# functions until torch raises OutOfMemoryError): the run's
+# gpu_alloc_failure must carry a memory snapshot whose live bytes and
+# sites match what the script says it allocated (and
+# torch.cuda.memory_summary(), printed by the same script), side by side.
 #
 # A GPU box without Go or gcc (the device machine) runs the binary and
 # fixture built beforehand: bin/autoglm-ebpf and testdata/bin/gpuhold.
@@ -172,4 +177,60 @@ print(f"gpu-check (PyTorch, {mode}): {want}:", "PASS" if ok else "FAIL")
 sys.exit(0 if ok else 1)
 PY
 done
-[ "$held" = 0 ] && [ "$torch" = 0 ] && [ "$sync" = 0 ]
+
+# A real out-of-memory: the snapshot at the failed cudaMalloc against what
+# the script allocated.
+./bin/autoglm-ebpf run --json "$out/oom.json" --pprof "$out/pprof-oom" -- \
+	"$py" testdata/python/torchoom.py >"$out/oom.log" 2>&1 || true
+sed -n '/^|====/,/^OOM /p' "$out/oom.log"
+oom=0
+"$py" - "$out/oom.json" "$out/oom.log" "$out/pprof-oom" <<'PY' || oom=$?
+import json, os, sys
+r = json.load(open(sys.argv[1]))
+lines = [l for l in open(sys.argv[2]) if l.startswith("OOM ")]
+if not lines:
+    print("gpu-check (PyTorch OOM): the script did not reach its OutOfMemoryError; FAIL")
+    sys.exit(1)
+ours = json.loads(lines[0][4:])
+fails = [f for f in r["findings"] if f["kind"] == "gpu_alloc_failure"]
+for f in fails:
+    print(f"{f['kind']} ({f['severity']}): {f['summary']}")
+snap = next((f["evidence"]["snapshot"] for f in fails if f["evidence"].get("snapshot")), None)
+if snap is None:
+    print("gpu-check (PyTorch OOM): no gpu_alloc_failure with a snapshot; FAIL")
+    sys.exit(1)
+# The snapshot's bytes by the Python function that allocated them.
+theirs = dict.fromkeys(ours["by_function"], 0)
+for site in snap["sites"]:
+    fns = {fr.get("function") for fr in site.get("stack") or [] if fr.get("kind") == "python"}
+    for fn in theirs:
+        if fn in fns:
+            theirs[fn] += site["bytes"]
+gib = 1 << 30
+def g(v):
+    return "null" if v is None else f"{v / gib:.3f} GiB"
+# What the snapshot says, what the script says (blank: nothing to compare).
+rows = [("live at the failure", g(snap["live_bytes"]), g(ours["reserved_bytes"]), "torch reserved"),
+        ("", "", g(ours["allocated_bytes"]), "torch allocated"),
+        ("size that failed", g(snap["size_bytes"]), g(ours["failed_size_bytes"]), "torch's request")]
+rows += [(f"at {fn}", g(theirs[fn]), g(ours["by_function"][fn]), f"{fn} kept") for fn in theirs]
+rows += [("NVML for the process", g(snap.get("nvml_used_bytes")), "", ""), ("gap (NVML - hooked)", g(snap.get("gap_bytes")), "", "")]
+print(f"{'':>22} {'snapshot':>12}   {'script':>12}")
+for name, a, b, what in rows:
+    print(f"{name:>22} {a:>12}   {b:>12} {what}")
+print(f"why {snap['why']}, api {snap['api']}, error {snap['error']}, {snap['live_allocations']} live allocations "
+      f"({ours['tensors']} tensors kept), {len(snap['history'])} history points, freed after {snap['freed_after_bytes']} B, "
+      f"missed frees {snap['missed_frees']}, profile {snap.get('profile')!r}")
+for d in snap.get("devices") or []:
+    print(f"device {d['index']}{'' if d.get('mig') is None else '/mig' + str(d['mig'])} {d['name']}: {g(d['memory_used_bytes'])} of {g(d['memory_total_bytes'])}")
+    for p in d["processes"]:
+        print(f"  pid {p['pid']} {p.get('comm', '')}: {g(p['used_bytes'])} per NVML, live {g(p.get('live_bytes'))}"
+              f"{' (self)' if p['self'] else ''}{' watched' if p['watched'] else ''}")
+if os.path.isdir(sys.argv[3]):
+    print("pprof files:", sorted(f for f in os.listdir(sys.argv[3]) if "gpu-oom" in f))
+ok = (snap["why"] == "out_of_memory" and snap["live_bytes"] == ours["reserved_bytes"]
+      and theirs == ours["by_function"] and snap["size_bytes"] == ours["failed_size_bytes"])
+print("gpu-check (PyTorch OOM): snapshot live bytes and sites match the script's:", "PASS" if ok else "FAIL")
+sys.exit(0 if ok else 1)
+PY
+[ "$held" = 0 ] && [ "$torch" = 0 ] && [ "$sync" = 0 ] && [ "$oom" = 0 ]

@@ -21,7 +21,7 @@ python=/usr/bin/python3.11
 # takes up to a minute on an emulated CPU, the workloads at most 30 s.
 limit=240
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(check fd fork cuda gpuleak nccl ncclstall sched sock python)
+[ ${#steps[@]} -gt 0 ] || steps=(check fd fork cuda oomsnap gpuleak nccl ncclstall sched sock python)
 mkdir -p "$out"
 : >"$out/results"
 
@@ -157,6 +157,16 @@ step_cuda() {
 	finding cuda fd_leak "$(frame cache_tokenizer)" "at cache_tokenizer"
 	finding cuda gpu_alloc_burst "$(frame warmup_kv_cache)" "at warmup_kv_cache"
 	finding cuda gpu_alloc_failure "$(frame load_adapter)" "at load_adapter"
+}
+
+# The memory snapshot at a failed allocation, pkg/cudatrack's own test
+# (bin/cudatrack.test, built by make kernels): what was live at the
+# failure, a burst freed right after it included, whether the process is
+# still there at the poll or not; and a loop of failures that makes one.
+step_oomsnap() {
+	local rc=0
+	timeout -k 10 "$limit" "$repo/bin/cudatrack.test" -test.run '^TestOOMSnapshot' -test.v -test.count=1 >"$out/oomsnap.log" 2>&1 || rc=$?
+	[ $rc -eq 0 ] || fail "test exit $rc: $(grep -E '^\s+[a-z_]+_test\.go:[0-9]+:|^--- FAIL|^panic:' "$out/oomsnap.log" | head -5 | tr -s ' \t\n' ' ')"
 }
 
 # A GPU memory leak: leak_weights takes 1 MiB every 50 ms and never frees.

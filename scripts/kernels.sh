@@ -24,7 +24,7 @@ repo=$PWD
 out=${KERNELS_OUT:-$repo/bin/kernels}
 cache=${KERNELS_CACHE:-$out/cache}
 timeout_s=${KERNEL_TIMEOUT:-900}
-steps=${KERNEL_STEPS:-check fd fork cuda gpuleak nccl ncclstall sched sock python}
+steps=${KERNEL_STEPS:-check fd fork cuda oomsnap gpuleak nccl ncclstall sched sock python}
 
 # The kernels: package, exact version and the Debian suite that has it
 # (fetched from the archives this machine's apt uses). Security suites drop old versions in time: when a download
@@ -39,14 +39,14 @@ kernel_table='
 
 # What must pass where: "pass" fails the matrix when it fails; "off" is run
 # and shown, and fails nothing.
-#       name    check fd   fork cuda gpuleak nccl ncclstall sched sock python
+#       name    check fd   fork cuda oomsnap gpuleak nccl ncclstall sched sock python
 expect_table='
-	5.10    pass  pass pass pass pass    pass pass      pass  pass pass
-	6.1     pass  pass pass pass pass    pass pass      pass  pass pass
-	6.1-rt  pass  pass pass pass pass    pass pass      pass  pass pass
-	6.12    pass  pass pass pass pass    pass pass      pass  pass pass
+	5.10    pass  pass pass pass pass    pass    pass pass      pass  pass pass
+	6.1     pass  pass pass pass pass    pass    pass pass      pass  pass pass
+	6.1-rt  pass  pass pass pass pass    pass    pass pass      pass  pass pass
+	6.12    pass  pass pass pass pass    pass    pass pass      pass  pass pass
 '
-expect_cols=(check fd fork cuda gpuleak nccl ncclstall sched sock python)
+expect_cols=(check fd fork cuda oomsnap gpuleak nccl ncclstall sched sock python)
 
 # The initramfs's modules, in load order, with their dependencies from
 # modules.dep: 9p over virtio for the shared roots, overlay for a writable
@@ -76,6 +76,7 @@ done
 { [ -x /bin/busybox ] && ! ldd /bin/busybox >/dev/null 2>&1; } || die "/bin/busybox is not a static build: run scripts/install-deps.sh kernels"
 [ -x bin/autoglm-ebpf ] || die "bin/autoglm-ebpf missing: make build fixtures"
 [ -x testdata/bin/fdwork ] || die "fixtures missing: make build fixtures"
+[[ " $steps " != *" oomsnap "* ]] || [ -x bin/cudatrack.test ] || die "bin/cudatrack.test missing: make bin/cudatrack.test"
 
 all=$(awk 'NF { printf "%s%s", sep, $1; sep = " " }' <<<"$kernel_table")
 kernels=("$@")

@@ -5,6 +5,10 @@
  *
  * CUDA_STUB_LIMIT (bytes, read at load): a larger request fails with
  * CUDA_ERROR_OUT_OF_MEMORY, as a full GPU would.
+ * CUDA_STUB_MEMORY (bytes, read at load): the device's memory. A device
+ * allocation that would take the live total of device allocations over it
+ * fails with CUDA_ERROR_OUT_OF_MEMORY; frees give it back. Pinned host
+ * memory does not count.
  * CUDA_STUB_STOP (set, read at load): the first allocation stops the
  * process (SIGSTOP) inside the call, for a debugger's view of the stack.
  * CUDA_STUB_SYNC_US (microseconds, read at load, default 5): how long each
@@ -36,6 +40,8 @@ enum {
 };
 
 static size_t limit = SIZE_MAX;
+static size_t memory = SIZE_MAX;
+static size_t in_use; /* device bytes live, updated atomically */
 static int stop;
 static long long sync_ns = 5000;
 
@@ -44,6 +50,9 @@ __attribute__((constructor)) static void init(void)
 	const char *s = getenv("CUDA_STUB_LIMIT");
 	if (s && *s)
 		limit = strtoull(s, NULL, 10);
+	s = getenv("CUDA_STUB_MEMORY");
+	if (s && *s)
+		memory = strtoull(s, NULL, 10);
 	stop = getenv("CUDA_STUB_STOP") != NULL;
 	s = getenv("CUDA_STUB_SYNC_US");
 	if (s && *s)
@@ -65,7 +74,26 @@ static void gpu_wait(void)
 		;
 }
 
-static CUresult alloc(void **out, size_t size)
+/* Each block starts with a header giving its size and kind, so that a free
+ * gives the device its bytes back; the pointer handed out follows it. */
+struct header {
+	size_t size;
+	int device;
+	int pad;
+};
+
+/* Takes size bytes of the device's memory; 0 when it has not that much. */
+static int take(size_t size)
+{
+	size_t was = __atomic_load_n(&in_use, __ATOMIC_RELAXED);
+	do {
+		if (size > memory || was > memory - size)
+			return 0;
+	} while (!__atomic_compare_exchange_n(&in_use, &was, was + size, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+	return 1;
+}
+
+static CUresult alloc_kind(void **out, size_t size, int device)
 {
 	if (!out)
 		return CUDA_ERROR_INVALID_VALUE;
@@ -75,11 +103,33 @@ static CUresult alloc(void **out, size_t size)
 		stop = 0;
 		raise(SIGSTOP);
 	}
-	void *p = malloc(size ? size : 1);
-	if (!p)
+	if (device && !take(size))
 		return CUDA_ERROR_OUT_OF_MEMORY;
-	*out = p;
+	struct header *h = malloc(sizeof(*h) + (size ? size : 1));
+	if (!h) {
+		if (device)
+			__atomic_fetch_sub(&in_use, size, __ATOMIC_RELAXED);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	h->size = size;
+	h->device = device;
+	*out = h + 1;
 	return CUDA_SUCCESS;
+}
+
+static CUresult alloc(void **out, size_t size)
+{
+	return alloc_kind(out, size, 1);
+}
+
+static void release(void *p)
+{
+	if (!p)
+		return;
+	struct header *h = (struct header *)p - 1;
+	if (h->device)
+		__atomic_fetch_sub(&in_use, h->size, __ATOMIC_RELAXED);
+	free(h);
 }
 
 CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size)
@@ -121,31 +171,31 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size
 
 CUresult cuMemAllocHost_v2(void **pp, size_t size)
 {
-	return alloc(pp, size);
+	return alloc_kind(pp, size, 0);
 }
 
 CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags)
 {
 	(void)flags;
-	return alloc(pp, size);
+	return alloc_kind(pp, size, 0);
 }
 
 CUresult cuMemFree_v2(CUdeviceptr dptr)
 {
-	free((void *)dptr);
+	release((void *)dptr);
 	return CUDA_SUCCESS;
 }
 
 CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream)
 {
 	(void)stream;
-	free((void *)dptr);
+	release((void *)dptr);
 	return CUDA_SUCCESS;
 }
 
 CUresult cuMemFreeHost(void *p)
 {
-	free(p);
+	release(p);
 	return CUDA_SUCCESS;
 }
 
@@ -160,7 +210,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const vo
 
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle)
 {
-	free((void *)handle);
+	release((void *)handle);
 	return CUDA_SUCCESS;
 }
 

@@ -35,6 +35,14 @@
  *   launchbench N   N x cudaLaunchKernel; prints "ns TOTAL"
  *   syncbench N     N x sync_stream (cudaStreamSynchronize, which calls
  *                   cuStreamSynchronize); prints "ns TOTAL"
+ *   oom             with the stand-in's CUDA_STUB_MEMORY at 512 MiB or less:
+ *                   oom_weights takes 4 x 16 MiB and keeps them,
+ *                   oom_activations 100 x 1 MiB, then oom_grow asks for
+ *                   1 GiB, which fails; right after, oom_release frees the
+ *                   activations; prints "done"
+ *   oomloop R D     oom_weights as in oom, then for D seconds R times a
+ *                   second oom_churn (cudaMalloc 64 KiB + cudaFree) and
+ *                   oom_grow (fails as in oom); prints "fails N pairs M"
  * Exits after SECONDS (bench, rate, churn: when done).
  *
  * With CUDAWORK_STEP=1 in the environment, tests drive it with SIGUSR1: the
@@ -223,6 +231,43 @@ __attribute__((noinline)) static int load_checkpoint(void)
 {
 	void *p = NULL;
 	return rt.malloc(&p, 2048 * MiB);
+}
+
+/* The memory snapshot's sites (oom, oomloop). */
+__attribute__((noinline)) static void oom_weights(void)
+{
+	void *p;
+	for (int i = 0; i < 4; i++)
+		check(rt.malloc(&p, 16 * MiB), "oom_weights");
+}
+
+__attribute__((noinline)) static void oom_activations(void **bufs, int n)
+{
+	for (int i = 0; i < n; i++)
+		check(rt.malloc(&bufs[i], MiB), "oom_activations");
+}
+
+__attribute__((noinline)) static void oom_release(void **bufs, int n)
+{
+	for (int i = 0; i < n; i++)
+		check(rt.free(bufs[i]), "oom_release");
+}
+
+__attribute__((noinline)) static void oom_grow(void)
+{
+	void *p = NULL;
+	int rc = rt.malloc(&p, 1024 * MiB);
+	if (rc != 2) {
+		fprintf(stderr, "cudawork: oom_grow returned %d, want 2 (CUDA_STUB_MEMORY at most 512 MiB?)\n", rc);
+		exit(3);
+	}
+}
+
+__attribute__((noinline)) static void oom_churn(void)
+{
+	void *p;
+	check(rt.malloc(&p, 64 << 10), "oom_churn");
+	check(rt.free(p), "oom_churn free");
 }
 
 /* Sizes the test expects, one per API. */
@@ -484,6 +529,37 @@ int main(int argc, char **argv)
 			driver();
 		}
 		say("done");
+		while (time(NULL) < end)
+			usleep(100 * 1000);
+	} else if (strcmp(scenario, "oom") == 0) {
+		void *bufs[100];
+		wait_go();
+		oom_weights();
+		oom_activations(bufs, 100);
+		oom_grow();
+		oom_release(bufs, 100);
+		say("done");
+		while (time(NULL) < end)
+			usleep(100 * 1000);
+	} else if (strcmp(scenario, "oomloop") == 0) {
+		double rate = argc > 4 ? atof(argv[4]) : 1000;
+		uint64_t span = (uint64_t)(argc > 5 ? atof(argv[5]) * 1e9 : 3e9);
+		wait_go();
+		oom_weights();
+		uint64_t t0 = now_ns(), n = 0;
+		for (uint64_t t = t0; t - t0 < span; t = now_ns()) {
+			/* Paced to a schedule: late iterations catch up. */
+			uint64_t due = t0 + (uint64_t)(n * 1e9 / rate);
+			if (due > t) {
+				usleep((due - t) / 1000);
+				continue;
+			}
+			oom_churn();
+			oom_grow();
+			n++;
+		}
+		printf("fails %llu pairs %llu\n", (unsigned long long)n, (unsigned long long)n);
+		fflush(stdout);
 		while (time(NULL) < end)
 			usleep(100 * 1000);
 	} else if (strcmp(scenario, "waits") == 0) {

@@ -2,6 +2,7 @@ package cudatrack
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -27,7 +28,10 @@ import (
 // and with our hooks on each attach path: the classic uprobe+uretprobe
 // pairs and, where the kernel has them, session uprobes; then the same
 // hooks with the calling process untracked (another process, tracked,
-// maps the libraries: the hooks are on the files). ns/op is the cost of one
+// maps the libraries: the hooks are on the files); and on the classic path
+// with the caller's memory snapshot open as if an allocation had just
+// failed, every free copying its block to freed_allocs (snapshot.go; the
+// address comes back each pair, so the table holds one entry). ns/op is the cost of one
 // pair; scripts/bench-cuda.sh compares each with empty. With our hooks it
 // also reports the kernel's own count of the time spent in our programs
 // (BPF run-time statistics): bpf-ns/pair in all of them, and, on the
@@ -61,8 +65,9 @@ func benchSetups(b *testing.B, scenario, unit string, verify func(b *testing.B, 
 	runtime := testutil.CUDAStubs(b)
 	bin := testutil.Fixture(b, "cudawork")
 	// hooked attaches our hooks, tracking pid or, for an untracked caller,
-	// another process mapping the same libraries.
-	hooked := func(classic, untracked bool) func(b *testing.B, pid int) func() {
+	// another process mapping the same libraries; open opens its memory
+	// snapshot for good.
+	hooked := func(classic, untracked, open bool) func(b *testing.B, pid int) func() {
 		return func(b *testing.B, pid int) func() {
 			if !classic && !bpfobj.Probe().UprobeSession {
 				b.Skip("no session uprobes on this kernel")
@@ -87,6 +92,11 @@ func benchSetups(b *testing.B, scenario, unit string, verify func(b *testing.B, 
 			if n := len(c.Libraries(pid)); n != 2 {
 				b.Fatalf("%d libraries hooked, want 2", n)
 			}
+			if open {
+				if err := c.maps.OomSnaps.Update(uint32(pid), cudaCudaSnap{OpenNs: math.MaxUint64}, ebpf.UpdateExist); err != nil {
+					b.Fatal(err)
+				}
+			}
 			return func() {
 				reportRunTime(b, c, unit)
 				if verify != nil && !untracked {
@@ -105,10 +115,11 @@ func benchSetups(b *testing.B, scenario, unit string, verify func(b *testing.B, 
 		{"empty", func(b *testing.B, pid int) func() { return attachEmpty(b, pid, runtime, true) }},
 		{"empty-entry", func(b *testing.B, pid int) func() { return attachEmpty(b, pid, runtime, false) }},
 		{"empty-session", func(b *testing.B, pid int) func() { return attachEmptySession(b, pid, runtime) }},
-		{"classic", hooked(true, false)},
-		{"session", hooked(false, false)},
-		{"untracked-classic", hooked(true, true)},
-		{"untracked-session", hooked(false, true)},
+		{"classic", hooked(true, false, false)},
+		{"session", hooked(false, false, false)},
+		{"untracked-classic", hooked(true, true, false)},
+		{"untracked-session", hooked(false, true, false)},
+		{"snapshot-open-classic", hooked(true, false, true)},
 	}
 	for _, s := range setups {
 		b.Run(s.name, func(b *testing.B) {

@@ -27,6 +27,10 @@ type Concern struct {
 	frames   map[int]map[stacks.Site][]model.Frame    // by pid: a process forgotten drops its own
 	counts   map[int]map[stacks.Site]stacks.Counts    // by pid: as of the previous poll
 	waits    map[int]*waitPoll                        // by pid: as of the previous poll
+	// snapshots: the memory snapshots at failures kept, newest
+	// model.MaxSnapshots by pid, oldest first.
+	snapshots  map[int][]*model.GPUMemorySnapshot
+	deviceFull func(pid int, at time.Time) bool // Config.DeviceFull
 }
 
 // New loads the CUDA BPF object.
@@ -42,7 +46,7 @@ func New(cfg Config, sym *symbolize.Symbolizer) (*Concern, error) {
 	if top <= 0 {
 		top = 64
 	}
-	return &Concern{Tracker: t, sym: sym, topSites: top, failures: map[int][]model.CUDAFailure{}, failed: map[int]map[model.CUDAFailureKind]uint64{}, frames: map[int]map[stacks.Site][]model.Frame{}, counts: map[int]map[stacks.Site]stacks.Counts{}, waits: map[int]*waitPoll{}}, nil
+	return &Concern{Tracker: t, sym: sym, topSites: top, failures: map[int][]model.CUDAFailure{}, failed: map[int]map[model.CUDAFailureKind]uint64{}, frames: map[int]map[stacks.Site][]model.Frame{}, counts: map[int]map[stacks.Site]stacks.Counts{}, waits: map[int]*waitPoll{}, snapshots: map[int][]*model.GPUMemorySnapshot{}, deviceFull: cfg.DeviceFull}, nil
 }
 
 // Name is the concern's name in logs and `check`.
@@ -66,6 +70,7 @@ func (c *Concern) Untrack(pid int) {
 	delete(c.frames, pid)
 	delete(c.counts, pid)
 	delete(c.waits, pid)
+	delete(c.snapshots, pid)
 }
 
 // Fill hooks newly loaded CUDA libraries and fills the CUDA part of each
@@ -93,6 +98,10 @@ func (c *Concern) Fill(now time.Time, procs []*model.Process) ([]*model.Process,
 	if err != nil {
 		return nil, err
 	}
+	// The failure that opened each process's snapshot, taken once the
+	// live table is read.
+	var opened []Failure
+	openedAt := map[int]model.CUDAFailure{}
 	for _, f := range fails {
 		if c.procs[f.PID] == nil {
 			continue
@@ -103,7 +112,7 @@ func (c *Concern) Fill(now time.Time, procs []*model.Process) ([]*model.Process,
 			c.failed[f.PID] = map[model.CUDAFailureKind]uint64{}
 		}
 		c.failed[f.PID][kind]++
-		kept := append(c.failures[f.PID], model.CUDAFailure{
+		fail := model.CUDAFailure{
 			Time:  f.Time,
 			API:   kind.API,
 			Size:  f.Size,
@@ -111,7 +120,14 @@ func (c *Concern) Fill(now time.Time, procs []*model.Process) ([]*model.Process,
 			Error: kind.Error,
 			// Symbolized now: the library may be unloaded by the next poll.
 			Stack: c.stack(f.PID, stacks.Site{Stack: f.StackID, Py: f.PyStack}),
-		})
+		}
+		// Two threads failing at once may both open it: the first is
+		// taken, the kernel's state being one.
+		if _, ok := openedAt[f.PID]; f.SnapNs != 0 && !ok {
+			opened = append(opened, f)
+			openedAt[f.PID] = fail
+		}
+		kept := append(c.failures[f.PID], fail)
 		if len(kept) > maxFailures {
 			kept = kept[len(kept)-maxFailures:]
 		}
@@ -120,6 +136,11 @@ func (c *Concern) Fill(now time.Time, procs []*model.Process) ([]*model.Process,
 	samples, err := c.Poll(pids)
 	if err != nil {
 		return nil, err
+	}
+	for _, f := range opened {
+		if err := c.snapshot(f, openedAt[f.PID]); err != nil {
+			return nil, err
+		}
 	}
 	for _, p := range procs {
 		c.fill(p, samples[p.PID])
@@ -202,6 +223,7 @@ func (c *Concern) fill(p *model.Process, s *Sample) {
 	cs.Sites = sites
 	cs.Failures = slices.Clone(c.failures[p.PID])
 	cs.FailedCalls = maps.Clone(c.failed[p.PID])
+	cs.Snapshots = slices.Clone(c.snapshots[p.PID])
 	cs.Libraries = nil
 	for _, lib := range c.Libraries(p.PID) {
 		cs.Libraries = append(cs.Libraries, lib.Path)

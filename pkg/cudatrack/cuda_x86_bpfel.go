@@ -82,17 +82,25 @@ type cudaCudaCounts struct {
 }
 
 type cudaCudaFailure struct {
+	_         structs.HostLayout
+	TimeNs    uint64
+	Size      uint64
+	Tgid      uint32
+	Tid       uint32
+	Code      int32
+	StackId   int32
+	Api       uint16
+	Pad       [3]uint16
+	PyStack   uint32
+	_         [4]byte
+	SnapNs    uint64
+	LiveBytes int64
+}
+
+type cudaCudaFreed struct {
 	_       structs.HostLayout
-	TimeNs  uint64
-	Size    uint64
-	Tgid    uint32
-	Tid     uint32
-	Code    int32
-	StackId int32
-	Api     uint16
-	Pad     [3]uint16
-	PyStack uint32
-	_       [4]byte
+	Alloc   cudaCudaAlloc
+	FreedNs uint64
 }
 
 type cudaCudaPeak struct {
@@ -112,19 +120,27 @@ const (
 	cudaCudaShapeSHAPE_LAUNCH cudaCudaShape = 5
 )
 
+type cudaCudaSnap struct {
+	_           structs.HostLayout
+	OpenNs      uint64
+	NotBeforeNs uint64
+	Missed      uint64
+}
+
 type cudaErrKind uint32
 
 const (
-	cudaErrKindERR_TABLE_FULL  cudaErrKind = 0
-	cudaErrKindERR_STACK       cudaErrKind = 1
-	cudaErrKindERR_ENTRY_STATE cudaErrKind = 2
-	cudaErrKindERR_COUNTERS    cudaErrKind = 3
-	cudaErrKindERR_READ_USER   cudaErrKind = 4
-	cudaErrKindERR_READ_KERNEL cudaErrKind = 5
-	cudaErrKindERR_RINGBUF     cudaErrKind = 6
-	cudaErrKindERR_SITES       cudaErrKind = 7
-	cudaErrKindERR_FORKS       cudaErrKind = 8
-	cudaErrKindERR_MAX         cudaErrKind = 9
+	cudaErrKindERR_TABLE_FULL   cudaErrKind = 0
+	cudaErrKindERR_STACK        cudaErrKind = 1
+	cudaErrKindERR_ENTRY_STATE  cudaErrKind = 2
+	cudaErrKindERR_COUNTERS     cudaErrKind = 3
+	cudaErrKindERR_READ_USER    cudaErrKind = 4
+	cudaErrKindERR_READ_KERNEL  cudaErrKind = 5
+	cudaErrKindERR_RINGBUF      cudaErrKind = 6
+	cudaErrKindERR_SITES        cudaErrKind = 7
+	cudaErrKindERR_FORKS        cudaErrKind = 8
+	cudaErrKindERR_OOM_SNAPSHOT cudaErrKind = 9
+	cudaErrKindERR_MAX          cudaErrKind = 10
 )
 
 type cudaLaunchCounts struct {
@@ -314,9 +330,11 @@ const (
 	cudaMapCudaCounters                  = "cuda_counters"
 	cudaMapErrors                        = "errors"
 	cudaMapFailures                      = "failures"
+	cudaMapFreedAllocs                   = "freed_allocs"
 	cudaMapLaunches                      = "launches"
 	cudaMapLiveAllocs                    = "live_allocs"
 	cudaMapLiveBytes                     = "live_bytes"
+	cudaMapOomSnaps                      = "oom_snaps"
 	cudaMapPeakBytes                     = "peak_bytes"
 	cudaMapPeakWindow                    = "peak_window"
 	cudaMapPyErrors                      = "py_errors"
@@ -401,9 +419,11 @@ const (
 	cudaVarUnusedCudaApi                 = "unused_cuda_api"
 	cudaVarUnusedCudaCounts              = "unused_cuda_counts"
 	cudaVarUnusedCudaFailure             = "unused_cuda_failure"
+	cudaVarUnusedCudaFreed               = "unused_cuda_freed"
 	cudaVarUnusedCudaNs                  = "unused_cuda_ns"
 	cudaVarUnusedCudaPeak                = "unused_cuda_peak"
 	cudaVarUnusedCudaShape               = "unused_cuda_shape"
+	cudaVarUnusedCudaSnap                = "unused_cuda_snap"
 	cudaVarUnusedErrKind                 = "unused_err_kind"
 	cudaVarUnusedLaunchCounts            = "unused_launch_counts"
 	cudaVarUnusedPyErr                   = "unused_py_err"
@@ -529,9 +549,11 @@ type cudaMapSpecs struct {
 	CudaCounters   *ebpf.MapSpec `ebpf:"cuda_counters"`
 	Errors         *ebpf.MapSpec `ebpf:"errors"`
 	Failures       *ebpf.MapSpec `ebpf:"failures"`
+	FreedAllocs    *ebpf.MapSpec `ebpf:"freed_allocs"`
 	Launches       *ebpf.MapSpec `ebpf:"launches"`
 	LiveAllocs     *ebpf.MapSpec `ebpf:"live_allocs"`
 	LiveBytes      *ebpf.MapSpec `ebpf:"live_bytes"`
+	OomSnaps       *ebpf.MapSpec `ebpf:"oom_snaps"`
 	PeakBytes      *ebpf.MapSpec `ebpf:"peak_bytes"`
 	PeakWindow     *ebpf.MapSpec `ebpf:"peak_window"`
 	PyErrors       *ebpf.MapSpec `ebpf:"py_errors"`
@@ -569,9 +591,11 @@ type cudaVariableSpecs struct {
 	UnusedCudaApi          *ebpf.VariableSpec `ebpf:"unused_cuda_api"`
 	UnusedCudaCounts       *ebpf.VariableSpec `ebpf:"unused_cuda_counts"`
 	UnusedCudaFailure      *ebpf.VariableSpec `ebpf:"unused_cuda_failure"`
+	UnusedCudaFreed        *ebpf.VariableSpec `ebpf:"unused_cuda_freed"`
 	UnusedCudaNs           *ebpf.VariableSpec `ebpf:"unused_cuda_ns"`
 	UnusedCudaPeak         *ebpf.VariableSpec `ebpf:"unused_cuda_peak"`
 	UnusedCudaShape        *ebpf.VariableSpec `ebpf:"unused_cuda_shape"`
+	UnusedCudaSnap         *ebpf.VariableSpec `ebpf:"unused_cuda_snap"`
 	UnusedErrKind          *ebpf.VariableSpec `ebpf:"unused_err_kind"`
 	UnusedLaunchCounts     *ebpf.VariableSpec `ebpf:"unused_launch_counts"`
 	UnusedPyErr            *ebpf.VariableSpec `ebpf:"unused_py_err"`
@@ -616,9 +640,11 @@ type cudaMaps struct {
 	CudaCounters   *ebpf.Map `ebpf:"cuda_counters"`
 	Errors         *ebpf.Map `ebpf:"errors"`
 	Failures       *ebpf.Map `ebpf:"failures"`
+	FreedAllocs    *ebpf.Map `ebpf:"freed_allocs"`
 	Launches       *ebpf.Map `ebpf:"launches"`
 	LiveAllocs     *ebpf.Map `ebpf:"live_allocs"`
 	LiveBytes      *ebpf.Map `ebpf:"live_bytes"`
+	OomSnaps       *ebpf.Map `ebpf:"oom_snaps"`
 	PeakBytes      *ebpf.Map `ebpf:"peak_bytes"`
 	PeakWindow     *ebpf.Map `ebpf:"peak_window"`
 	PyErrors       *ebpf.Map `ebpf:"py_errors"`
@@ -651,9 +677,11 @@ func (m *cudaMaps) Close() error {
 		m.CudaCounters,
 		m.Errors,
 		m.Failures,
+		m.FreedAllocs,
 		m.Launches,
 		m.LiveAllocs,
 		m.LiveBytes,
+		m.OomSnaps,
 		m.PeakBytes,
 		m.PeakWindow,
 		m.PyErrors,
@@ -692,9 +720,11 @@ type cudaVariables struct {
 	UnusedCudaApi          *ebpf.Variable `ebpf:"unused_cuda_api"`
 	UnusedCudaCounts       *ebpf.Variable `ebpf:"unused_cuda_counts"`
 	UnusedCudaFailure      *ebpf.Variable `ebpf:"unused_cuda_failure"`
+	UnusedCudaFreed        *ebpf.Variable `ebpf:"unused_cuda_freed"`
 	UnusedCudaNs           *ebpf.Variable `ebpf:"unused_cuda_ns"`
 	UnusedCudaPeak         *ebpf.Variable `ebpf:"unused_cuda_peak"`
 	UnusedCudaShape        *ebpf.Variable `ebpf:"unused_cuda_shape"`
+	UnusedCudaSnap         *ebpf.Variable `ebpf:"unused_cuda_snap"`
 	UnusedErrKind          *ebpf.Variable `ebpf:"unused_err_kind"`
 	UnusedLaunchCounts     *ebpf.Variable `ebpf:"unused_launch_counts"`
 	UnusedPyErr            *ebpf.Variable `ebpf:"unused_py_err"`

@@ -107,6 +107,9 @@ type Tracker struct {
 	// DataLoader workers, would pay both each time with per-process links.
 	hooks map[inodeKey]*attached
 	live  *bpfobj.Table[cudaCudaAllocKey, cudaCudaAlloc] // each allocation a process's
+	// freed: the allocations live at a failure and freed since, kept by
+	// the kernel while the process's snapshot is open (snapshot.go).
+	freed *bpfobj.Table[cudaCudaAllocKey, cudaCudaFreed]
 	// Host waits on the GPU by (process, API, site) and by thread.
 	waitSites   *bpfobj.Table[cudaWaitKey, cudaWaitCounts]
 	waitThreads *bpfobj.Table[cudaWaitThreadKey, cudaWaitThread]
@@ -205,7 +208,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 		return nil, err
 	}
 	replace := t.member.With(t.stacks.Replacements())
-	if err = t.member.Prepare(spec, cudaMapCudaCounters, cudaMapLiveBytes, cudaMapPeakBytes); err == nil {
+	if err = t.member.Prepare(spec, cudaMapCudaCounters, cudaMapLiveBytes, cudaMapPeakBytes, cudaMapOomSnaps); err == nil {
 		err = t.stacks.Prepare(spec)
 	}
 	if err == nil {
@@ -222,6 +225,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	}
 	coll := t.coll
 	t.live = bpfobj.NewTable(t.maps.LiveAllocs, func(k cudaCudaAllocKey, _ cudaCudaAlloc) uint32 { return k.Tgid })
+	t.freed = bpfobj.NewTable(t.maps.FreedAllocs, func(k cudaCudaAllocKey, _ cudaCudaFreed) uint32 { return k.Tgid })
 	t.sites = t.stacks.Sites(t.maps.Sites, t.maps.SiteOwners)
 	t.waitSites = bpfobj.NewTable(t.maps.WaitSites, func(k cudaWaitKey, _ cudaWaitCounts) uint32 { return k.Tgid })
 	t.waitThreads = bpfobj.NewTable(t.maps.WaitThreads, func(k cudaWaitThreadKey, _ cudaWaitThread) uint32 { return k.Tgid })
@@ -261,6 +265,9 @@ func (t *Tracker) Track(pid int) error {
 	if err := t.live.Claim(uint32(pid), t.tracked); err != nil {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
+	if err := t.freed.Claim(uint32(pid), t.tracked); err != nil {
+		return fmt.Errorf("tracking pid %d: %w", pid, err)
+	}
 	if err := t.sites.Claim(uint32(pid), t.tracked); err != nil {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
@@ -288,6 +295,9 @@ func (t *Tracker) count(pid int) error {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
 	if err := t.maps.LiveBytes.Update(tgid, int64(0), ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+		return fmt.Errorf("tracking pid %d: %w", pid, err)
+	}
+	if err := t.maps.OomSnaps.Update(tgid, cudaCudaSnap{}, ebpf.UpdateNoExist); err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
 		return fmt.Errorf("tracking pid %d: %w", pid, err)
 	}
 	peaks := make([]cudaCudaPeak, ebpf.MustPossibleCPU())
@@ -631,6 +641,7 @@ func (t *Tracker) Untrack(pid int) {
 		t.uncount(tgid)
 	}
 	t.live.Forget(tgid)
+	t.freed.Forget(tgid)
 	t.sites.Forget(tgid)
 	t.waitSites.Forget(tgid)
 	t.waitThreads.Forget(tgid)
@@ -643,6 +654,7 @@ func (t *Tracker) uncount(tgid uint32) {
 	_ = t.maps.CudaCounters.Delete(tgid)
 	_ = t.maps.LiveBytes.Delete(tgid)
 	_ = t.maps.PeakBytes.Delete(tgid)
+	_ = t.maps.OomSnaps.Delete(tgid)
 	_ = t.maps.Launches.Delete(tgid)
 }
 
@@ -865,6 +877,13 @@ type Failure struct {
 	StackID  int32
 	Time     time.Time
 	PyStack  uint32
+	// SnapNs is the kernel clock of the failure where it opened its
+	// process's memory snapshot (snapshot.go), 0 where it did not (one
+	// open already, or too soon after the last one kept).
+	SnapNs uint64
+	// LiveBytes is the process's live device bytes at the failure, as the
+	// kernel's running sum had them.
+	LiveBytes int64
 }
 
 // Failures drains the failure ring buffer without blocking.
@@ -889,6 +908,7 @@ func (t *Tracker) Failures() ([]Failure, error) {
 		out = append(out, Failure{
 			PID: int(f.Tgid), TID: int(f.Tid), API: int(f.Api), Code: int(f.Code),
 			Size: f.Size, StackID: t.stacks.Canonical(f.StackId), Time: toWall(f.TimeNs), PyStack: f.PyStack,
+			SnapNs: f.SnapNs, LiveBytes: f.LiveBytes,
 		})
 		t.failStacks[uint32(f.StackId)] = true
 		t.failStacks[uint32(t.stacks.Canonical(f.StackId))] = true
@@ -898,13 +918,14 @@ func (t *Tracker) Failures() ([]Failure, error) {
 // errorNames follows enum err_kind in bpf/common.h: the kinds this object
 // can count.
 var errorNames = map[cudaErrKind]string{
-	cudaErrKindERR_TABLE_FULL:  "cuda_evictions",
-	cudaErrKindERR_STACK:       "cuda_stack",
-	cudaErrKindERR_ENTRY_STATE: "cuda_entry_state",
-	cudaErrKindERR_COUNTERS:    "cuda_counters",
-	cudaErrKindERR_READ_USER:   "cuda_read_user",
-	cudaErrKindERR_RINGBUF:     "cuda_ringbuf",
-	cudaErrKindERR_SITES:       "cuda_sites",
+	cudaErrKindERR_TABLE_FULL:   "cuda_evictions",
+	cudaErrKindERR_STACK:        "cuda_stack",
+	cudaErrKindERR_ENTRY_STATE:  "cuda_entry_state",
+	cudaErrKindERR_COUNTERS:     "cuda_counters",
+	cudaErrKindERR_READ_USER:    "cuda_read_user",
+	cudaErrKindERR_RINGBUF:      "cuda_ringbuf",
+	cudaErrKindERR_SITES:        "cuda_sites",
+	cudaErrKindERR_OOM_SNAPSHOT: "cuda_oom_snapshot",
 }
 
 // Lost returns the BPF error counters (monotonic since load), by source name.

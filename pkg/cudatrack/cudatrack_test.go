@@ -79,7 +79,13 @@ func static(t *testing.T) target {
 // runtime is loaded; it returns once the runtime is loaded and hooked.
 func work(t *testing.T, c *Concern, tg target, scenario string, args ...string) (*testutil.Proc, *model.Process) {
 	t.Helper()
-	p := testutil.StartProc(t, []string{"CUDAWORK_STEP=1"}, tg.bin, append([]string{tg.lib, scenario, "60"}, args...)...)
+	return workEnv(t, c, tg, nil, scenario, args...)
+}
+
+// workEnv is work with extra environment variables (KEY=VALUE).
+func workEnv(t *testing.T, c *Concern, tg target, env []string, scenario string, args ...string) (*testutil.Proc, *model.Process) {
+	t.Helper()
+	p := testutil.StartProc(t, append([]string{"CUDAWORK_STEP=1"}, env...), tg.bin, append([]string{tg.lib, scenario, "60"}, args...)...)
 	pr := &model.Process{PID: p.Cmd.Process.Pid}
 	if err := c.Track(pr.PID); err != nil {
 		t.Fatal(err)
@@ -468,6 +474,8 @@ func TestAttachPaths(t *testing.T) {
 	t.Run("python", TestPythonFramesAtAllocations)
 	t.Run("waits", TestWaits)
 	t.Run("launches", TestLaunches)
+	t.Run("oom snapshot", TestOOMSnapshot)
+	t.Run("oom loop", TestOOMSnapshotLoop)
 }
 
 // A shape without a session program (one added to the classic path only)
@@ -541,6 +549,7 @@ func TestOlderKernelFallbacks(t *testing.T) {
 	t.Run("python", TestPythonFramesAtAllocations)
 	t.Run("waits", func(t *testing.T) { runWaits(t, newConcern(t), dynamic(t)) })
 	t.Run("launches", TestLaunches)
+	t.Run("oom snapshot", TestOOMSnapshot)
 }
 
 // Balanced allocation and release: live bytes stay within the working set.

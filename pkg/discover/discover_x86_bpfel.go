@@ -29,16 +29,17 @@ const (
 type discoverErrKind uint32
 
 const (
-	discoverErrKindERR_TABLE_FULL  discoverErrKind = 0
-	discoverErrKindERR_STACK       discoverErrKind = 1
-	discoverErrKindERR_ENTRY_STATE discoverErrKind = 2
-	discoverErrKindERR_COUNTERS    discoverErrKind = 3
-	discoverErrKindERR_READ_USER   discoverErrKind = 4
-	discoverErrKindERR_READ_KERNEL discoverErrKind = 5
-	discoverErrKindERR_RINGBUF     discoverErrKind = 6
-	discoverErrKindERR_SITES       discoverErrKind = 7
-	discoverErrKindERR_FORKS       discoverErrKind = 8
-	discoverErrKindERR_MAX         discoverErrKind = 9
+	discoverErrKindERR_TABLE_FULL   discoverErrKind = 0
+	discoverErrKindERR_STACK        discoverErrKind = 1
+	discoverErrKindERR_ENTRY_STATE  discoverErrKind = 2
+	discoverErrKindERR_COUNTERS     discoverErrKind = 3
+	discoverErrKindERR_READ_USER    discoverErrKind = 4
+	discoverErrKindERR_READ_KERNEL  discoverErrKind = 5
+	discoverErrKindERR_RINGBUF      discoverErrKind = 6
+	discoverErrKindERR_SITES        discoverErrKind = 7
+	discoverErrKindERR_FORKS        discoverErrKind = 8
+	discoverErrKindERR_OOM_SNAPSHOT discoverErrKind = 9
+	discoverErrKindERR_MAX          discoverErrKind = 10
 )
 
 // Names of all BPF objects in the ELF.

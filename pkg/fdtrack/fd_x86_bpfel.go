@@ -16,16 +16,17 @@ import (
 type fdErrKind uint32
 
 const (
-	fdErrKindERR_TABLE_FULL  fdErrKind = 0
-	fdErrKindERR_STACK       fdErrKind = 1
-	fdErrKindERR_ENTRY_STATE fdErrKind = 2
-	fdErrKindERR_COUNTERS    fdErrKind = 3
-	fdErrKindERR_READ_USER   fdErrKind = 4
-	fdErrKindERR_READ_KERNEL fdErrKind = 5
-	fdErrKindERR_RINGBUF     fdErrKind = 6
-	fdErrKindERR_SITES       fdErrKind = 7
-	fdErrKindERR_FORKS       fdErrKind = 8
-	fdErrKindERR_MAX         fdErrKind = 9
+	fdErrKindERR_TABLE_FULL   fdErrKind = 0
+	fdErrKindERR_STACK        fdErrKind = 1
+	fdErrKindERR_ENTRY_STATE  fdErrKind = 2
+	fdErrKindERR_COUNTERS     fdErrKind = 3
+	fdErrKindERR_READ_USER    fdErrKind = 4
+	fdErrKindERR_READ_KERNEL  fdErrKind = 5
+	fdErrKindERR_RINGBUF      fdErrKind = 6
+	fdErrKindERR_SITES        fdErrKind = 7
+	fdErrKindERR_FORKS        fdErrKind = 8
+	fdErrKindERR_OOM_SNAPSHOT fdErrKind = 9
+	fdErrKindERR_MAX          fdErrKind = 10
 )
 
 type fdFdBitmap struct {

@@ -16,16 +16,17 @@ import (
 type ncclErrKind uint32
 
 const (
-	ncclErrKindERR_TABLE_FULL  ncclErrKind = 0
-	ncclErrKindERR_STACK       ncclErrKind = 1
-	ncclErrKindERR_ENTRY_STATE ncclErrKind = 2
-	ncclErrKindERR_COUNTERS    ncclErrKind = 3
-	ncclErrKindERR_READ_USER   ncclErrKind = 4
-	ncclErrKindERR_READ_KERNEL ncclErrKind = 5
-	ncclErrKindERR_RINGBUF     ncclErrKind = 6
-	ncclErrKindERR_SITES       ncclErrKind = 7
-	ncclErrKindERR_FORKS       ncclErrKind = 8
-	ncclErrKindERR_MAX         ncclErrKind = 9
+	ncclErrKindERR_TABLE_FULL   ncclErrKind = 0
+	ncclErrKindERR_STACK        ncclErrKind = 1
+	ncclErrKindERR_ENTRY_STATE  ncclErrKind = 2
+	ncclErrKindERR_COUNTERS     ncclErrKind = 3
+	ncclErrKindERR_READ_USER    ncclErrKind = 4
+	ncclErrKindERR_READ_KERNEL  ncclErrKind = 5
+	ncclErrKindERR_RINGBUF      ncclErrKind = 6
+	ncclErrKindERR_SITES        ncclErrKind = 7
+	ncclErrKindERR_FORKS        ncclErrKind = 8
+	ncclErrKindERR_OOM_SNAPSHOT ncclErrKind = 9
+	ncclErrKindERR_MAX          ncclErrKind = 10
 )
 
 type ncclNcclComm struct {

@@ -68,6 +68,10 @@ type Sampler struct {
 	eventCounts             map[model.GPUEventKey]uint64
 	xidCounts               map[model.XIDKey]uint64
 	events                  sync.WaitGroup // the event goroutine
+	// The latest samples whole, for At (recent.go), and the times of the
+	// last two Rolls, which say how far back they go.
+	recent []Sample
+	rolled [2]time.Time
 
 	done chan struct{} // closed once the loop has shut NVML down
 }
@@ -181,6 +185,7 @@ func (s *Sampler) sample() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.gpus, s.procs = gpus, r.procs
+	s.remember(Sample{Time: time.Now(), GPUs: gpus})
 	for _, k := range r.listedOn {
 		if _, ok := s.winUtil[k]; !ok {
 			s.winUtil[k] = utilSum{uuid: r.uuids[k.dev]}
@@ -345,6 +350,7 @@ func (s *Sampler) Roll() {
 	if s.gpus == nil {
 		return // not started
 	}
+	s.rolled = [2]time.Time{s.rolled[1], time.Now()}
 	s.rolledProcs = make(map[int]Range, len(s.procs))
 	for pid, b := range s.procs {
 		r := s.winProcs[pid]

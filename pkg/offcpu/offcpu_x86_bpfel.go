@@ -16,16 +16,17 @@ import (
 type offcpuErrKind uint32
 
 const (
-	offcpuErrKindERR_TABLE_FULL  offcpuErrKind = 0
-	offcpuErrKindERR_STACK       offcpuErrKind = 1
-	offcpuErrKindERR_ENTRY_STATE offcpuErrKind = 2
-	offcpuErrKindERR_COUNTERS    offcpuErrKind = 3
-	offcpuErrKindERR_READ_USER   offcpuErrKind = 4
-	offcpuErrKindERR_READ_KERNEL offcpuErrKind = 5
-	offcpuErrKindERR_RINGBUF     offcpuErrKind = 6
-	offcpuErrKindERR_SITES       offcpuErrKind = 7
-	offcpuErrKindERR_FORKS       offcpuErrKind = 8
-	offcpuErrKindERR_MAX         offcpuErrKind = 9
+	offcpuErrKindERR_TABLE_FULL   offcpuErrKind = 0
+	offcpuErrKindERR_STACK        offcpuErrKind = 1
+	offcpuErrKindERR_ENTRY_STATE  offcpuErrKind = 2
+	offcpuErrKindERR_COUNTERS     offcpuErrKind = 3
+	offcpuErrKindERR_READ_USER    offcpuErrKind = 4
+	offcpuErrKindERR_READ_KERNEL  offcpuErrKind = 5
+	offcpuErrKindERR_RINGBUF      offcpuErrKind = 6
+	offcpuErrKindERR_SITES        offcpuErrKind = 7
+	offcpuErrKindERR_FORKS        offcpuErrKind = 8
+	offcpuErrKindERR_OOM_SNAPSHOT offcpuErrKind = 9
+	offcpuErrKindERR_MAX          offcpuErrKind = 10
 )
 
 type offcpuOffcpuThread struct {

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/causes"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/gpuoom"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/nvml"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/procinfo"
@@ -61,7 +62,8 @@ func pipelineOf(t *testing.T, views ...*fakeView) *Pipeline {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Pipeline{proc: proc, sym: symbolize.New("/proc"), cache: procinfo.NewPollCache(), gpu: nvml.New(gonvml.New()),
+	gpu := nvml.New(gonvml.New())
+	p := &Pipeline{proc: proc, sym: symbolize.New("/proc"), cache: procinfo.NewPollCache(), gpu: gpu, oom: gpuoom.New(gpuoom.Config{NVML: gpu, Proc: proc}),
 		procs: map[int]*model.Process{}, starts: map[int]uint64{}, identified: map[int]bool{}, link: causes.New(causes.DefaultGrace),
 		untracked: map[string]map[int]bool{}, trackFailures: map[model.TrackFailure]uint64{}, required: []string{"fd"}}
 	for i, v := range views {

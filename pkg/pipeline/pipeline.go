@@ -1,7 +1,8 @@
 // Package pipeline is the loop shared by attach, run and daemon. Every
 // interval is a poll in phases: fill (each view reads its BPF maps into
 // the watched processes, in the order views.go gives), enrich (NVML's
-// figures joined into each process, whatever views are up), detect (the
+// figures joined into each process, whatever views are up, and the memory
+// snapshots of failed allocations completed with them), detect (the
 // detectors, each on the processes the views it needs filled), link (one
 // cause, one finding). The pipeline merges the findings and hands a
 // snapshot to every sink.
@@ -30,6 +31,7 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/ncclstall"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/detect/sockleak"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/gpunode"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/gpuoom"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/nvml"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/offcpu"
@@ -158,6 +160,9 @@ type Pipeline struct {
 	sinks    []Sink
 	gpu      *nvml.Sampler
 	stopGPU  context.CancelFunc
+	// oom completes the memory snapshots taken at failed allocations
+	// once NVML's figures are joined.
+	oom *gpuoom.Stage
 
 	start   time.Time
 	targets []int
@@ -273,6 +278,7 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 		logDown("nvml", p.status["nvml"], err)
 	}
 
+	p.oom = gpuoom.New(gpuoom.Config{NVML: p.gpu, Proc: proc, Pod: cfg.Pod, Profile: cfg.OOMProfile})
 	p.judges = p.registered()
 
 	// Views not required are optional: a kernel that cannot host one
@@ -573,6 +579,7 @@ func (p *Pipeline) poll(now time.Time) (*model.Snapshot, error) {
 		for _, j := range p.across {
 			j.det.Forget(pr.PID)
 		}
+		p.oom.Forget(pr.PID)
 		p.forgetUntracked(pr.PID)
 		p.sym.Forget(pr.PID)
 		for _, f := range p.findings {

@@ -62,7 +62,10 @@ func (p *Pipeline) views() []view {
 			return socktrack.NewConcern(socktrack.Config{ProcRoot: cfg.ProcRoot, Cache: p.cache, ProcTables: cfg.SockProcTables, Tracked: p.tracked})
 		}},
 		{name: "cuda", check: cudatrack.Check, finds: "GPU allocations", load: func() (Concern, error) {
-			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, Launches: cfg.Launches, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites, Cache: p.cache, Symbolizer: p.sym, Stacks: p.stacks, Tracked: p.tracked}, p.sym)
+			// A failure that is not out of memory is snapshotted where
+			// NVML had its device full at that instant.
+			return cudatrack.New(cudatrack.Config{MaxAllocs: cfg.MaxAllocs, Launches: cfg.Launches, ProcRoot: cfg.ProcRoot, TopSites: cfg.TopSites, Cache: p.cache, Symbolizer: p.sym, Stacks: p.stacks, Tracked: p.tracked,
+				DeviceFull: p.gpu.DeviceFull}, p.sym)
 		}},
 		{name: "nccl", check: nccltrack.Check, finds: "NCCL progress per rank", load: func() (Concern, error) {
 			return nccltrack.New(nccltrack.Config{ProcRoot: cfg.ProcRoot, Cache: p.cache, Symbolizer: p.sym, Stacks: p.stacks, Tracked: p.tracked}, p.sym)
@@ -212,6 +215,10 @@ func (p *Pipeline) judge(now time.Time, observe []*model.Process) ([]model.Findi
 	// live bytes, where it tracks the process, are filled by now. A
 	// fault names the processes on its device that are among them.
 	p.gpu.EnrichAll(observe)
+	// The snapshots taken at failed allocations since the last poll are
+	// completed before any detector hands them on in a finding: NVML's
+	// sample of the failure's instant, who else was on its device.
+	p.oom.Observe(now, observe)
 	if p.status["nvml"].Down == "" {
 		filled["nvml"] = observe
 	}

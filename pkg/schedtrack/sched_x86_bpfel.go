@@ -16,16 +16,17 @@ import (
 type schedErrKind uint32
 
 const (
-	schedErrKindERR_TABLE_FULL  schedErrKind = 0
-	schedErrKindERR_STACK       schedErrKind = 1
-	schedErrKindERR_ENTRY_STATE schedErrKind = 2
-	schedErrKindERR_COUNTERS    schedErrKind = 3
-	schedErrKindERR_READ_USER   schedErrKind = 4
-	schedErrKindERR_READ_KERNEL schedErrKind = 5
-	schedErrKindERR_RINGBUF     schedErrKind = 6
-	schedErrKindERR_SITES       schedErrKind = 7
-	schedErrKindERR_FORKS       schedErrKind = 8
-	schedErrKindERR_MAX         schedErrKind = 9
+	schedErrKindERR_TABLE_FULL   schedErrKind = 0
+	schedErrKindERR_STACK        schedErrKind = 1
+	schedErrKindERR_ENTRY_STATE  schedErrKind = 2
+	schedErrKindERR_COUNTERS     schedErrKind = 3
+	schedErrKindERR_READ_USER    schedErrKind = 4
+	schedErrKindERR_READ_KERNEL  schedErrKind = 5
+	schedErrKindERR_RINGBUF      schedErrKind = 6
+	schedErrKindERR_SITES        schedErrKind = 7
+	schedErrKindERR_FORKS        schedErrKind = 8
+	schedErrKindERR_OOM_SNAPSHOT schedErrKind = 9
+	schedErrKindERR_MAX          schedErrKind = 10
 )
 
 type schedProcSched struct {

@@ -16,16 +16,17 @@ import (
 type sockErrKind uint32
 
 const (
-	sockErrKindERR_TABLE_FULL  sockErrKind = 0
-	sockErrKindERR_STACK       sockErrKind = 1
-	sockErrKindERR_ENTRY_STATE sockErrKind = 2
-	sockErrKindERR_COUNTERS    sockErrKind = 3
-	sockErrKindERR_READ_USER   sockErrKind = 4
-	sockErrKindERR_READ_KERNEL sockErrKind = 5
-	sockErrKindERR_RINGBUF     sockErrKind = 6
-	sockErrKindERR_SITES       sockErrKind = 7
-	sockErrKindERR_FORKS       sockErrKind = 8
-	sockErrKindERR_MAX         sockErrKind = 9
+	sockErrKindERR_TABLE_FULL   sockErrKind = 0
+	sockErrKindERR_STACK        sockErrKind = 1
+	sockErrKindERR_ENTRY_STATE  sockErrKind = 2
+	sockErrKindERR_COUNTERS     sockErrKind = 3
+	sockErrKindERR_READ_USER    sockErrKind = 4
+	sockErrKindERR_READ_KERNEL  sockErrKind = 5
+	sockErrKindERR_RINGBUF      sockErrKind = 6
+	sockErrKindERR_SITES        sockErrKind = 7
+	sockErrKindERR_FORKS        sockErrKind = 8
+	sockErrKindERR_OOM_SNAPSHOT sockErrKind = 9
+	sockErrKindERR_MAX          sockErrKind = 10
 )
 
 type sockSockInfo struct {
