@@ -780,20 +780,33 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		return nil, err
 	}
 	if t.polls++; t.polls%bpfobj.StackGCEvery == 0 {
-		t.keepStacks(live)
+		// Blocks kept for a snapshot not yet taken (snapshot.go) may be
+		// the last of their stacks: it is taken after this poll.
+		freed, err := t.freed.Read(t.tracked)
+		if err != nil {
+			return nil, fmt.Errorf("reading the allocations freed after a failure: %w", err)
+		}
+		t.keepStacks(live, freed)
 	}
 	return out, nil
 }
 
 // keepStacks gives the stack service the stacks this view refers to: of
-// live allocations, call sites and wait sites (of any process), and of failures drained
-// since the last time, symbolized after Poll.
-func (t *Tracker) keepStacks(live map[uint32][]bpfobj.Entry[cudaCudaAllocKey, cudaCudaAlloc]) {
+// live allocations and those kept for snapshots, call sites and wait sites
+// (of any process), and of failures drained since the last time,
+// symbolized after Poll.
+func (t *Tracker) keepStacks(live map[uint32][]bpfobj.Entry[cudaCudaAllocKey, cudaCudaAlloc], freed map[uint32][]bpfobj.Entry[cudaCudaAllocKey, cudaCudaFreed]) {
 	keep := t.failStacks
 	for _, g := range live {
 		for _, e := range g {
 			keep[uint32(e.Val.StackId)] = true
 			keep[uint32(t.stacks.Canonical(e.Val.StackId))] = true
+		}
+	}
+	for _, g := range freed {
+		for _, e := range g {
+			keep[uint32(e.Val.Alloc.StackId)] = true
+			keep[uint32(t.stacks.Canonical(e.Val.Alloc.StackId))] = true
 		}
 	}
 	for pid := range t.procs {
