@@ -167,6 +167,13 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	if cfg.MaxAllocs > 0 {
 		spec.Maps[cudaMapLiveAllocs].MaxEntries = cfg.MaxAllocs
 	}
+	if !bpfobj.Probe().RuntimeAlloc {
+		// Preallocated before 6.1 (bpfobj.Kernel): the table, empty but
+		// after a failure, is cut to a quarter there (2 MB instead of 8),
+		// a burst freed after the failure that does not fit being
+		// counted in the snapshot's MissedFrees.
+		spec.Maps[cudaMapFreedAllocs].MaxEntries /= 4
+	}
 	cookies := bpfobj.Probe().Cookies
 	multi := cookies && haveUprobeMulti()
 	session := multi && !cfg.Classic && bpfobj.Probe().UprobeSession
