@@ -102,6 +102,24 @@ func benchSetups(b *testing.B, scenario, unit string, verify func(b *testing.B, 
 				if verify != nil && !untracked {
 					verify(b, c, caller)
 				}
+				if open {
+					// Each free copied its block, into one entry.
+					var (
+						k cudaCudaAllocKey
+						v cudaCudaFreed
+						n int
+					)
+					for it := c.maps.FreedAllocs.Iterate(); it.Next(&k, &v); {
+						n++
+					}
+					lost, err := c.Lost()
+					if err != nil {
+						b.Fatal(err)
+					}
+					if n == 0 || lost["cuda_oom_snapshot"] != 0 {
+						b.Fatalf("%d blocks kept, %d frees not kept", n, lost["cuda_oom_snapshot"])
+					}
+				}
 				_ = c.Close()
 				_ = stats.Close()
 			}

@@ -167,6 +167,13 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	if cfg.MaxAllocs > 0 {
 		spec.Maps[cudaMapLiveAllocs].MaxEntries = cfg.MaxAllocs
 	}
+	if !bpfobj.Probe().RuntimeAlloc {
+		// Preallocated before 6.1 (bpfobj.Kernel): the table, empty but
+		// after a failure, is cut to a quarter there (2 MB instead of 8),
+		// a burst freed after the failure that does not fit being
+		// counted in the snapshot's MissedFrees.
+		spec.Maps[cudaMapFreedAllocs].MaxEntries /= 4
+	}
 	cookies := bpfobj.Probe().Cookies
 	multi := cookies && haveUprobeMulti()
 	session := multi && !cfg.Classic && bpfobj.Probe().UprobeSession
@@ -780,20 +787,33 @@ func (t *Tracker) Poll(pids []int) (map[int]*Sample, error) {
 		return nil, err
 	}
 	if t.polls++; t.polls%bpfobj.StackGCEvery == 0 {
-		t.keepStacks(live)
+		// Blocks kept for a snapshot not yet taken (snapshot.go) may be
+		// the last of their stacks: it is taken after this poll.
+		freed, err := t.freed.Read(t.tracked)
+		if err != nil {
+			return nil, fmt.Errorf("reading the allocations freed after a failure: %w", err)
+		}
+		t.keepStacks(live, freed)
 	}
 	return out, nil
 }
 
 // keepStacks gives the stack service the stacks this view refers to: of
-// live allocations, call sites and wait sites (of any process), and of failures drained
-// since the last time, symbolized after Poll.
-func (t *Tracker) keepStacks(live map[uint32][]bpfobj.Entry[cudaCudaAllocKey, cudaCudaAlloc]) {
+// live allocations and those kept for snapshots, call sites and wait sites
+// (of any process), and of failures drained since the last time,
+// symbolized after Poll.
+func (t *Tracker) keepStacks(live map[uint32][]bpfobj.Entry[cudaCudaAllocKey, cudaCudaAlloc], freed map[uint32][]bpfobj.Entry[cudaCudaAllocKey, cudaCudaFreed]) {
 	keep := t.failStacks
 	for _, g := range live {
 		for _, e := range g {
 			keep[uint32(e.Val.StackId)] = true
 			keep[uint32(t.stacks.Canonical(e.Val.StackId))] = true
+		}
+	}
+	for _, g := range freed {
+		for _, e := range g {
+			keep[uint32(e.Val.Alloc.StackId)] = true
+			keep[uint32(t.stacks.Canonical(e.Val.Alloc.StackId))] = true
 		}
 	}
 	for pid := range t.procs {
