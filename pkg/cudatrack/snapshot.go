@@ -23,11 +23,6 @@ import (
 // at the failure from both tables, then closes the snapshot and empties
 // freed_allocs of the process.
 
-// OutOfMemory tells whether a failed call's code says out of memory: 2 in
-// both the runtime (cudaErrorMemoryAllocation) and the driver
-// (CUDA_ERROR_OUT_OF_MEMORY).
-func OutOfMemory(code int) bool { return code == 2 }
-
 // heldAlloc is one device allocation live at a failure.
 type heldAlloc struct {
 	site   stacks.Site
@@ -160,7 +155,7 @@ func (c *Concern) snapshot(f Failure, fail model.CUDAFailure) error {
 	}
 	why := ""
 	switch {
-	case OutOfMemory(f.Code):
+	case model.OutOfMemory(fail.Error, f.Code):
 		why = model.SnapshotOutOfMemory
 	case c.deviceFull != nil && c.deviceFull(f.PID, f.Time):
 		why = model.SnapshotDeviceFull

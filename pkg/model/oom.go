@@ -41,6 +41,18 @@ const (
 	SnapshotDeviceFull  = "device_full"   // another error, the device at least SnapshotFullShare used
 )
 
+// OutOfMemory tells out-of-memory failures from the rest: by the error's
+// name where the source knows it, else by code, which is 2 for out of
+// memory in both the runtime (cudaErrorMemoryAllocation) and the driver
+// (CUDA_ERROR_OUT_OF_MEMORY).
+func OutOfMemory(name string, code int) bool {
+	if name == "" {
+		return code == 2
+	}
+	n := strings.ToLower(name)
+	return strings.Contains(n, "memoryallocation") || strings.Contains(n, "out_of_memory") || strings.Contains(n, "outofmemory")
+}
+
 // GPUMemorySnapshot is one process's GPU memory at the instant one of its
 // allocations failed.
 type GPUMemorySnapshot struct {

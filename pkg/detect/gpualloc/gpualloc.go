@@ -453,7 +453,7 @@ func (d *Detector) fillFailure(g *failGroup, k failKey, now time.Time, p *model.
 	f.Comm = p.Comm
 	f.LastSeen = now
 	f.Active = active
-	oom := outOfMemory(k.err, k.code)
+	oom := model.OutOfMemory(k.err, k.code)
 	f.Severity = model.SeverityWarning
 	if oom {
 		f.Severity = model.SeverityCritical
@@ -497,17 +497,6 @@ func (d *Detector) fillFailure(g *failGroup, k failKey, now time.Time, p *model.
 		Snapshots:    g.snapshots,
 	}
 	return f
-}
-
-// outOfMemory tells out-of-memory failures from the rest: by name where the
-// source knows it, else by code, which is 2 for out of memory in both the
-// runtime (cudaErrorMemoryAllocation) and the driver (CUDA_ERROR_OUT_OF_MEMORY).
-func outOfMemory(name string, code int) bool {
-	if name == "" {
-		return code == 2
-	}
-	n := strings.ToLower(name)
-	return strings.Contains(n, "memoryallocation") || strings.Contains(n, "out_of_memory") || strings.Contains(n, "outofmemory")
 }
 
 // ---- helpers ----
