@@ -72,6 +72,7 @@ func TestOOMSnapshotReport(t *testing.T) {
 	for _, f := range r.Findings {
 		if e, ok := f.Evidence.(model.GPUAllocFailureEvidence); ok && f.PID == pid {
 			ev = e
+			t.Log(f.Summary)
 		}
 	}
 	s := ev.Snapshot
