@@ -31,6 +31,7 @@ type Concern struct {
 	// model.MaxSnapshots by pid, oldest first.
 	snapshots  map[int][]*model.GPUMemorySnapshot
 	deviceFull func(pid int, at time.Time) bool // Config.DeviceFull
+	every      time.Duration                    // Config.SnapshotEvery
 }
 
 // New loads the CUDA BPF object.
@@ -46,7 +47,7 @@ func New(cfg Config, sym *symbolize.Symbolizer) (*Concern, error) {
 	if top <= 0 {
 		top = 64
 	}
-	return &Concern{Tracker: t, sym: sym, topSites: top, failures: map[int][]model.CUDAFailure{}, failed: map[int]map[model.CUDAFailureKind]uint64{}, frames: map[int]map[stacks.Site][]model.Frame{}, counts: map[int]map[stacks.Site]stacks.Counts{}, waits: map[int]*waitPoll{}, snapshots: map[int][]*model.GPUMemorySnapshot{}, deviceFull: cfg.DeviceFull}, nil
+	return &Concern{Tracker: t, sym: sym, topSites: top, failures: map[int][]model.CUDAFailure{}, failed: map[int]map[model.CUDAFailureKind]uint64{}, frames: map[int]map[stacks.Site][]model.Frame{}, counts: map[int]map[stacks.Site]stacks.Counts{}, waits: map[int]*waitPoll{}, snapshots: map[int][]*model.GPUMemorySnapshot{}, deviceFull: cfg.DeviceFull, every: cmp.Or(cfg.SnapshotEvery, model.SnapshotEvery)}, nil
 }
 
 // Name is the concern's name in logs and `check`.

@@ -61,6 +61,9 @@ type Config struct {
 	// allocation whose error is not out of memory is then snapshotted
 	// all the same. Nil: only out-of-memory failures are.
 	DeviceFull func(pid int, at time.Time) bool
+	// SnapshotEvery is the least time between two memory snapshots of a
+	// process after its first (0: model.SnapshotEvery); tests shorten it.
+	SnapshotEvery time.Duration
 }
 
 // Tracker owns the loaded CUDA BPF object and the uprobe links of the

@@ -177,7 +177,7 @@ func (c *Concern) snapshot(f Failure, fail model.CUDAFailure) error {
 			kept = kept[len(kept)-model.MaxSnapshots:]
 		}
 		c.snapshots[f.PID] = kept
-		notBefore = f.SnapNs + uint64(model.SnapshotEvery)
+		notBefore = f.SnapNs + uint64(c.every)
 	}
 	return c.closeSnapshot(f.PID, notBefore)
 }

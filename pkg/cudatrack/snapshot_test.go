@@ -10,6 +10,8 @@ import (
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/stacks"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/symbolize"
+	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
 
 // oomMemory is the stand-in's device memory in the oom scenarios: 1 GiB
@@ -229,4 +231,36 @@ func TestGatherAt(t *testing.T) {
 	if s.OtherSitesBytes != 1000+1001+1002 || s.LiveAllocations != n {
 		t.Errorf("other sites' bytes %d, %d allocations; want 3003, %d", s.OtherSitesBytes, s.LiveAllocations, n)
 	}
+}
+
+// After the first, one snapshot a SnapshotEvery: a failure loop of four
+// seconds with a second between snapshots makes a few, each at least a
+// second after the one before, each of what was live then.
+func TestOOMSnapshotEvery(t *testing.T) {
+	testutil.RequireRoot(t)
+	c, err := New(Config{ProcRoot: "/proc", Classic: classic, SnapshotEvery: time.Second}, symbolize.New("/proc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	p, pr := workEnv(t, c, dynamic(t), []string{oomMemory}, "oomloop", "1000", "4")
+	p.Signal(t)
+	for ok := false; !ok; {
+		_, ok = p.TryWait(t, "fails", 200*time.Millisecond)
+		observe(t, c, pr)
+	}
+	snaps := pr.CUDA.Snapshots
+	if len(snaps) < 2 {
+		t.Fatalf("%d snapshots in 4 s, one a second: want several", len(snaps))
+	}
+	for i, s := range snaps {
+		if s.LiveBytes != 64*MiB {
+			t.Errorf("snapshot %d: %d bytes live, want oom_weights' 64 MiB", i, s.LiveBytes)
+		}
+		if i > 0 && s.Time.Sub(snaps[i-1].Time) < time.Second {
+			t.Errorf("snapshot %d at %v, %v after the one before: want at least a second", i, s.Time, s.Time.Sub(snaps[i-1].Time))
+		}
+	}
+	snapClosed(t, c, pr.PID, true)
+	noLoss(t, c)
 }

@@ -77,7 +77,8 @@ type Sampler struct {
 }
 
 // New returns a sampler over lib: gonvml.New() for the real library, a mock
-// in tests.
+// in tests, nil where no GPU can be reached (Start then fails with
+// ErrNoDevices).
 func New(lib gonvml.Interface) *Sampler {
 	return &Sampler{lib: lib, procs: map[int]uint64{}, winProcs: map[int]Range{}, winGPUs: map[devKey]Range{}, rolledProcs: map[int]Range{},
 		winUtil: map[utilKey]utilSum{}, rolledUtil: map[int][]model.GPUUtil{}, lastSeen: map[devKey]uint64{},
@@ -112,6 +113,9 @@ func (s *Sampler) Start(ctx context.Context, every time.Duration) error {
 func (s *Sampler) start(ctx context.Context, every time.Duration) error {
 	if every < MinInterval {
 		return fmt.Errorf("GPU sampling interval %s is below the minimum %s", every, MinInterval)
+	}
+	if s.lib == nil {
+		return fmt.Errorf("%w: %w, NVML not loaded; GPU metrics off", ErrUnavailable, ErrNoDevices)
 	}
 	if ret := s.lib.Init(); ret != gonvml.SUCCESS {
 		return unavailable(ret)
@@ -719,6 +723,11 @@ var ErrUnavailable = errors.New("NVML unavailable")
 // loaded: NVML was not installed or not given to this container, which is
 // no fault on a node that is not meant to have it (gpunode).
 var ErrNoLibrary = errors.New("libnvidia-ml.so.1 not found")
+
+// ErrNoDevices is wrapped, with ErrUnavailable, by Start on a sampler
+// without a library (New(nil)): the agent was given no GPU device node,
+// through which NVML reaches the GPUs, so libnvidia-ml is not loaded at all.
+var ErrNoDevices = errors.New("no NVIDIA device node in the agent's /dev")
 
 // unavailable explains a failed nvmlInit in the terms a user can act on.
 func unavailable(ret gonvml.Return) error {

@@ -773,3 +773,20 @@ func TestProbeMIG(t *testing.T) {
 		t.Errorf("Probe =\n%q\nwant\n%q", got, want)
 	}
 }
+
+// A sampler without a library (no GPU device node given to the agent)
+// fails to start with ErrNoDevices, reports nothing, and Wait returns.
+func TestNoDevices(t *testing.T) {
+	s := New(nil)
+	err := s.Start(context.Background(), DefaultInterval)
+	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, ErrNoDevices) {
+		t.Fatalf("Start without a library: %v, want ErrNoDevices", err)
+	}
+	s.Wait()
+	if s.GPUs() != nil || s.DeviceFull(1, time.Now()) {
+		t.Error("a sampler that never started reports devices")
+	}
+	if _, ok := s.At(time.Now()); ok {
+		t.Error("a sampler that never started has a sample")
+	}
+}

@@ -267,8 +267,11 @@ func New(cfg Config, sinks ...Sink) (*Pipeline, error) {
 	// NVML is optional: without a driver the sampler reports one clear
 	// error and the GPU join is skipped.
 	ctx, cancel := context.WithCancel(context.Background())
+	// Without a GPU device node in the agent's /dev NVML can reach no GPU:
+	// libnvidia-ml is not even loaded, as its zeroed data alone take
+	// ~12 MiB of memory once initialised.
 	lib := cfg.NVML
-	if lib == nil {
+	if lib == nil && len(p.devices.Agent) > 0 {
 		lib = gonvml.New()
 	}
 	p.gpu, p.stopGPU = nvml.New(lib), cancel
