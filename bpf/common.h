@@ -8,6 +8,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_tracing.h>
+#include "arch.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -79,16 +80,6 @@ static __always_inline void *thread_state(void *task_map, void *tid_map, const v
 	if (st)
 		*st = task;
 	return st;
-}
-
-/* Syscall numbers and registers here are the x86_64 ABI's (the objects are
- * built for amd64): a 32-bit task's syscalls are numbered otherwise and
- * are skipped. */
-#define TS_COMPAT 0x0002
-
-static __always_inline bool compat_task(struct task_struct *task)
-{
-	return BPF_CORE_READ(task, thread_info.status) & TS_COMPAT;
 }
 
 /* The file behind fd in task's table; NULL for a number out of the table or

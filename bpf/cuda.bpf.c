@@ -403,18 +403,18 @@ static __always_inline void count(u32 tgid, u32 api, u64 alloc, u64 freed)
 }
 
 /* Unwinds from the registers of a uprobe at a function's first instruction
- * (its stack pointer sp and rbp), where the return address is at the stack
- * pointer. The stack starts at the caller (that return address). A global
- * function: the verifier walks the loop once per object, not once per
- * program that calls it. */
-__noinline int unwind_at_entry(u32 tgid, u64 sp, u64 bp)
+ * (its stack pointer sp, frame pointer fp and link register lr). The stack
+ * starts at the caller (the return address: bpf/arch.h entry_caller). A
+ * global function: the verifier walks the loop once per object, not once
+ * per program that calls it. */
+__noinline int unwind_at_entry(u32 tgid, u64 sp, u64 fp, u64 lr)
 {
-	u64 pc = 0;
-	if (bpf_probe_read_user(&pc, sizeof(pc), (void *)sp)) {
+	u64 pc = 0, caller_sp = 0;
+	if (!entry_caller(sp, lr, &pc, &caller_sp)) {
 		count_err(ERR_READ_USER);
 		return -1;
 	}
-	return unwind_user(tgid, pc, sp + 8, bp, false, UNWIND_MAX_FRAMES);
+	return unwind_user(tgid, pc, caller_sp, fp, false, UNWIND_MAX_FRAMES);
 }
 
 /* Saves the entry state of an outermost call. Returns the API, or API_MAX
@@ -456,7 +456,7 @@ static __always_inline u32 enter(struct pt_regs *ctx, u32 api, u8 shape, u64 out
 	/* At entry the caller's return address is at the stack pointer; by the
 	 * return the callee has overwritten the registers a walk needs. Frees
 	 * and counted calls have no site to record. */
-	st->stack_id = shape == SHAPE_ALLOC || shape == SHAPE_PITCH ? unwind_at_entry(tgid, sp, PT_REGS_FP(ctx)) : -1;
+	st->stack_id = shape == SHAPE_ALLOC || shape == SHAPE_PITCH ? unwind_at_entry(tgid, sp, PT_REGS_FP(ctx), UPROBE_LR(ctx)) : -1;
 	return api;
 }
 
@@ -682,7 +682,7 @@ static __always_inline void on_return(struct pt_regs *ctx, u32 layer)
 	/* The return popped the return address: the stack pointer is 8 above
 	 * its value at entry. Lower: a nested call of the same layer returns;
 	 * higher: the saved call returned without us (stale state). */
-	u64 entry_sp = PT_REGS_SP(ctx) - 8;
+	u64 entry_sp = ENTRY_SP_AT_RETURN(ctx);
 	if (saved->sp != entry_sp) {
 		if (saved->sp < entry_sp)
 			saved->sp = 0;
@@ -887,7 +887,7 @@ static __always_inline bool timed_entry(struct pt_regs *ctx, u32 api, u8 shape)
 	st->api = api;
 	st->shape = shape;
 	/* The stack before the clock starts: the walk is not the GPU's time. */
-	st->stack_id = shape == SHAPE_SYNC ? unwind_at_entry(tgid, sp, PT_REGS_FP(ctx)) : -1;
+	st->stack_id = shape == SHAPE_SYNC ? unwind_at_entry(tgid, sp, PT_REGS_FP(ctx), UPROBE_LR(ctx)) : -1;
 	st->start_ns = bpf_ktime_get_ns();
 	return true;
 }
@@ -969,7 +969,7 @@ static __always_inline void timed_return(struct pt_regs *ctx, u32 layer)
 		return;
 	struct timed_call *saved = &tt->layer[layer == LAYER_DRIVER];
 	/* As in on_return. */
-	u64 entry_sp = PT_REGS_SP(ctx) - 8;
+	u64 entry_sp = ENTRY_SP_AT_RETURN(ctx);
 	if (saved->sp != entry_sp) {
 		if (saved->sp < entry_sp)
 			saved->sp = 0;

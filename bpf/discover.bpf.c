@@ -9,10 +9,9 @@
  *
  * The mmap check runs on every syscall of the node, so it is ordered by cost:
  * the syscall number, then PROT_EXEC and a file descriptor (only loaders map
- * code), and only then the file's name. Syscall numbers are the x86_64 ABI. */
+ * code), and only then the file's name. */
 #include "common.h"
 
-#define NR_mmap 9
 #define PROT_EXEC 0x4
 
 enum discover_why {
@@ -78,7 +77,7 @@ SEC("tp_btf/sys_enter")
 int BPF_PROG(mmap_btf, struct pt_regs *regs, long id)
 {
 	if (id == NR_mmap)
-		mmap_enter(regs->dx, regs->r8);
+		mmap_enter(SYSCALL_ARG2(regs), SYSCALL_ARG4(regs));
 	return 0;
 }
 

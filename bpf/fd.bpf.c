@@ -224,7 +224,7 @@ static __always_inline void capture_site(struct pt_regs *regs, u32 tgid, struct 
 		info->py_stack = 0;
 		return;
 	}
-	info->stack_id = regs ? fd_unwind(tgid, regs->ip, regs->sp, regs->bp) : -1;
+	info->stack_id = regs ? fd_unwind(tgid, USER_PC(regs), USER_SP(regs), USER_FP(regs)) : -1;
 	info->py_stack = capture_py(tgid);
 }
 
@@ -269,41 +269,7 @@ static __always_inline u8 kind_of(u32 tgid, s32 fd)
 	return info && info->open_ns < fork_ns ? info->kind : FD_OTHER;
 }
 
-/* x86_64 syscall numbers (arch/x86/entry/syscalls/syscall_64.tbl). */
-#define NR_open 2
-#define NR_close 3
-#define NR_pipe 22
-#define NR_dup 32
-#define NR_dup2 33
-#define NR_socket 41
-#define NR_accept 43
-#define NR_socketpair 53
-#define NR_fcntl 72
-#define NR_creat 85
-#define NR_epoll_create 213
-#define NR_inotify_init 253
-#define NR_openat 257
-#define NR_signalfd 282
-#define NR_timerfd_create 283
-#define NR_eventfd 284
-#define NR_accept4 288
-#define NR_signalfd4 289
-#define NR_eventfd2 290
-#define NR_epoll_create1 291
-#define NR_dup3 292
-#define NR_pipe2 293
-#define NR_inotify_init1 294
-#define NR_perf_event_open 298
-#define NR_fanotify_init 300
-#define NR_open_by_handle_at 304
-#define NR_memfd_create 319
-#define NR_userfaultfd 323
-#define NR_io_uring_setup 425
-#define NR_pidfd_open 434
-#define NR_close_range 436
-#define NR_openat2 437
-#define NR_pidfd_getfd 438
-
+/* Syscall numbers: bpf/arch.h. */
 #define F_DUPFD 0
 #define F_DUPFD_CLOEXEC 1030
 
@@ -322,10 +288,14 @@ enum exit_how {
 static __always_inline enum exit_how exit_how(long id, u8 *kind)
 {
 	switch (id) {
+#ifdef HAVE_LEGACY_FD_SYSCALLS
 	case NR_open:
+#endif
 	case NR_openat:
 	case NR_openat2:
+#ifdef HAVE_LEGACY_FD_SYSCALLS
 	case NR_creat:
+#endif
 	case NR_open_by_handle_at:
 		*kind = FD_FILE;
 		return EXIT_NEW;
@@ -334,11 +304,15 @@ static __always_inline enum exit_how exit_how(long id, u8 *kind)
 	case NR_accept4:
 		*kind = FD_SOCKET;
 		return EXIT_NEW;
+#ifdef HAVE_LEGACY_FD_SYSCALLS
 	case NR_eventfd:
+#endif
 	case NR_eventfd2:
 		*kind = FD_EVENTFD;
 		return EXIT_NEW;
+#ifdef HAVE_LEGACY_FD_SYSCALLS
 	case NR_epoll_create:
+#endif
 	case NR_epoll_create1:
 		*kind = FD_EPOLL;
 		return EXIT_NEW;
@@ -348,11 +322,15 @@ static __always_inline enum exit_how exit_how(long id, u8 *kind)
 	case NR_timerfd_create:
 		*kind = FD_TIMERFD;
 		return EXIT_NEW;
+#ifdef HAVE_LEGACY_FD_SYSCALLS
 	case NR_signalfd:
+#endif
 	case NR_signalfd4:
 		*kind = FD_SIGNALFD;
 		return EXIT_NEW;
+#ifdef HAVE_LEGACY_FD_SYSCALLS
 	case NR_inotify_init:
+#endif
 	case NR_inotify_init1:
 		*kind = FD_INOTIFY;
 		return EXIT_NEW;
@@ -367,11 +345,15 @@ static __always_inline enum exit_how exit_how(long id, u8 *kind)
 		*kind = FD_OTHER;
 		return EXIT_NEW;
 	case NR_dup:
+#ifdef HAVE_LEGACY_FD_SYSCALLS
 	case NR_dup2:
+#endif
 	case NR_dup3:
 	case NR_fcntl:
 		return EXIT_DUP;
+#ifdef HAVE_LEGACY_FD_SYSCALLS
 	case NR_pipe:
+#endif
 	case NR_pipe2:
 		*kind = FD_PIPE;
 		return EXIT_PAIR;
@@ -465,10 +447,14 @@ static __always_inline void on_enter(long id, u64 a0, u64 a1, u64 a3)
 	switch (id) {
 	case NR_close:
 	case NR_dup:
+#ifdef HAVE_LEGACY_FD_SYSCALLS
 	case NR_dup2:
+#endif
 	case NR_dup3:
 	case NR_fcntl:
+#ifdef HAVE_LEGACY_FD_SYSCALLS
 	case NR_pipe:
+#endif
 	case NR_pipe2:
 	case NR_socketpair:
 		break;
@@ -487,11 +473,15 @@ static __always_inline void on_enter(long id, u64 a0, u64 a1, u64 a3)
 			break;
 		/* fall through */
 	case NR_dup:
+#ifdef HAVE_LEGACY_FD_SYSCALLS
 	case NR_dup2:
+#endif
 	case NR_dup3:
 		save_entry((s32)a0, 0);
 		break;
+#ifdef HAVE_LEGACY_FD_SYSCALLS
 	case NR_pipe:
+#endif
 	case NR_pipe2:
 		save_entry(-1, a0);
 		break;
@@ -557,14 +547,14 @@ static __always_inline void on_exit(struct pt_regs *regs, long id, long ret)
 SEC("tp_btf/sys_enter")
 int BPF_PROG(sys_enter_btf, struct pt_regs *regs, long id)
 {
-	on_enter(id, regs->di, regs->si, regs->r10);
+	on_enter(id, SYSCALL_ARG0(regs), SYSCALL_ARG1(regs), SYSCALL_ARG3(regs));
 	return 0;
 }
 
 SEC("tp_btf/sys_exit")
 int BPF_PROG(sys_exit_btf, struct pt_regs *regs, long ret)
 {
-	on_exit(regs, regs->orig_ax, ret);
+	on_exit(regs, SYSCALL_NR(regs), ret);
 	return 0;
 }
 

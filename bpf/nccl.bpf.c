@@ -171,14 +171,14 @@ static __always_inline u64 type_size(u64 t)
 
 /* Unwinds from the registers of a uprobe at a function's first instruction
  * (as in bpf/cuda.bpf.c): the stack starts at the caller. */
-__noinline int unwind_at_entry(u32 tgid, u64 sp, u64 bp)
+__noinline int unwind_at_entry(u32 tgid, u64 sp, u64 fp, u64 lr)
 {
-	u64 pc = 0;
-	if (bpf_probe_read_user(&pc, sizeof(pc), (void *)sp)) {
+	u64 pc = 0, caller_sp = 0;
+	if (!entry_caller(sp, lr, &pc, &caller_sp)) {
 		count_err(ERR_READ_USER);
 		return -1;
 	}
-	return unwind_user(tgid, pc, sp + 8, bp, false, UNWIND_MAX_FRAMES);
+	return unwind_user(tgid, pc, caller_sp, fp, false, UNWIND_MAX_FRAMES);
 }
 
 static __always_inline u32 op_of(struct pt_regs *ctx)
@@ -193,16 +193,14 @@ static __always_inline void on_collective(struct pt_regs *ctx, u32 op)
 	u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	if (!is_tracked(tgid))
 		return;
-	/* x86-64: the seventh argument is on the stack above the return
-	 * address. */
-	u64 sp = PT_REGS_SP(ctx), count, type, comm = 0;
+	u64 count, type, comm = 0;
 	switch (op) {
 	case NCCL_OP_ALL_REDUCE:     /* (send, recv, count, type, redop, comm, stream) */
 	case NCCL_OP_REDUCE_SCATTER: /* (send, recv, recvcount, type, redop, comm, stream) */
 	case NCCL_OP_BROADCAST:      /* (send, recv, count, type, root, comm, stream) */
 		count = PT_REGS_PARM3(ctx);
 		type = PT_REGS_PARM4(ctx);
-		comm = ctx->r9; /* the sixth integer argument; older libbpf has no PT_REGS_PARM6 */
+		comm = UPROBE_PARM6(ctx);
 		break;
 	case NCCL_OP_ALL_GATHER: /* (send, recv, sendcount, type, comm, stream) */
 		count = PT_REGS_PARM3(ctx);
@@ -219,7 +217,7 @@ static __always_inline void on_collective(struct pt_regs *ctx, u32 op)
 	case NCCL_OP_REDUCE: /* (send, recv, count, type, redop, root, comm, stream) */
 		count = PT_REGS_PARM3(ctx);
 		type = PT_REGS_PARM4(ctx);
-		if (bpf_probe_read_user(&comm, sizeof(comm), (void *)(sp + 8))) {
+		if (!uprobe_parm7(ctx, &comm)) {
 			count_err(ERR_READ_USER);
 			return;
 		}
@@ -258,7 +256,7 @@ static __always_inline void on_collective(struct pt_regs *ctx, u32 op)
 		return;
 	c->site_ns = now;
 	c->site_op = op;
-	c->stack_id = unwind_at_entry(tgid, sp, PT_REGS_FP(ctx));
+	c->stack_id = unwind_at_entry(tgid, PT_REGS_SP(ctx), PT_REGS_FP(ctx), UPROBE_LR(ctx));
 	c->py_stack = capture_py(tgid);
 }
 
@@ -288,18 +286,17 @@ static __always_inline void on_setup(struct pt_regs *ctx, u32 op)
 	switch (op) {
 	case NCCL_OP_INIT_RANK:        /* (comm *, nranks, ncclUniqueId by value, rank) */
 	case NCCL_OP_INIT_RANK_CONFIG: /* (comm *, nranks, ncclUniqueId by value, rank, config) */ {
-		/* A 128-byte struct passed by value goes in memory: on the stack
-		 * above the return address, taking no register, so rank is the
-		 * third integer register. */
+		/* A 128-byte struct passed by value: where it is, and the rank
+		 * after it, are the ABI's (bpf/arch.h). */
 		u64 words[NCCL_UNIQUE_ID_BYTES / 8];
-		if (bpf_probe_read_user(words, sizeof(words), (void *)(sp + 8))) {
+		if (bpf_probe_read_user(words, sizeof(words), (void *)BYVAL3_ADDR(ctx))) {
 			count_err(ERR_READ_USER);
 			return;
 		}
 #pragma unroll
 		for (int i = 0; i < NCCL_UNIQUE_ID_BYTES / 8; i++)
 			id = mix(id, words[i]);
-		st->rank = (s32)PT_REGS_PARM3(ctx);
+		st->rank = (s32)BYVAL3_NEXT(ctx);
 		st->nranks = (s32)PT_REGS_PARM2(ctx);
 		st->how = NCCL_HOW_UNIQUE_ID;
 		out = PT_REGS_PARM1(ctx);
@@ -362,7 +359,7 @@ static __always_inline void on_setup_return(struct pt_regs *ctx)
 		return;
 	/* As in bpf/cuda.bpf.c: the return popped the return address. Lower:
 	 * a nested call returns; higher: the saved call returned unseen. */
-	u64 entry_sp = PT_REGS_SP(ctx) - 8;
+	u64 entry_sp = ENTRY_SP_AT_RETURN(ctx);
 	if (saved->sp != entry_sp) {
 		if (saved->sp < entry_sp)
 			saved->sp = 0;

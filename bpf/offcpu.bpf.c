@@ -65,7 +65,7 @@ static __always_inline void switch_out(u32 tgid, u32 tid)
 	struct offcpu_thread v = { .at = now, .tgid = tgid, .stack_id = -1 };
 	if (have_task_pt_regs) {
 		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-		v.stack_id = offcpu_unwind(tgid, regs->ip, regs->sp, regs->bp);
+		v.stack_id = offcpu_unwind(tgid, USER_PC(regs), USER_SP(regs), USER_FP(regs));
 		v.py_stack = capture_py(tgid);
 	}
 	if (bpf_map_update_elem(&offcpu_threads, &tid, &v, BPF_ANY))

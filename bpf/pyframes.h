@@ -207,7 +207,7 @@ __noinline u64 py_current_frame(void)
 	struct py_scratch *sc = py_sc();
 	if (!sc)
 		return 0;
-	u64 fsbase = BPF_CORE_READ(current_task(), thread.fsbase);
+	u64 fsbase = thread_pointer(current_task());
 	u64 now = bpf_ktime_get_ns();
 	struct py_thread init = {};
 	struct py_thread *pt = thread_state(&py_threads, &py_threads_tid, &init, true);
