@@ -91,6 +91,10 @@ static __always_inline bool uprobe_parm7(struct pt_regs *ctx, u64 *v)
  * return address cannot be read. */
 static __always_inline bool entry_caller(u64 sp, u64 lr, u64 *pc, u64 *caller_sp)
 {
+	/* lr is unused here. The empty asm keeps it an argument of the global
+	 * function this is inlined in: LLVM would pass it undefined, and the
+	 * verifier checks every argument of a global function. */
+	asm volatile("" : "+r"(lr));
 	if (bpf_probe_read_user(pc, sizeof(*pc), (void *)sp))
 		return false;
 	*caller_sp = sp + 8;
