@@ -414,7 +414,7 @@ __noinline int unwind_at_entry(u32 tgid, u64 sp, u64 fp, u64 lr)
 		count_err(ERR_READ_USER);
 		return -1;
 	}
-	return unwind_user(tgid, pc, caller_sp, fp, false, UNWIND_MAX_FRAMES);
+	return unwind_user(tgid, pc, caller_sp, fp, 0, false, UNWIND_MAX_FRAMES);
 }
 
 /* Saves the entry state of an outermost call. Returns the API, or API_MAX

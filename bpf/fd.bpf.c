@@ -203,9 +203,9 @@ static __always_inline void count_fd(u32 tgid, u8 kind, bool opened)
 /* Unwinds the user stack at the syscall. A global function is verified
  * once, not once per path of the syscall dispatch that reaches it: this
  * keeps loading fast. */
-__noinline int fd_unwind(u32 tgid, u64 ip, u64 sp, u64 bp)
+__noinline int fd_unwind(u32 tgid, u64 ip, u64 sp, u64 bp, u64 lr)
 {
-	return unwind_user(tgid, ip, sp, bp, true, FD_MAX_FRAMES);
+	return unwind_user(tgid, ip, sp, bp, lr, true, FD_MAX_FRAMES);
 }
 
 /* Fills the opening site of info: the user stack, unwound from the user
@@ -224,7 +224,7 @@ static __always_inline void capture_site(struct pt_regs *regs, u32 tgid, struct 
 		info->py_stack = 0;
 		return;
 	}
-	info->stack_id = regs ? fd_unwind(tgid, USER_PC(regs), USER_SP(regs), USER_FP(regs)) : -1;
+	info->stack_id = regs ? fd_unwind(tgid, USER_PC(regs), USER_SP(regs), USER_FP(regs), USER_LR(regs)) : -1;
 	info->py_stack = capture_py(tgid);
 }
 

@@ -48,9 +48,9 @@ const struct offcpu_thread *unused_offcpu_thread __attribute__((unused));
 const enum err_kind *unused_err_kind __attribute__((unused));
 
 /* A global function: verified once, not once per program. */
-__noinline int offcpu_unwind(u32 tgid, u64 ip, u64 sp, u64 bp)
+__noinline int offcpu_unwind(u32 tgid, u64 ip, u64 sp, u64 bp, u64 lr)
 {
-	return unwind_user(tgid, ip, sp, bp, true, UNWIND_MAX_FRAMES);
+	return unwind_user(tgid, ip, sp, bp, lr, true, UNWIND_MAX_FRAMES);
 }
 
 /* The current thread, tid of tgid, leaves the CPU. */
@@ -65,7 +65,7 @@ static __always_inline void switch_out(u32 tgid, u32 tid)
 	struct offcpu_thread v = { .at = now, .tgid = tgid, .stack_id = -1 };
 	if (have_task_pt_regs) {
 		struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(bpf_get_current_task_btf());
-		v.stack_id = offcpu_unwind(tgid, USER_PC(regs), USER_SP(regs), USER_FP(regs));
+		v.stack_id = offcpu_unwind(tgid, USER_PC(regs), USER_SP(regs), USER_FP(regs), USER_LR(regs));
 		v.py_stack = capture_py(tgid);
 	}
 	if (bpf_map_update_elem(&offcpu_threads, &tid, &v, BPF_ANY))

@@ -32,9 +32,17 @@
  * walk starts at an instruction pointer (a syscall) rather than at a return
  * address (a function's entry).
  *
- * x86-64 only: the return address sits at CFA - 8, and rsp and rbp are the
- * only registers a CFA is computed from in compiled code (anything else, such
- * as the stack realignment of main, ends the stack). */
+ * x86-64 and AArch64. The stack pointer and the frame pointer (rbp; x29)
+ * are the only registers a CFA is computed from in compiled code (anything
+ * else, such as the stack realignment of main, ends the stack). The return
+ * address is on the stack at CFA + ra_off (x86-64: always CFA - 8, where the
+ * call pushed it), or on AArch64 still in the link register x30: at a
+ * function's first instructions and in leaf functions, such as the syscall
+ * wrappers of glibc. Only the innermost frame has that register's value (lr;
+ * 0 where unknown). AArch64 return addresses may carry a pointer
+ * authentication code in their upper bits (-mbranch-protection): every one
+ * read is masked with unwind_ra_mask, which user space sets from the virtual
+ * address size. */
 #pragma once
 
 #include "common.h"
@@ -49,11 +57,23 @@ enum unwind_cfa {
 	CFA_RBP = 2, /* CFA = rbp + cfa_off */
 };
 
+/* RSP and RBP are the stack and frame pointer registers: sp and x29 on
+ * AArch64. */
 enum unwind_rbp {
 	RBP_SAME = 0,      /* the caller's rbp is the current one */
 	RBP_AT_CFA = 1,    /* saved at CFA + rbp_off */
 	RBP_UNDEFINED = 2, /* not recoverable */
 };
+
+enum unwind_ra {
+	RA_AT_CFA = 0, /* the return address is saved at CFA + ra_off */
+	RA_IN_LR = 1,  /* still in the link register (AArch64): the innermost frame's lr */
+};
+
+/* Bits of a return address that are the address (user space sets it: on
+ * AArch64 those below the virtual address size, the rest being a pointer
+ * authentication code; all elsewhere). */
+const volatile u64 unwind_ra_mask = ~0ULL;
 
 /* Rules are the code's, not the process's: one per instruction of a file,
  * keyed by the file's id (user space: a hash of its build id, else of its
@@ -69,10 +89,11 @@ struct unwind_key {
 struct unwind_rule {
 	u8 cfa; /* enum unwind_cfa */
 	u8 rbp; /* enum unwind_rbp */
-	u16 pad;
+	u8 ra;  /* enum unwind_ra */
+	u8 pad;
 	s32 cfa_off;
 	s32 rbp_off;
-	u32 pad2;
+	s32 ra_off;
 };
 
 /* A process's address space, named so that user space can name it too,
@@ -133,8 +154,9 @@ struct unwound_stack {
 };
 
 /* What user space needs to finish a stack the kernel could not: the frames
- * so far (the last, pc, is the one without a rule), the registers at pc and
- * the stack from sp up. */
+ * so far (the last, pc, is the one without a rule), the registers at pc (lr:
+ * the link register where pc is the innermost frame's, else 0) and the
+ * stack from sp up. */
 struct unwind_request {
 	u64 mm;
 	u64 asid; /* unwind_asid(): which mappings user space must know */
@@ -143,6 +165,7 @@ struct unwind_request {
 	s32 stack_id;
 	u64 sp;
 	u64 bp;
+	u64 lr;
 	u32 n;
 	u32 copied; /* bytes of stack from sp */
 	u32 exact;  /* pcs[n - 1] is an instruction pointer, not a return address */
@@ -269,7 +292,7 @@ static __always_inline s32 store_stack(struct unwound_stack *s)
  * request cannot be sent (counted), the frames so far are stored as a
  * truncated stack. */
 static __always_inline s32 request_unwind(struct unwound_stack *s, u64 mm, u64 asid, u32 tgid, u64 sp, u64 bp,
-					  bool exact, u32 max)
+					  u64 lr, bool exact, u32 max)
 {
 	struct unwind_pending_key pk = { .mm = mm, .hash = s->hash };
 	if (bpf_ringbuf_query(&unwind_requests, BPF_RB_AVAIL_DATA) > UNWIND_RING_BYTES / 2) {
@@ -300,6 +323,7 @@ static __always_inline s32 request_unwind(struct unwound_stack *s, u64 mm, u64 a
 	r->stack_id = id;
 	r->sp = sp;
 	r->bp = bp;
+	r->lr = lr;
 	r->n = s->n;
 	r->exact = exact;
 	r->max = max;
@@ -318,11 +342,12 @@ static __always_inline s32 request_unwind(struct unwound_stack *s, u64 mm, u64 a
 	return id;
 }
 
-/* Unwinds the user stack of the current thread from pc, sp and bp, at most
- * max frames (<= UNWIND_MAX_FRAMES). exact: pc is an instruction pointer (a
- * syscall's), not a return address. Returns a stack id in unwound_stacks, or
- * -1 when lost (counted). */
-static __always_inline s32 unwind_user(u32 tgid, u64 pc, u64 sp, u64 bp, bool exact, u32 max)
+/* Unwinds the user stack of the current thread from pc, sp, bp and lr (the
+ * link register where pc is the innermost frame's, on AArch64; else 0), at
+ * most max frames (<= UNWIND_MAX_FRAMES). exact: pc is an instruction
+ * pointer (a syscall's), not a return address. Returns a stack id in
+ * unwound_stacks, or -1 when lost (counted). */
+static __always_inline s32 unwind_user(u32 tgid, u64 pc, u64 sp, u64 bp, u64 lr, bool exact, u32 max)
 {
 	u32 zero = 0;
 	struct unwound_stack *s = bpf_map_lookup_elem(&unwind_scratch, &zero);
@@ -345,6 +370,9 @@ static __always_inline s32 unwind_user(u32 tgid, u64 pc, u64 sp, u64 bp, bool ex
 	u64 lo = 0, hi = 0, bias = 0, file = own;
 	struct unwind_key key;
 	u64 bp_at = 0; /* where the current rbp is saved, not read yet; 0: bp holds it */
+	u64 mask = unwind_ra_mask;
+	pc &= mask;
+	lr &= mask;
 	for (u32 i = 0; i < UNWIND_MAX_FRAMES; i++) {
 		if (!pc)
 			break;
@@ -380,7 +408,7 @@ static __always_inline s32 unwind_user(u32 tgid, u64 pc, u64 sp, u64 bp, bool ex
 		if (!rule) {
 			if (bp_at && bpf_probe_read_user(&bp, sizeof(bp), (void *)bp_at))
 				bp = 0;
-			return request_unwind(s, (u64)mm, asid, tgid, sp, bp, at_ip, max);
+			return request_unwind(s, (u64)mm, asid, tgid, sp, bp, lr, at_ip, max);
 		}
 		if (rule->cfa == CFA_END)
 			break;
@@ -390,8 +418,16 @@ static __always_inline s32 unwind_user(u32 tgid, u64 pc, u64 sp, u64 bp, bool ex
 			bp_at = 0;
 		}
 		u64 cfa = (rule->cfa == CFA_RBP ? bp : sp) + (s64)rule->cfa_off;
-		if (bpf_probe_read_user(&pc, sizeof(pc), (void *)(cfa - 8)))
-			break;
+		if (rule->ra == RA_IN_LR) {
+			/* A caller's link register was overwritten by its call:
+			 * lr is the innermost frame's only. */
+			pc = lr;
+		} else {
+			if (bpf_probe_read_user(&pc, sizeof(pc), (void *)(cfa + (s64)rule->ra_off)))
+				break;
+			pc &= mask;
+		}
+		lr = 0;
 		/* A saved rbp is read only when a frame further out computes its
 		 * CFA from it: code without frame pointers saves rbp as any
 		 * callee-saved register and never needs it, and each read costs

@@ -278,10 +278,11 @@ type cudaUnwindRule struct {
 	_      structs.HostLayout
 	Cfa    uint8
 	Rbp    uint8
-	Pad    uint16
+	Ra     uint8
+	Pad    uint8
 	CfaOff int32
 	RbpOff int32
-	Pad2   uint32
+	RaOff  int32
 }
 
 type cudaUnwoundStack struct {
@@ -440,6 +441,7 @@ const (
 	cudaVarUnusedWaitKey                 = "unused_wait_key"
 	cudaVarUnusedWaitThread              = "unused_wait_thread"
 	cudaVarUnusedWaitThreadKey           = "unused_wait_thread_key"
+	cudaVarUnwindRaMask                  = "unwind_ra_mask"
 	cudaVarViewBit                       = "view_bit"
 )
 
@@ -612,6 +614,7 @@ type cudaVariableSpecs struct {
 	UnusedWaitKey          *ebpf.VariableSpec `ebpf:"unused_wait_key"`
 	UnusedWaitThread       *ebpf.VariableSpec `ebpf:"unused_wait_thread"`
 	UnusedWaitThreadKey    *ebpf.VariableSpec `ebpf:"unused_wait_thread_key"`
+	UnwindRaMask           *ebpf.VariableSpec `ebpf:"unwind_ra_mask"`
 	ViewBit                *ebpf.VariableSpec `ebpf:"view_bit"`
 }
 
@@ -741,6 +744,7 @@ type cudaVariables struct {
 	UnusedWaitKey          *ebpf.Variable `ebpf:"unused_wait_key"`
 	UnusedWaitThread       *ebpf.Variable `ebpf:"unused_wait_thread"`
 	UnusedWaitThreadKey    *ebpf.Variable `ebpf:"unused_wait_thread_key"`
+	UnwindRaMask           *ebpf.Variable `ebpf:"unwind_ra_mask"`
 	ViewBit                *ebpf.Variable `ebpf:"view_bit"`
 }
 

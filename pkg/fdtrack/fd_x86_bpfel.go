@@ -203,10 +203,11 @@ type fdUnwindRule struct {
 	_      structs.HostLayout
 	Cfa    uint8
 	Rbp    uint8
-	Pad    uint16
+	Ra     uint8
+	Pad    uint8
 	CfaOff int32
 	RbpOff int32
-	Pad2   uint32
+	RaOff  int32
 }
 
 type fdUnwoundStack struct {
@@ -275,6 +276,7 @@ const (
 	fdVarUnusedUnwindRequest    = "unused_unwind_request"
 	fdVarUnusedUnwindRule       = "unused_unwind_rule"
 	fdVarUnusedUnwoundStack     = "unused_unwound_stack"
+	fdVarUnwindRaMask           = "unwind_ra_mask"
 	fdVarViewBit                = "view_bit"
 )
 
@@ -386,6 +388,7 @@ type fdVariableSpecs struct {
 	UnusedUnwindRequest    *ebpf.VariableSpec `ebpf:"unused_unwind_request"`
 	UnusedUnwindRule       *ebpf.VariableSpec `ebpf:"unused_unwind_rule"`
 	UnusedUnwoundStack     *ebpf.VariableSpec `ebpf:"unused_unwound_stack"`
+	UnwindRaMask           *ebpf.VariableSpec `ebpf:"unwind_ra_mask"`
 	ViewBit                *ebpf.VariableSpec `ebpf:"view_bit"`
 }
 
@@ -490,6 +493,7 @@ type fdVariables struct {
 	UnusedUnwindRequest    *ebpf.Variable `ebpf:"unused_unwind_request"`
 	UnusedUnwindRule       *ebpf.Variable `ebpf:"unused_unwind_rule"`
 	UnusedUnwoundStack     *ebpf.Variable `ebpf:"unused_unwound_stack"`
+	UnwindRaMask           *ebpf.Variable `ebpf:"unwind_ra_mask"`
 	ViewBit                *ebpf.Variable `ebpf:"view_bit"`
 }
 

@@ -174,10 +174,11 @@ type ncclUnwindRule struct {
 	_      structs.HostLayout
 	Cfa    uint8
 	Rbp    uint8
-	Pad    uint16
+	Ra     uint8
+	Pad    uint8
 	CfaOff int32
 	RbpOff int32
-	Pad2   uint32
+	RaOff  int32
 }
 
 type ncclUnwoundStack struct {
@@ -245,6 +246,7 @@ const (
 	ncclVarUnusedUnwindRequest          = "unused_unwind_request"
 	ncclVarUnusedUnwindRule             = "unused_unwind_rule"
 	ncclVarUnusedUnwoundStack           = "unused_unwound_stack"
+	ncclVarUnwindRaMask                 = "unwind_ra_mask"
 	ncclVarViewBit                      = "view_bit"
 )
 
@@ -355,6 +357,7 @@ type ncclVariableSpecs struct {
 	UnusedUnwindRequest    *ebpf.VariableSpec `ebpf:"unused_unwind_request"`
 	UnusedUnwindRule       *ebpf.VariableSpec `ebpf:"unused_unwind_rule"`
 	UnusedUnwoundStack     *ebpf.VariableSpec `ebpf:"unused_unwound_stack"`
+	UnwindRaMask           *ebpf.VariableSpec `ebpf:"unwind_ra_mask"`
 	ViewBit                *ebpf.VariableSpec `ebpf:"view_bit"`
 }
 
@@ -445,6 +448,7 @@ type ncclVariables struct {
 	UnusedUnwindRequest    *ebpf.Variable `ebpf:"unused_unwind_request"`
 	UnusedUnwindRule       *ebpf.Variable `ebpf:"unused_unwind_rule"`
 	UnusedUnwoundStack     *ebpf.Variable `ebpf:"unused_unwound_stack"`
+	UnwindRaMask           *ebpf.Variable `ebpf:"unwind_ra_mask"`
 	ViewBit                *ebpf.Variable `ebpf:"view_bit"`
 }
 

@@ -112,10 +112,11 @@ type offcpuUnwindRule struct {
 	_      structs.HostLayout
 	Cfa    uint8
 	Rbp    uint8
-	Pad    uint16
+	Ra     uint8
+	Pad    uint8
 	CfaOff int32
 	RbpOff int32
-	Pad2   uint32
+	RaOff  int32
 }
 
 type offcpuUnwoundStack struct {
@@ -162,6 +163,7 @@ const (
 	offcpuVarUnusedUnwindRequest    = "unused_unwind_request"
 	offcpuVarUnusedUnwindRule       = "unused_unwind_rule"
 	offcpuVarUnusedUnwoundStack     = "unused_unwound_stack"
+	offcpuVarUnwindRaMask           = "unwind_ra_mask"
 )
 
 // loadOffcpu returns the embedded CollectionSpec for offcpu.
@@ -250,6 +252,7 @@ type offcpuVariableSpecs struct {
 	UnusedUnwindRequest    *ebpf.VariableSpec `ebpf:"unused_unwind_request"`
 	UnusedUnwindRule       *ebpf.VariableSpec `ebpf:"unused_unwind_rule"`
 	UnusedUnwoundStack     *ebpf.VariableSpec `ebpf:"unused_unwound_stack"`
+	UnwindRaMask           *ebpf.VariableSpec `ebpf:"unwind_ra_mask"`
 }
 
 // offcpuObjects contains all objects after they have been loaded into the kernel.
@@ -329,6 +332,7 @@ type offcpuVariables struct {
 	UnusedUnwindRequest    *ebpf.Variable `ebpf:"unused_unwind_request"`
 	UnusedUnwindRule       *ebpf.Variable `ebpf:"unused_unwind_rule"`
 	UnusedUnwoundStack     *ebpf.Variable `ebpf:"unused_unwound_stack"`
+	UnwindRaMask           *ebpf.Variable `ebpf:"unwind_ra_mask"`
 }
 
 // offcpuPrograms contains all programs after they have been loaded into the kernel.

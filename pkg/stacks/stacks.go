@@ -166,13 +166,18 @@ func (h *Handle) Release() error {
 }
 
 // Prepare fits an object's spec to the service before it is loaded: its
-// sites cap, and the size of the shared maps it declares (py_procs and
-// unwind_mappings are sized for the processes tracked). Load it with
-// Replacements.
+// sites cap, the return addresses' mask (unwind.RAMask), and the size of
+// the shared maps it declares (py_procs and unwind_mappings are sized for
+// the processes tracked). Load it with Replacements.
 func (s *Service) Prepare(spec *ebpf.CollectionSpec) error {
 	if v := spec.Variables["max_sites_per_proc"]; v != nil {
 		if err := v.Set(s.maxSites); err != nil {
 			return fmt.Errorf("setting max_sites_per_proc: %w", err)
+		}
+	}
+	if v := spec.Variables["unwind_ra_mask"]; v != nil {
+		if err := v.Set(unwind.RAMask()); err != nil {
+			return fmt.Errorf("setting unwind_ra_mask: %w", err)
 		}
 	}
 	for name, m := range s.maps {

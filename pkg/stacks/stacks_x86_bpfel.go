@@ -116,10 +116,11 @@ type stacksUnwindRule struct {
 	_      structs.HostLayout
 	Cfa    uint8
 	Rbp    uint8
-	Pad    uint16
+	Ra     uint8
+	Pad    uint8
 	CfaOff int32
 	RbpOff int32
-	Pad2   uint32
+	RaOff  int32
 }
 
 type stacksUnwoundStack struct {
@@ -167,6 +168,7 @@ const (
 	stacksVarUnusedUnwindRequest    = "unused_unwind_request"
 	stacksVarUnusedUnwindRule       = "unused_unwind_rule"
 	stacksVarUnusedUnwoundStack     = "unused_unwound_stack"
+	stacksVarUnwindRaMask           = "unwind_ra_mask"
 )
 
 // loadStacks returns the embedded CollectionSpec for stacks.
@@ -256,6 +258,7 @@ type stacksVariableSpecs struct {
 	UnusedUnwindRequest    *ebpf.VariableSpec `ebpf:"unused_unwind_request"`
 	UnusedUnwindRule       *ebpf.VariableSpec `ebpf:"unused_unwind_rule"`
 	UnusedUnwoundStack     *ebpf.VariableSpec `ebpf:"unused_unwound_stack"`
+	UnwindRaMask           *ebpf.VariableSpec `ebpf:"unwind_ra_mask"`
 }
 
 // stacksObjects contains all objects after they have been loaded into the kernel.
@@ -338,6 +341,7 @@ type stacksVariables struct {
 	UnusedUnwindRequest    *ebpf.Variable `ebpf:"unused_unwind_request"`
 	UnusedUnwindRule       *ebpf.Variable `ebpf:"unused_unwind_rule"`
 	UnusedUnwoundStack     *ebpf.Variable `ebpf:"unused_unwound_stack"`
+	UnwindRaMask           *ebpf.Variable `ebpf:"unwind_ra_mask"`
 }
 
 // stacksPrograms contains all programs after they have been loaded into the kernel.

@@ -16,7 +16,7 @@ import (
 // negative moved back to its own start and looped forever; one that
 // remembers states without end kept a row per byte. Both are refused.
 func TestCFIProgramBounded(t *testing.T) {
-	c := &cie{codeAlign: 1, dataAlign: -8, ra: dwRA}
+	c := &cie{codeAlign: 1, dataAlign: -8, ra: dwarfX86.ra}
 	// DW_CFA_def_cfa_expression, its length 2^64-11: back by the 11
 	// bytes of the instruction, to 0.
 	loop := binary.AppendUvarint([]byte{0x0f}, 1<<64-11)
@@ -31,14 +31,14 @@ func TestCFIProgramBounded(t *testing.T) {
 		ok   bool
 	}{
 		{"looping", loop, false},
-		{"past its end", binary.AppendUvarint([]byte{0x10, dwRBP}, 1), false},
+		{"past its end", binary.AppendUvarint([]byte{0x10, byte(dwarfX86.fp)}, 1), false},
 		{"remembering too deep", deep, false},
 		{"remembering as deep as allowed", nested, true},
 	} {
 		done := make(chan error, 1)
 		go func() {
 			var st cfiState
-			done <- c.run(&st, nil, tc.prog, 0, 0, ^uint64(0))
+			done <- c.run(&dwarfX86, &st, nil, tc.prog, 0, 0, ^uint64(0))
 		}()
 		select {
 		case err := <-done:
@@ -48,6 +48,39 @@ func TestCFIProgramBounded(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("%s: still running after 10 s", tc.name)
 		}
+	}
+}
+
+// DW_CFA_AARCH64_negate_ra_state (0x2d) is AArch64's alone: elsewhere
+// the opcode is DW_CFA_GNU_window_save (SPARC), which no x86-64 file has.
+// Between the prologue's paciasp and the epilogue's autiasp the return
+// address is signed: the rule stays where x30 was saved, as readelf's.
+func TestNegateRAState(t *testing.T) {
+	a64 := &cie{codeAlign: 4, dataAlign: -8, ra: dwarfAArch64.ra}
+	// paciasp; stp x29, x30, [sp, -16]!: advance 1, negate_ra_state,
+	// advance 1, def_cfa_offset 16, offset x29 at cfa-16, offset x30 at
+	// cfa-8.
+	prog := []byte{0x41, 0x2d, 0x41, 0x0e, 16, 0x80 | 29, 2, 0x80 | 30, 1}
+	for _, tc := range []struct {
+		at   uint64
+		want Rule
+	}{
+		{0, Rule{CFA: CFARSP, RA: RAInLR}},
+		{4, Rule{CFA: CFARSP, RA: RAInLR}},
+		{8, Rule{CFA: CFARSP, CFAOffset: 16, RBP: RBPAtCFA, RBPOffset: -16, RA: RAAtCFA, RAOffset: -8}},
+	} {
+		st := cfiState{cfaReg: dwarfAArch64.sp}
+		if err := a64.run(&dwarfAArch64, &st, nil, prog, 0, 0, tc.at); err != nil {
+			t.Fatalf("at %d: %v", tc.at, err)
+		}
+		if got := st.rule(a64, &dwarfAArch64); got != tc.want {
+			t.Errorf("at %d: %+v, want %+v", tc.at, got, tc.want)
+		}
+	}
+	x86 := &cie{codeAlign: 1, dataAlign: -8, ra: dwarfX86.ra}
+	var st cfiState
+	if err := x86.run(&dwarfX86, &st, nil, []byte{0x2d}, 0, 0, ^uint64(0)); !errors.Is(err, errCFI) {
+		t.Errorf("x86-64: %v, want %v", err, errCFI)
 	}
 }
 

@@ -8,10 +8,12 @@ import (
 	"io"
 )
 
-// Call-frame information (.eh_frame) of x86-64 ELF files: for an instruction
-// address, where its frame's caller starts (the canonical frame address, CFA)
-// and where the caller's rbp was saved. With that, a stack of code built
-// without frame pointers can be walked.
+// Call-frame information (.eh_frame) of x86-64 and AArch64 ELF files: for an
+// instruction address, where its frame's caller starts (the canonical frame
+// address, CFA), where the return address is (on the stack, or on AArch64
+// still in the link register x30) and where the caller's frame pointer (rbp;
+// x29) was saved. With that, a stack of code built without frame pointers can
+// be walked.
 //
 // The file's .eh_frame_hdr (segment PT_GNU_EH_FRAME, which survives strip)
 // has a sorted table of function starts; it is binary-searched in the file,
@@ -21,41 +23,74 @@ import (
 // would take more memory than the whole tool may use. Callers cache rules by
 // address.
 
-// CFA bases, as bpf/unwind.h names them.
+// CFA bases, as bpf/unwind.h names them. RSP and RBP are the stack and
+// frame pointer registers: rsp and rbp on x86-64, sp and x29 on AArch64.
 const (
 	CFAEnd uint8 = iota // no caller: the outermost frame, or not unwindable
 	CFARSP              // CFA = rsp + CFAOffset
 	CFARBP              // CFA = rbp + CFAOffset
 )
 
-// Rules for the caller's rbp, as bpf/unwind.h names them.
+// Rules for the caller's frame pointer (rbp; x29), as bpf/unwind.h names
+// them.
 const (
 	RBPSame      uint8 = iota // unchanged in this frame
 	RBPAtCFA                  // saved at CFA + RBPOffset
 	RBPUndefined              // not recoverable
 )
 
+// Rules for the return address, as bpf/unwind.h names them.
+const (
+	// RAAtCFA: saved at CFA + RAOffset (x86-64: always CFA - 8, where the
+	// call pushed it; AArch64: where the prologue stored x30).
+	RAAtCFA uint8 = iota
+	// RAInLR: still in the link register x30 (AArch64, before the
+	// prologue stores it and in leaf functions). Only the innermost frame
+	// of a stack has the register's value.
+	RAInLR
+)
+
 // Rule says how to find the caller of a frame from the frame's registers.
-// The return address is always at CFA - 8 on x86-64.
+// 16 bytes, as bpf/unwind.h's struct unwind_rule: the kernel keeps one per
+// instruction that user space taught it.
 type Rule struct {
 	CFA       uint8
 	RBP       uint8
+	RA        uint8
 	CFAOffset int32
 	RBPOffset int32
+	RAOffset  int32
 }
 
 // endRule ends a stack.
 var endRule = Rule{CFA: CFAEnd}
 
-// fpRule is the frame-pointer convention (push rbp; mov rsp, rbp), for code
-// without call-frame information such as JIT-compiled code.
-var fpRule = Rule{CFA: CFARBP, CFAOffset: 16, RBP: RBPAtCFA, RBPOffset: -16}
+// fpRule is the frame-pointer convention, for code without call-frame
+// information such as JIT-compiled code. x86-64's (push rbp; mov rsp, rbp)
+// and AArch64's frame record (stp x29, x30, [sp, -N]!; mov x29, sp: x29
+// points at the saved x29 and x30) have the same offsets.
+var fpRule = Rule{CFA: CFARBP, CFAOffset: 16, RBP: RBPAtCFA, RBPOffset: -16, RA: RAAtCFA, RAOffset: -8}
 
-// DWARF register numbers of x86-64 (System V psABI, figure 3.36).
-const (
-	dwRBP = 6
-	dwRSP = 7
-	dwRA  = 16
+// dwarfRegs are the DWARF numbers of the registers a rule is made of, in
+// one machine's psABI.
+type dwarfRegs struct {
+	fp, sp, ra uint64
+	// negateRAState: DW_CFA_AARCH64_negate_ra_state (0x2d, where other
+	// machines have DW_CFA_GNU_window_save) toggles whether the return
+	// address is signed (pointer authentication). Nothing here follows
+	// it: the walkers strip every return address of its signature.
+	negateRAState bool
+	// raInLR: the return address is a register (x30) that an unspecified
+	// or same-value rule leaves in the link register; on x86-64 it is
+	// only ever on the stack.
+	raInLR bool
+}
+
+var (
+	// x86-64: System V psABI, figure 3.36 (rbp 6, rsp 7, return address 16).
+	dwarfX86 = dwarfRegs{fp: 6, sp: 7, ra: 16}
+	// AArch64: DWARF for the Arm 64-bit Architecture (x29 29, x30 30, sp 31).
+	dwarfAArch64 = dwarfRegs{fp: 29, sp: 31, ra: 30, negateRAState: true, raInLR: true}
 )
 
 // Pointer encodings (DW_EH_PE_*), as in LSB's "Exception Frames".
@@ -79,6 +114,7 @@ var errCFI = errors.New("malformed call-frame information")
 // ehFrame locates the call-frame information of one file.
 type ehFrame struct {
 	hdrAddr, hdrSize uint64 // .eh_frame_hdr
+	regs             dwarfRegs
 }
 
 // cfiReader decodes .eh_frame data read from the file at a known address.
@@ -384,28 +420,38 @@ func (e *elfInfo) rule(vaddr uint64) (Rule, bool, error) {
 		return Rule{}, false, r.err
 	}
 	init := cfiState{}
-	if err := c.run(&init, nil, c.initial, 0, 0, ^uint64(0)); err != nil {
+	regs := &e.eh.regs
+	if err := c.run(regs, &init, nil, c.initial, 0, 0, ^uint64(0)); err != nil {
 		return Rule{}, false, err
 	}
 	st := init
-	if err := c.run(&st, &init, r.b[r.pos:], r.addr+uint64(r.pos), start, vaddr); err != nil {
+	if err := c.run(regs, &st, &init, r.b[r.pos:], r.addr+uint64(r.pos), start, vaddr); err != nil {
 		return Rule{}, false, err
 	}
-	return st.rule(c), true, nil
+	return st.rule(c, regs), true, nil
 }
 
 // rule turns a row into what the kernel can follow.
-func (st *cfiState) rule(c *cie) Rule {
-	if st.cfaExpr || c.ra != dwRA || st.ra.kind != ruleOffset || st.ra.off != -8 {
-		// Expressions (signal frames, stack realignment) and an undefined
-		// return address (_start, thread entry) end the stack.
+func (st *cfiState) rule(c *cie, regs *dwarfRegs) Rule {
+	if st.cfaExpr || c.ra != regs.ra {
+		// Expressions (signal frames, stack realignment) end the stack.
 		return endRule
 	}
 	out := Rule{CFAOffset: int32(st.cfaOff)}
+	switch {
+	case st.ra.kind == ruleOffset:
+		out.RA, out.RAOffset = RAAtCFA, int32(st.ra.off)
+	case st.ra.kind == ruleSame && regs.raInLR:
+		out.RA = RAInLR
+	default:
+		// An undefined return address (_start, thread entry) ends the
+		// stack, as one the walkers cannot follow.
+		return endRule
+	}
 	switch st.cfaReg {
-	case dwRSP:
+	case regs.sp:
 		out.CFA = CFARSP
-	case dwRBP:
+	case regs.fp:
 		out.CFA = CFARBP
 	default:
 		return endRule
@@ -429,14 +475,15 @@ const maxRemembered = 64
 // run executes call-frame instructions from location loc until the row
 // covering target. init is the CIE's row, for DW_CFA_restore; addr is the
 // instructions' own address, for DW_CFA_set_loc's encoding.
-func (c *cie) run(st *cfiState, init *cfiState, prog []byte, addr, loc, target uint64) error {
+func (c *cie) run(regs *dwarfRegs, st *cfiState, init *cfiState, prog []byte, addr, loc, target uint64) error {
 	r := &cfiReader{b: prog, addr: addr}
 	var saved []cfiState
+	// The return address is the CIE's column: on AArch64 it is x30's own.
 	setReg := func(reg uint64, rr regRule) {
 		switch reg {
-		case dwRBP:
+		case regs.fp:
 			st.rbp = rr
-		case dwRA:
+		case c.ra:
 			st.ra = rr
 		}
 	}
@@ -446,9 +493,9 @@ func (c *cie) run(st *cfiState, init *cfiState, prog []byte, addr, loc, target u
 			return
 		}
 		switch reg {
-		case dwRBP:
+		case regs.fp:
 			st.rbp = init.rbp
-		case dwRA:
+		case c.ra:
 			st.ra = init.ra
 		}
 	}
@@ -548,6 +595,10 @@ func (c *cie) run(st *cfiState, init *cfiState, prog []byte, addr, loc, target u
 			reg := r.uleb()
 			r.skip(r.uleb())
 			setReg(reg, regRule{kind: ruleOther})
+		case 0x2d: // AARCH64_negate_ra_state (GNU_window_save elsewhere)
+			if !regs.negateRAState {
+				return fmt.Errorf("%w: opcode %#x", errCFI, op)
+			}
 		case 0x2e: // GNU_args_size
 			r.uleb()
 		case 0x2f: // GNU_negative_offset_extended

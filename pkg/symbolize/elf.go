@@ -93,8 +93,11 @@ func parseELF(f *os.File) (*elfInfo, error) {
 		case elf.PT_LOAD:
 			info.loads = append(info.loads, load{off: p.Off, filesz: p.Filesz, vaddr: p.Vaddr})
 		case elf.PT_GNU_EH_FRAME:
-			if ef.Machine == elf.EM_X86_64 {
-				info.eh = ehFrame{hdrAddr: p.Vaddr, hdrSize: p.Filesz}
+			switch ef.Machine {
+			case elf.EM_X86_64:
+				info.eh = ehFrame{hdrAddr: p.Vaddr, hdrSize: p.Filesz, regs: dwarfX86}
+			case elf.EM_AARCH64:
+				info.eh = ehFrame{hdrAddr: p.Vaddr, hdrSize: p.Filesz, regs: dwarfAArch64}
 			}
 		}
 	}

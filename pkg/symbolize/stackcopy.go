@@ -53,11 +53,15 @@ func (s *Symbolizer) ruleAt(pm *procMaps, addr uint64) CodeRule {
 
 // StackCopy is a thread's stack from a frame on: the frame's return address
 // PC (its instruction pointer when Exact: the innermost frame of a syscall),
-// the stack pointer and rbp at it, and the stack's bytes from SP up.
+// the stack pointer and frame pointer (rbp; x29) at it, the link register
+// (x30) where PC is the innermost frame's on AArch64 (else 0: unknown), and
+// the stack's bytes from SP up. RAMask is applied to every return address
+// (0: none): it strips AArch64's pointer authentication codes.
 type StackCopy struct {
-	PC, SP, BP uint64
-	Exact      bool
-	Stack      []byte
+	PC, SP, BP, LR uint64
+	Exact          bool
+	RAMask         uint64
+	Stack          []byte
 }
 
 // UnwindCopy continues a stack that the kernel could not: it walks the
@@ -79,7 +83,11 @@ func (s *Symbolizer) UnwindCopy(pid int, c StackCopy, max int) (pcs []uint64, ru
 		}
 		return binary.LittleEndian.Uint64(c.Stack[addr-c.SP:]), true
 	}
-	pc, sp, bp := c.PC, c.SP, c.BP
+	mask := c.RAMask
+	if mask == 0 {
+		mask = ^uint64(0)
+	}
+	pc, sp, bp, lr := c.PC&mask, c.SP, c.BP, c.LR&mask
 	at := pc - 1
 	if c.Exact {
 		at = pc
@@ -96,12 +104,21 @@ func (s *Symbolizer) UnwindCopy(pid int, c StackCopy, max int) (pcs []uint64, ru
 			cfa = bp
 		}
 		cfa += uint64(int64(r.CFAOffset))
-		ra, ok := read(cfa - 8)
-		if !ok {
-			break
+		var ra uint64
+		if r.RA == RAInLR {
+			// Only the innermost frame has the link register's value:
+			// a caller's was overwritten by its call.
+			ra = lr
+		} else {
+			var ok bool
+			if ra, ok = read(cfa + uint64(int64(r.RAOffset))); !ok {
+				break
+			}
+			ra &= mask
 		}
 		switch r.RBP {
 		case RBPAtCFA:
+			var ok bool
 			if bp, ok = read(cfa + uint64(int64(r.RBPOffset))); !ok {
 				bp = 0
 			}
@@ -112,7 +129,7 @@ func (s *Symbolizer) UnwindCopy(pid int, c StackCopy, max int) (pcs []uint64, ru
 			break
 		}
 		pcs = append(pcs, ra)
-		pc, sp, at = ra, cfa, ra-1
+		pc, sp, at, lr = ra, cfa, ra-1, 0
 	}
 	return pcs, rules
 }

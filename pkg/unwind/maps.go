@@ -26,7 +26,8 @@ func (m Maps) Decode(raw []byte) (Request, error) {
 		return Request{}, err
 	}
 	return Request{
-		MM: r.Mm, ASID: r.Asid, Hash: r.Hash, TGID: r.Tgid, StackID: r.StackId, SP: r.Sp, BP: r.Bp, Exact: r.Exact != 0,
+		MM: r.Mm, ASID: r.Asid, Hash: r.Hash, TGID: r.Tgid, StackID: r.StackId, SP: r.Sp, BP: r.Bp, LR: r.Lr,
+		Exact: r.Exact != 0,
 		Max:   min(int(r.Max), MaxFrames),
 		PCs:   slices.Clone(r.Pcs[:min(int(r.N), MaxFrames)]),
 		Stack: slices.Clone(r.Stack[:min(int(r.Copied), len(r.Stack))]),
@@ -35,7 +36,8 @@ func (m Maps) Decode(raw []byte) (Request, error) {
 
 func (m Maps) SetRule(file, at uint64, r symbolize.Rule) error {
 	return m.Rules.Update(unwindUnwindKey{File: file, At: at},
-		unwindUnwindRule{Cfa: r.CFA, Rbp: r.RBP, CfaOff: r.CFAOffset, RbpOff: r.RBPOffset}, ebpf.UpdateAny)
+		unwindUnwindRule{Cfa: r.CFA, Rbp: r.RBP, Ra: r.RA, CfaOff: r.CFAOffset, RbpOff: r.RBPOffset, RaOff: r.RAOffset},
+		ebpf.UpdateAny)
 }
 
 // mappingKey is b as the trie has it: big-endian after the prefix length

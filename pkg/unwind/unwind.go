@@ -39,6 +39,7 @@ type Request struct {
 	TGID    uint32
 	StackID int32
 	SP, BP  uint64
+	LR      uint64   // the link register where PCs' last is the innermost frame's (AArch64), else 0
 	Exact   bool     // PCs' last is an instruction pointer, not a return address
 	Max     int      // frames wanted in all
 	PCs     []uint64 // frames so far; the last is the one without a rule
@@ -145,7 +146,7 @@ func (s *Server) answer(req Request) {
 		p = s.learn(req.TGID, req.ASID)
 	}
 	more, rules := s.sym.UnwindCopy(int(req.TGID), symbolize.StackCopy{
-		PC: req.PCs[n-1], SP: req.SP, BP: req.BP, Exact: req.Exact, Stack: req.Stack,
+		PC: req.PCs[n-1], SP: req.SP, BP: req.BP, LR: req.LR, Exact: req.Exact, RAMask: RAMask(), Stack: req.Stack,
 	}, req.Max-n)
 	if p != nil && p.stale(rules) {
 		p = s.learn(req.TGID, req.ASID)

@@ -50,6 +50,7 @@ type unwindUnwindRequest struct {
 	StackId int32
 	Sp      uint64
 	Bp      uint64
+	Lr      uint64
 	N       uint32
 	Copied  uint32
 	Exact   uint32
@@ -62,10 +63,11 @@ type unwindUnwindRule struct {
 	_      structs.HostLayout
 	Cfa    uint8
 	Rbp    uint8
-	Pad    uint16
+	Ra     uint8
+	Pad    uint8
 	CfaOff int32
 	RbpOff int32
-	Pad2   uint32
+	RaOff  int32
 }
 
 type unwindUnwoundStack struct {
@@ -97,6 +99,7 @@ const (
 	unwindVarUnusedUnwindRequest    = "unused_unwind_request"
 	unwindVarUnusedUnwindRule       = "unused_unwind_rule"
 	unwindVarUnusedUnwoundStack     = "unused_unwound_stack"
+	unwindVarUnwindRaMask           = "unwind_ra_mask"
 )
 
 // loadUnwind returns the embedded CollectionSpec for unwind.
@@ -170,6 +173,7 @@ type unwindVariableSpecs struct {
 	UnusedUnwindRequest    *ebpf.VariableSpec `ebpf:"unused_unwind_request"`
 	UnusedUnwindRule       *ebpf.VariableSpec `ebpf:"unused_unwind_rule"`
 	UnusedUnwoundStack     *ebpf.VariableSpec `ebpf:"unused_unwound_stack"`
+	UnwindRaMask           *ebpf.VariableSpec `ebpf:"unwind_ra_mask"`
 }
 
 // unwindObjects contains all objects after they have been loaded into the kernel.
@@ -228,6 +232,7 @@ type unwindVariables struct {
 	UnusedUnwindRequest    *ebpf.Variable `ebpf:"unused_unwind_request"`
 	UnusedUnwindRule       *ebpf.Variable `ebpf:"unused_unwind_rule"`
 	UnusedUnwoundStack     *ebpf.Variable `ebpf:"unused_unwound_stack"`
+	UnwindRaMask           *ebpf.Variable `ebpf:"unwind_ra_mask"`
 }
 
 // unwindPrograms contains all programs after they have been loaded into the kernel.
