@@ -17,7 +17,10 @@
  * TPIDR_EL0 (sizeof(struct pthread) below, which user space reads from the
  * process's libc). This works in any pid namespace and whether or not the
  * thread holds the GIL (it does not around open() or a ctypes call), and on
- * 3.10, whose tstate has no native_thread_id. The tstate found is kept per thread
+ * 3.10, whose tstate has no native_thread_id. On arm64 the kernel's copy of
+ * TPIDR_EL0 is taken when the task is switched out, and glibc sets the main
+ * thread's itself (msr, no syscall): until the main thread's first switch
+ * it matches no tstate, a finding rechecked after PY_RECHECK_NS. The tstate found is kept per thread
  * (thread_state() in common.h) and checked (one read) at each event; it, or the finding that the
  * thread runs no Python, is trusted for PY_RECHECK_NS before the next walk.
  *
