@@ -411,6 +411,10 @@ static __always_inline void count(u32 tgid, u32 api, u64 alloc, u64 freed)
 __noinline int unwind_at_entry(u32 tgid, u64 sp, u64 fp, u64 lr)
 {
 	u64 pc = 0, caller_sp = 0;
+	/* x86's entry_caller ignores lr: unused, clang left r4 unset at the
+	 * calls, and the verifier refuses a global function's argument that is
+	 * no scalar ("R4 is not a scalar"). Used here, it is passed (as 0). */
+	asm volatile("" : "+r"(lr));
 	if (!entry_caller(sp, lr, &pc, &caller_sp)) {
 		count_err(ERR_READ_USER);
 		return -1;
