@@ -36,7 +36,8 @@
  * Where the kernel has session uprobes (6.13+), one program per shape serves
  * the entry and the return of its functions (on_session), and the entry
  * declines the return of a call nobody needs: an untracked process's, a
- * driver call nested in a hooked runtime call, a free (recorded at entry).
+ * driver call nested in a hooked runtime call, a free (recorded at entry;
+ * x86 only, see FREE_DECLINES_RETURN).
  * A declined return costs nothing: the kernel does not hijack the return
  * address. Elsewhere (5.10 to 6.12) uprobe and uretprobe pairs run the same
  * on_entry and on_return. */
@@ -312,7 +313,7 @@ static __always_inline u32 api_of(struct pt_regs *ctx)
  * uretprobe could not be installed). One at sp itself is a call that
  * tail-called this one when outer_too (the runtime jumping into the driver),
  * and a stale one otherwise.
- * A call whose return was declined (noret) leaves its state behind when it
+ * A call whose return was declined (noret: FREE_DECLINES_RETURN) leaves its state behind when it
  * returns, and a later call from a deeper frame is below it too: that call
  * is in flight only while its return address is still at its entry stack
  * pointer (a returned call's slot is the next call's return address, from
@@ -479,13 +480,32 @@ static __always_inline void keep_freed(u32 tgid, const struct cuda_alloc_key *ke
 	}
 }
 
+/* Whether a session entry of a free declines its return. The free's state
+ * must still mark the call in flight, so that the driver free the runtime's
+ * makes is taken for nested; with no return to clear it, in_flight tells a
+ * returned call from one in flight by the return address left at its entry
+ * stack pointer. That needs the return address in memory at the entry: so
+ * on x86 (pushed by the call). On arm64 it is in the link register, and
+ * where the callee saves it, if at all, is its own choice (a leaf keeps it
+ * in x30; others store it anywhere in a frame below the entry sp), so no
+ * slot tells a returned call from one in flight: a saved LR cannot be
+ * checked later. There the free keeps its return, whose probe clears the
+ * state (on_return), at the cost of one more trap per free. */
+#if defined(__TARGET_ARCH_x86)
+#define FREE_DECLINES_RETURN 1
+#else
+#define FREE_DECLINES_RETURN 0
+#endif
+
 /* Frees are recorded at entry: once the library has released the memory,
- * another thread may get the same address back before our return hook runs. */
-static __always_inline void free_entry(struct pt_regs *ctx, u32 api, bool session)
+ * another thread may get the same address back before our return hook runs.
+ * noret: no return probe will run for this call (see in_flight). False when
+ * nothing was saved for a return to clear. */
+static __always_inline bool free_entry(struct pt_regs *ctx, u32 api, bool noret)
 {
 	u64 addr = PT_REGS_PARM1(ctx);
-	if (enter(ctx, api, SHAPE_FREE, 0, 0, 0, 0, session) == API_MAX)
-		return;
+	if (enter(ctx, api, SHAPE_FREE, 0, 0, 0, 0, noret) == API_MAX)
+		return false;
 	u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	u64 freed = 0;
 	struct cuda_alloc_key key = { .tgid = tgid, .ns = ns_of(api), .addr = addr };
@@ -504,6 +524,7 @@ static __always_inline void free_entry(struct pt_regs *ctx, u32 api, bool sessio
 		}
 	}
 	count(tgid, api, 0, freed);
+	return true;
 }
 
 /* The entry of a function of api with arguments of shape. session: a
@@ -520,8 +541,12 @@ static __always_inline bool on_entry(struct pt_regs *ctx, u32 api, u8 shape, boo
 	case SHAPE_COUNT:
 		return enter(ctx, api, SHAPE_COUNT, 0, PT_REGS_PARM2(ctx), 0, 0, false) != API_MAX;
 	case SHAPE_FREE:
+#if FREE_DECLINES_RETURN
 		free_entry(ctx, api, session);
 		return !session;
+#else
+		return free_entry(ctx, api, false);
+#endif
 	}
 	return false;
 }

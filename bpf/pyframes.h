@@ -11,10 +11,16 @@
  * without an entry costs one hash lookup.
  *
  * The thread's PyThreadState is found by walking the interpreters and their
- * thread lists, comparing each tstate's thread_id (pthread_self(), which on
- * x86_64 is the thread's fs base) with the current task's fsbase: this works
- * in any pid namespace and whether or not the thread holds the GIL (it does
- * not around open() or a ctypes call). The tstate found is kept per thread
+ * thread lists, comparing each tstate's thread_id (pthread_self()) with the
+ * current task's thread pointer less self_below_tp: on x86_64 pthread_self()
+ * is the fs base (0 below), on arm64 glibc's struct pthread lies right below
+ * TPIDR_EL0 (sizeof(struct pthread) below, which user space reads from the
+ * process's libc). This works in any pid namespace and whether or not the
+ * thread holds the GIL (it does not around open() or a ctypes call), and on
+ * 3.10, whose tstate has no native_thread_id. On arm64 the kernel's copy of
+ * TPIDR_EL0 is taken when the task is switched out, and glibc sets the main
+ * thread's itself (msr, no syscall): until the main thread's first switch
+ * it matches no tstate, a finding rechecked after PY_RECHECK_NS. The tstate found is kept per thread
  * (thread_state() in common.h) and checked (one read) at each event; it, or the finding that the
  * thread runs no Python, is trusted for PY_RECHECK_NS before the next walk.
  *
@@ -57,7 +63,7 @@ struct py_proc {
 	u16 frame_owner;      /* owner (a byte); any offset on 3.10 */
 	u16 frame_entry;      /* 3.11 is_entry (a byte); any offset elsewhere */
 	u16 frame_size;       /* bytes read per frame: every field above lies within */
-	u32 pad;
+	u32 self_below_tp;    /* pthread_self() is the thread pointer less this */
 };
 
 /* Python frames, innermost first; pkg/pyframes (Stack) mirrors it. Each
@@ -183,10 +189,10 @@ static __always_inline struct py_scratch *py_sc(void)
 	return bpf_map_lookup_elem(&py_scratch, &zero);
 }
 
-/* The tstate in the list from ts whose thread_id is fsbase, its fields left
+/* The tstate in the list from ts whose thread_id is self, its fields left
  * in the scratch buffer; 0 when none is. Global, like the others below: the
  * verifier walks each loop once. */
-__noinline u64 py_find_thread(u64 ts, u64 fsbase)
+__noinline u64 py_find_thread(u64 ts, u64 self)
 {
 	struct py_scratch *sc = py_sc();
 	if (!sc)
@@ -194,7 +200,7 @@ __noinline u64 py_find_thread(u64 ts, u64 fsbase)
 	for (int i = 0; i < PY_MAX_THREADS && ts; i++) {
 		if (!py_read(sc, sc->cfg.tstate_size, ts))
 			return 0;
-		if (py_u64(sc, sc->cfg.tstate_thread_id) == fsbase)
+		if (py_u64(sc, sc->cfg.tstate_thread_id) == self)
 			return ts;
 		ts = py_u64(sc, sc->cfg.tstate_next);
 	}
@@ -207,7 +213,7 @@ __noinline u64 py_current_frame(void)
 	struct py_scratch *sc = py_sc();
 	if (!sc)
 		return 0;
-	u64 fsbase = thread_pointer(current_task());
+	u64 self = thread_pointer(current_task()) - sc->cfg.self_below_tp;
 	u64 now = bpf_ktime_get_ns();
 	struct py_thread init = {};
 	struct py_thread *pt = thread_state(&py_threads, &py_threads_tid, &init, true);
@@ -216,13 +222,13 @@ __noinline u64 py_current_frame(void)
 		if (!pt->tstate)
 			return 0;
 		/* Still this thread's: one read, which leaves its fields in buf. */
-		if (py_read(sc, sc->cfg.tstate_size, pt->tstate) && py_u64(sc, sc->cfg.tstate_thread_id) == fsbase)
+		if (py_read(sc, sc->cfg.tstate_size, pt->tstate) && py_u64(sc, sc->cfg.tstate_thread_id) == self)
 			ts = pt->tstate;
 	}
 	if (!ts) {
 		u64 interp = py_ptr(sc->cfg.runtime + sc->cfg.interp_head);
 		for (int i = 0; i < PY_MAX_INTERPS && interp && !ts; i++) {
-			ts = py_find_thread(py_ptr(interp + sc->cfg.interp_threads), fsbase);
+			ts = py_find_thread(py_ptr(interp + sc->cfg.interp_threads), self);
 			interp = py_ptr(interp + sc->cfg.interp_next);
 		}
 		if (pt) {

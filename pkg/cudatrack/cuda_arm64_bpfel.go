@@ -167,7 +167,7 @@ type cudaPyProc struct {
 	FrameOwner     uint16
 	FrameEntry     uint16
 	FrameSize      uint16
-	Pad            uint32
+	SelfBelowTp    uint32
 }
 
 type cudaPyScratch struct {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 
@@ -187,8 +188,14 @@ func fileOffset(f *elf.File, vaddr uint64) (uint64, bool) {
 	return 0, false
 }
 
-// libDirs are searched when ldconfig is missing.
-var libDirs = []string{"/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/cuda/lib64", "/usr/local/nvidia/lib64"}
+// libDirs are searched when ldconfig is missing: the multiarch directories
+// of the agent's architecture (the processes it watches run the same), then
+// the common ones. CUDA's arm64 server (SBSA) toolkit keeps its libraries
+// under targets/sbsa-linux, where lib64 may not link to.
+var libDirs = append(map[string][]string{
+	"amd64": {"/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu"},
+	"arm64": {"/usr/lib/aarch64-linux-gnu", "/lib/aarch64-linux-gnu", "/usr/local/cuda/targets/sbsa-linux/lib"},
+}[runtime.GOARCH], "/usr/lib64", "/usr/lib", "/usr/local/cuda/lib64", "/usr/local/nvidia/lib64")
 
 // SystemLibraries inspects the CUDA runtime and driver libraries installed in
 // the standard places (the ldconfig cache, else the usual directories), for

@@ -117,7 +117,7 @@ type fdPyProc struct {
 	FrameOwner     uint16
 	FrameEntry     uint16
 	FrameSize      uint16
-	Pad            uint32
+	SelfBelowTp    uint32
 }
 
 type fdPyScratch struct {

@@ -105,7 +105,7 @@ type ncclPyProc struct {
 	FrameOwner     uint16
 	FrameEntry     uint16
 	FrameSize      uint16
-	Pad            uint32
+	SelfBelowTp    uint32
 }
 
 type ncclPyScratch struct {

@@ -55,7 +55,7 @@ type offcpuPyProc struct {
 	FrameOwner     uint16
 	FrameEntry     uint16
 	FrameSize      uint16
-	Pad            uint32
+	SelfBelowTp    uint32
 }
 
 type offcpuPyScratch struct {

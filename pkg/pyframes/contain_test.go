@@ -2,6 +2,7 @@ package pyframes
 
 import (
 	"os"
+	"runtime"
 	"testing"
 )
 
@@ -45,4 +46,20 @@ func TestParsePythonPanicContained(t *testing.T) {
 	if _, err := f.Stat(); err == nil {
 		t.Error("the file is still open")
 	}
+}
+
+// glibc publishes sizeof(struct pthread) for libthread_db, which places
+// pthread_self() below an arm64 thread's pointer: found in the libc of the
+// agent's own architecture (in the ELF machine parsePython accepts).
+func TestSizeofPthread(t *testing.T) {
+	path := map[string]string{"amd64": "/usr/lib/x86_64-linux-gnu/libc.so.6", "arm64": "/usr/lib/aarch64-linux-gnu/libc.so.6"}[runtime.GOARCH]
+	f, err := os.Open(path)
+	if err != nil {
+		t.Skipf("no glibc of %s here: %v", runtime.GOARCH, err)
+	}
+	ep := parsePython(f)
+	if ep == nil || ep.sizeofPthread == 0 || ep.runtime != 0 {
+		t.Fatalf("%s: %+v, want _thread_db_sizeof_pthread and no interpreter", path, ep)
+	}
+	t.Logf("%s: sizeof(struct pthread) %d", path, ep.sizeofPthread)
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +25,10 @@ type interp struct {
 	runtime  uint64 // address of _PyRuntime
 	codeType uint64 // address of PyCode_Type; 0 when unknown
 	version  string // "3.11.2", or "3.11" when only the minor is known
+	// pthread_self() (PyThreadState.thread_id) is the thread pointer less
+	// this: 0 on x86_64, sizeof(struct pthread) of the process's glibc on
+	// arm64 (see selfBelowTP).
+	selfBelowTP uint32
 	// The mapping of the file that holds them, to notice an exec or an
 	// unload.
 	file  fileKey
@@ -47,7 +52,10 @@ type elfPython struct {
 	runtime, codeType uint64 // symbol values; runtime 0: not an interpreter
 	version           uint64 // Py_Version (PY_VERSION_HEX), 0 when absent (3.10)
 	minor             int    // from the version or the file name; 0 unknown
-	loads             []elf.ProgHeader
+	// sizeofPthread is glibc's _thread_db_sizeof_pthread (libc.so.6 from
+	// 2.34, libpthread.so.0 before; 0: not defined here).
+	sizeofPthread uint32
+	loads         []elf.ProgHeader
 }
 
 // elfCache keeps what each file said, by file, for all processes: a node
@@ -92,12 +100,53 @@ func findInterp(procRoot string, pid int, maps []*procfs.ProcMap) (*interp, erro
 		if ep.codeType != 0 {
 			in.codeType = ep.codeType + bias
 		}
+		if nativeMachine == elf.EM_AARCH64 {
+			below, err := selfBelowTP(procRoot, pid, maps, ep)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", m.Pathname, err)
+			}
+			in.selfBelowTP = below
+		}
 		if err := in.setLayout(procMem(pid), ep); err != nil {
 			return nil, fmt.Errorf("%s: %w", m.Pathname, err)
 		}
 		return in, nil
 	}
 	return nil, errNoPython
+}
+
+// nativeMachine is the ELF machine of the processes the agent watches: its
+// own (the BPF side reads the registers of its own architecture).
+var nativeMachine = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}[runtime.GOARCH]
+
+// selfBelowTP is how far below an arm64 thread's pointer (TPIDR_EL0)
+// pthread_self() lies in pid: glibc puts its struct pthread right below it
+// (TLS_DTV_AT_TP), so the distance is sizeof(struct pthread), which changes
+// between glibc releases (1856 bytes in 2.36) and which glibc publishes for
+// libthread_db as _thread_db_sizeof_pthread. It is read from the glibc the
+// process maps (libc.so.6, libpthread.so.0 before 2.34) or from the
+// interpreter's own file (a static build). musl publishes no such size: its
+// processes get no Python frames on arm64 rather than guessed ones.
+func selfBelowTP(procRoot string, pid int, maps []*procfs.ProcMap, interp *elfPython) (uint32, error) {
+	if interp.sizeofPthread != 0 {
+		return interp.sizeofPthread, nil
+	}
+	tried := map[fileKey]bool{}
+	for _, m := range maps {
+		base := filepath.Base(m.Pathname)
+		if !strings.HasPrefix(m.Pathname, "/") || !(strings.HasPrefix(base, "libc.so") || strings.HasPrefix(base, "libpthread")) {
+			continue
+		}
+		key := fileKey{m.Dev, m.Inode}
+		if tried[key] {
+			continue
+		}
+		tried[key] = true
+		if ep := elfOf(procRoot, pid, m, key); ep != nil && ep.sizeofPthread != 0 {
+			return ep.sizeofPthread, nil
+		}
+	}
+	return 0, errors.New("no glibc with _thread_db_sizeof_pthread mapped: cannot tell its threads' pthread_self() on arm64")
 }
 
 // setLayout picks the layout of the interpreter's version; m is the
@@ -209,7 +258,7 @@ func parsePython(f *os.File) (ep *elfPython) {
 		parseHook(f)
 	}
 	ef, err := elf.NewFile(f)
-	if err != nil || ef.Machine != elf.EM_X86_64 {
+	if err != nil || ef.Machine != nativeMachine {
 		return nil
 	}
 	ep = &elfPython{}
@@ -218,7 +267,7 @@ func parsePython(f *os.File) (ep *elfPython) {
 			ep.loads = append(ep.loads, p.ProgHeader)
 		}
 	}
-	var version elf.Symbol
+	var version, sizeofPthread elf.Symbol
 	for _, syms := range [][]elf.Symbol{dynSymbols(ef), symbols(ef)} {
 		for _, s := range syms {
 			if s.Section == elf.SHN_UNDEF {
@@ -231,11 +280,16 @@ func parsePython(f *os.File) (ep *elfPython) {
 				ep.codeType = s.Value
 			case "Py_Version":
 				version = s
+			case "_thread_db_sizeof_pthread":
+				sizeofPthread = s
 			}
 		}
-		if ep.runtime != 0 {
+		if ep.runtime != 0 || sizeofPthread.Value != 0 {
 			break
 		}
+	}
+	if sizeofPthread.Value != 0 {
+		ep.sizeofPthread = uint32(readConst(ef, sizeofPthread))
 	}
 	if ep.runtime == 0 {
 		return ep

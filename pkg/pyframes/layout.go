@@ -12,7 +12,9 @@ import (
 const none = 0xffff
 
 // Layout is where the fields the tool reads lie in one CPython minor
-// version's structures (release builds, x86_64), in bytes.
+// version's structures (release builds, x86_64 and arm64: both LP64, and no
+// field the tool reads follows one whose size differs between them, such as
+// a pthread mutex), in bytes.
 type Layout struct {
 	Minor int // 3.Minor
 
@@ -167,11 +169,13 @@ func layoutFromDebug(raw []byte) (Layout, error) {
 	}, nil
 }
 
-// proc is the BPF side's view of the layout at runtime address rt.
-func (l Layout) proc(rt uint64) Proc {
+// proc is the BPF side's view of the layout at runtime address rt, in a
+// process whose pthread_self() is its thread pointer less selfBelowTP.
+func (l Layout) proc(rt uint64, selfBelowTP uint32) Proc {
 	p := Proc{
-		Runtime:    rt,
-		InterpHead: l.InterpHead, InterpNext: l.InterpNext, InterpThreads: l.InterpThreads,
+		Runtime:     rt,
+		SelfBelowTp: selfBelowTP,
+		InterpHead:  l.InterpHead, InterpNext: l.InterpNext, InterpThreads: l.InterpThreads,
 		TstateNext: l.TstateNext, TstateThreadID: l.TstateThreadID, TstateFrame: l.TstateFrame,
 		CframeFrame: l.CFrameFrame,
 		FrameCode:   l.FrameCode, FramePrevious: l.FramePrevious, FrameInstr: l.FrameInstr,
@@ -207,7 +211,7 @@ type Proc struct {
 	FrameOwner     uint16
 	FrameEntry     uint16
 	FrameSize      uint16
-	Pad            uint32
+	SelfBelowTp    uint32
 }
 
 // MaxFrames is PY_MAX_FRAMES: the innermost frames recorded per stack.

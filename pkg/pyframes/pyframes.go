@@ -1,5 +1,5 @@
 // Package pyframes adds the Python frames of the calling thread to the stacks
-// the concerns capture (CPython 3.10-3.13 on x86_64): the user-space half of
+// the concerns capture (CPython 3.10-3.13 on x86_64 and arm64): the user-space half of
 // bpf/pyframes.h.
 //
 // For each tracked process it finds the interpreter (the ELF symbol
@@ -178,7 +178,7 @@ func (t *Tracker) detect(pid int, p *proc) error {
 		p.err = err.Error()
 		return err
 	}
-	proc := in.layout.proc(in.runtime)
+	proc := in.layout.proc(in.runtime, in.selfBelowTP)
 	if proc.TstateSize >= bpfBuf || proc.FrameSize >= bpfBuf {
 		slog.Debug("no Python frames", "pid", pid, "err", "layout beyond the BPF side's buffer")
 		return errors.New("layout beyond the BPF side's buffer")

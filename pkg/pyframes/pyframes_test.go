@@ -1,6 +1,7 @@
 package pyframes
 
 import (
+	"debug/elf"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -120,6 +121,16 @@ func TestFindInterp(t *testing.T) {
 			}
 			if err := in.check(procMem(pid)); err != nil {
 				t.Error(err)
+			}
+			// How far pthread_self() lies below the thread pointer: glibc's
+			// sizeof(struct pthread), from the libc the process maps, on
+			// arm64; the fs base itself (0) on x86_64.
+			below, err := selfBelowTP("/proc", pid, maps, &elfPython{})
+			if err != nil || below == 0 {
+				t.Errorf("sizeof(struct pthread) %d, %v", below, err)
+			}
+			if want := map[bool]uint32{true: below}[nativeMachine == elf.EM_AARCH64]; in.selfBelowTP != want {
+				t.Errorf("selfBelowTP %d, want %d", in.selfBelowTP, want)
 			}
 		})
 	}

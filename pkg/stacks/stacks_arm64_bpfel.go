@@ -30,7 +30,7 @@ type stacksPyProc struct {
 	FrameOwner     uint16
 	FrameEntry     uint16
 	FrameSize      uint16
-	Pad            uint32
+	SelfBelowTp    uint32
 }
 
 type stacksPyScratch struct {
