@@ -9,7 +9,8 @@
 # stacks), g++, readelf (binutils) and eu-stack (elfutils) (stacks of
 # code without frame pointers, held to elfutils' and binutils' unwind
 # tables), Chromium (the HTML report is rendered in
-# it), podman and runc (the image `make image` builds is loaded and run);
+# it), podman and runc (the image `make image` builds is loaded and run),
+# qemu-user-static (its arm64 layer's tool is run);
 # with "e2e" a one-node Kubernetes's parts besides Kubernetes itself
 # (etcd, containerd, runc, the CNI plugins, nftables, iproute2) and
 # bpftool, Prometheus and Alertmanager;
@@ -43,6 +44,7 @@ if [ "${1:-}" = test ]; then
 	command -v eu-stack >/dev/null || need+=(elfutils)
 	command -v podman >/dev/null || need+=(podman)
 	command -v runc >/dev/null || need+=(runc)
+	command -v qemu-aarch64-static >/dev/null || need+=(qemu-user-static) # the arm64 image's tool, run in a chroot of its layer
 fi
 if [ "${1:-}" = e2e ]; then
 	command -v etcd >/dev/null || need+=(etcd-server)
