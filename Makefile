@@ -10,11 +10,20 @@ FIXTURES := testdata/bin/fdwork testdata/bin/demo testdata/bin/schedwork testdat
 GOSRC   := $(shell find cmd pkg -name '*.go' -o -name '*.o') go.mod go.sum
 
 .PHONY: build deps test-deps generate-deps generate check-generate fixtures test fuzz demo screenshot bench kernels image image-root e2e clean
+.PHONY: build-arm64 arm64-deps
 
 build: $(BIN)
 
 $(BIN): $(GOSRC)
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $@ ./cmd/autoglm-ebpf
+
+# The arm64 binary (NVIDIA Grace nodes), cross-built with cgo (go-nvml) by
+# Debian's aarch64 cross compiler against its arm64 glibc.
+BIN_ARM64 := bin/arm64/autoglm-ebpf
+build-arm64: arm64-deps $(BIN_ARM64)
+
+$(BIN_ARM64): $(GOSRC)
+	GOARCH=arm64 CGO_ENABLED=1 CC=aarch64-linux-gnu-gcc $(GO) build -ldflags "-X main.version=$(VERSION)" -o $@ ./cmd/autoglm-ebpf
 
 deps:
 	@scripts/install-deps.sh
@@ -24,6 +33,9 @@ test-deps:
 
 generate-deps:
 	@scripts/install-deps.sh generate
+
+arm64-deps:
+	@scripts/install-deps.sh arm64
 
 # Rebuild the committed BPF objects and Go bindings (needs clang).
 generate: generate-deps
@@ -118,19 +130,22 @@ kernels: deps build fixtures bin/cudatrack.test
 bin/cudatrack.test: $(GOSRC)
 	$(GO) test -c -o $@ ./pkg/cudatrack
 
-# The container image, built offline from bin/autoglm-ebpf and the glibc it
-# links against (deploy/image): an OCI layout archive with Docker's
-# manifest.json, for `docker load`, `podman load` or
-# `ctr -n k8s.io images import`, and its SPDX SBOM beside it
-# (bin/autoglm-ebpf-image.spdx.json). IMAGE_REPO names it (tag: VERSION).
+# The container image, built offline from bin/autoglm-ebpf, bin/arm64/autoglm-ebpf
+# and the glibc each links against (deploy/image): one OCI layout archive
+# whose index holds the linux/amd64 and linux/arm64 images, for
+# `docker load`, `podman load` or `ctr -n k8s.io images import` (each
+# takes its machine's platform), and their SPDX SBOMs beside it
+# (bin/autoglm-ebpf-image-ARCH.spdx.json). IMAGE_REPO names it (tag: VERSION).
 IMAGE_REPO ?= ghcr.io/open-autoglm/autoglm-ebpf
-image: deps build
-	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) $(GO) run ./deploy/image -binary $(BIN) \
+image: deps arm64-deps build build-arm64
+	SOURCE_DATE_EPOCH=$$(git log -1 --format=%ct 2>/dev/null || echo 0) $(GO) run ./deploy/image -binary $(BIN) -binary $(BIN_ARM64) \
 		-version $(VERSION) -revision $$(git rev-parse HEAD 2>/dev/null) -repository $(IMAGE_REPO) -o bin/autoglm-ebpf-image.tar
 
-# The same files in bin/image-root, for deploy/Dockerfile (FROM scratch).
-image-root: deps build
-	$(GO) run ./deploy/image -binary $(BIN) -rootfs bin/image-root
+# The same files in bin/image-root-amd64 and bin/image-root-arm64, for
+# deploy/Dockerfile (FROM scratch; TARGETARCH picks the folder).
+image-root: deps arm64-deps build build-arm64
+	$(GO) run ./deploy/image -binary $(BIN) -rootfs bin/image-root-amd64
+	$(GO) run ./deploy/image -binary $(BIN_ARM64) -rootfs bin/image-root-arm64
 
 # End to end on a real one-node Kubernetes (root): etcd, the Kubernetes
 # components built from test/e2e/kube (cached in bin/e2e and Go's build

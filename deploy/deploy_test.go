@@ -453,10 +453,13 @@ func checkDaemonSet(t *testing.T, ms []manifest) {
 	if pod.NodeSelector["nvidia.com/gpu.present"] != "true" {
 		t.Errorf("nodeSelector %v: want nvidia.com/gpu.present=true", pod.NodeSelector)
 	}
-	// The BPF objects are x86-64 only: arm64 GPU nodes (GH200, GB200) must
-	// not get the pod.
-	if pod.NodeSelector["kubernetes.io/arch"] != "amd64" {
-		t.Errorf("nodeSelector %v: want kubernetes.io/arch=amd64", pod.NodeSelector)
+	// The image is amd64 and arm64: GPU nodes of both (x86-64, Grace's
+	// GH200 and GB200) get the pod, so no architecture is selected.
+	if arch, ok := pod.NodeSelector["kubernetes.io/arch"]; ok {
+		t.Errorf("nodeSelector %v selects kubernetes.io/arch=%s: want amd64 and arm64 nodes both", pod.NodeSelector, arch)
+	}
+	if pod.Affinity != nil {
+		t.Errorf("affinity %+v: want none (amd64 and arm64 nodes both)", pod.Affinity)
 	}
 	// GPU nodes' own taint; and the NoExecute taints of GPU health
 	// controllers, which would evict the agent from the very nodes whose
@@ -1907,7 +1910,8 @@ func TestDockerfile(t *testing.T) {
 	df := string(data)
 	for _, want := range []string{
 		"FROM scratch\n",
-		"COPY bin/image-root/ /\n",
+		"ARG TARGETARCH\n",
+		"COPY bin/image-root-${TARGETARCH}/ /\n",
 		"org.opencontainers.image.version=",
 		"org.opencontainers.image.revision=",
 		"org.opencontainers.image.source=",

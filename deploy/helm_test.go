@@ -329,7 +329,7 @@ func TestChartValues(t *testing.T) {
 	if c.Image != "registry.example.com/autoglm-ebpf:v9.9.9" || !slices.Equal(c.Args, []string{"daemon", "--all", "--max-processes=64", "--kubernetes.events"}) {
 		t.Errorf("image %q, args %q", c.Image, c.Args)
 	}
-	if pod.NodeSelector["cloud.google.com/gke-accelerator"] != "nvidia-h100-80gb" || len(pod.NodeSelector) != 2 ||
+	if pod.NodeSelector["cloud.google.com/gke-accelerator"] != "nvidia-h100-80gb" || len(pod.NodeSelector) != 1 ||
 		len(pod.Tolerations) != 1 || pod.PriorityClassName != "site-agents" || pod.RuntimeClassName == nil || *pod.RuntimeClassName != "nvidia" {
 		t.Errorf("nodeSelector %v, tolerations %v, priorityClassName %q, runtimeClassName %v", pod.NodeSelector, pod.Tolerations, pod.PriorityClassName, pod.RuntimeClassName)
 	}
@@ -554,7 +554,7 @@ func TestChartAllValues(t *testing.T) {
 		t.Errorf("volumes %v, mounts %v: want the Secret autoglm-web-config at /etc/autoglm", pod.Volumes, c.VolumeMounts)
 	}
 	// Maps merge with the defaults.
-	if pod.NodeSelector["cloud.google.com/gke-accelerator"] != "nvidia-h100-80gb" || pod.NodeSelector["kubernetes.io/arch"] != "amd64" {
+	if pod.NodeSelector["cloud.google.com/gke-accelerator"] != "nvidia-h100-80gb" || pod.NodeSelector["nvidia.com/gpu.present"] != "true" {
 		t.Errorf("nodeSelector %v", pod.NodeSelector)
 	}
 	if len(pod.Tolerations) != 1 || pod.Tolerations[0].Operator != corev1.TolerationOpExists || pod.Tolerations[0].Key != "" {

@@ -9,7 +9,8 @@
 # stacks), g++, readelf (binutils) and eu-stack (elfutils) (stacks of
 # code without frame pointers, held to elfutils' and binutils' unwind
 # tables), Chromium (the HTML report is rendered in
-# it), podman and runc (the image `make image` builds is loaded and run);
+# it), podman and runc (the image `make image` builds is loaded and run),
+# qemu-user-static (its arm64 layer's tool is run);
 # with "e2e" a one-node Kubernetes's parts besides Kubernetes itself
 # (etcd, containerd, runc, the CNI plugins, nftables, iproute2) and
 # bpftool, Prometheus and Alertmanager;
@@ -17,7 +18,11 @@
 # HTML report); with "kernels" what scripts/kernels.sh needs to boot
 # Debian's kernels under qemu (qemu, a static busybox and cpio for the
 # initramfs, kmod's depmod, xz for the modules, jq, Debian's archive keys
-# for apt to fetch the kernels, and python3.11 for the guest's Python step).
+# for apt to fetch the kernels, and python3.11 for the guest's Python step);
+# with "arm64" (and "test") the arm64 build and image: Debian's aarch64
+# cross compiler and glibc for cgo, and the arm64 glibc package itself
+# (libc6:arm64, dpkg's multiarch), whose files and records the arm64 image
+# carries.
 set -euo pipefail
 
 need=()
@@ -39,6 +44,7 @@ if [ "${1:-}" = test ]; then
 	command -v eu-stack >/dev/null || need+=(elfutils)
 	command -v podman >/dev/null || need+=(podman)
 	command -v runc >/dev/null || need+=(runc)
+	command -v qemu-aarch64-static >/dev/null || need+=(qemu-user-static) # the arm64 image's tool, run in a chroot of its layer
 fi
 if [ "${1:-}" = e2e ]; then
 	command -v etcd >/dev/null || need+=(etcd-server)
@@ -50,6 +56,16 @@ if [ "${1:-}" = e2e ]; then
 	command -v bpftool >/dev/null || need+=(bpftool)
 	command -v prometheus >/dev/null || need+=(prometheus)
 	command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
+fi
+if [ "${1:-}" = arm64 ] || [ "${1:-}" = test ]; then
+	command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu)
+	[ -f /usr/aarch64-linux-gnu/include/stdio.h ] || need+=(libc6-dev-arm64-cross)
+	if ! dpkg-query --show libc6:arm64 >/dev/null 2>&1; then
+		need+=(libc6:arm64)
+		if ! dpkg --print-foreign-architectures | grep -qx arm64; then
+			[ "$(id -u)" = 0 ] && dpkg --add-architecture arm64
+		fi
+	fi
 fi
 if [ "${1:-}" = test ] || [ "${1:-}" = screenshot ]; then
 	command -v chromium >/dev/null || need+=(chromium)

@@ -13,11 +13,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/package-url/packageurl-go"
 	spdxjson "github.com/spdx/tools-golang/json"
 	"github.com/spdx/tools-golang/spdx"
@@ -25,11 +28,30 @@ import (
 	"github.com/spdx/tools-golang/spdxlib"
 )
 
-// tool builds the autoglm-ebpf binary with version v.
-func tool(t *testing.T, v string) string {
+// archFiles are the files of the loader and glibc that an image of each
+// architecture must have, where its loader looks for them.
+var archFiles = map[string][]string{
+	"amd64": {"lib64/ld-linux-x86-64.so.2", "lib/x86_64-linux-gnu/libc.so.6"},
+	"arm64": {"lib/ld-linux-aarch64.so.1", "lib/aarch64-linux-gnu/libc.so.6"},
+}
+
+// tool builds the autoglm-ebpf binary for arch (amd64 or arm64, cgo
+// cross-built by Debian's aarch64 compiler, as `make build-arm64` does)
+// with version v.
+func tool(t *testing.T, v, arch string) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "autoglm-ebpf")
+	bin := filepath.Join(t.TempDir(), "autoglm-ebpf-"+arch)
 	cmd := exec.Command("go", "build", "-ldflags", "-X main.version="+v, "-o", bin, "../../cmd/autoglm-ebpf")
+	cmd.Env = append(os.Environ(), "GOOS=linux", "GOARCH="+arch, "CGO_ENABLED=1")
+	if arch == "arm64" {
+		if _, err := exec.LookPath("aarch64-linux-gnu-gcc"); err != nil {
+			if os.Getenv("CI") != "" {
+				t.Fatal("CI needs the aarch64 cross compiler (scripts/install-deps.sh test)")
+			}
+			t.Skip("the arm64 image needs aarch64-linux-gnu-gcc and libc6:arm64: scripts/install-deps.sh arm64")
+		}
+		cmd.Env = append(cmd.Env, "CC=aarch64-linux-gnu-gcc")
+	}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
@@ -71,16 +93,21 @@ func untar(t *testing.T, archive string) string {
 	}
 }
 
-// The archive is an OCI layout and a Docker archive at once, holds the
-// tool and the glibc it loads, carries the OCI labels, and is the same
-// bytes when built twice from the same inputs. Where podman is installed
-// (CI installs it), `podman load` takes it and the image runs `version`.
+// The archive is an OCI layout whose index.json names, with the tag, an
+// image index of an amd64 and an arm64 image, each holding the tool and
+// the glibc it loads for its architecture, with the OCI labels and its own
+// SBOM; Docker's manifest.json names the amd64 image. The archive is the
+// same bytes when built twice from the same inputs, in either order. Where
+// podman is installed (CI installs it), `podman load` takes this machine's
+// (amd64) image and it runs `version`; where qemu-aarch64-static is, the
+// arm64 layer's tool runs `version` in a chroot of the layer, with only
+// the layer's loader and glibc.
 func TestImage(t *testing.T) {
 	const version = "imagetest"
-	bin := tool(t, version)
+	bins := []string{tool(t, version, "amd64"), tool(t, version, "arm64")}
 	out := t.TempDir()
-	o := options{binary: bin, version: version, revision: "0123abc", source: "https://example.com/src", repo: "localhost/autoglm-ebpf-test",
-		out: filepath.Join(out, "image.tar"), sbom: filepath.Join(out, "image.spdx.json"), created: time.Unix(1700000000, 0).UTC()}
+	o := options{binaries: bins, version: version, revision: "0123abc", source: "https://example.com/src", repo: "localhost/autoglm-ebpf-test",
+		out: filepath.Join(out, "image.tar"), sbom: filepath.Join(out, "image"), created: time.Unix(1700000000, 0).UTC()}
 	if err := build(o); err != nil {
 		t.Fatal(err)
 	}
@@ -88,51 +115,112 @@ func TestImage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	firstSBOM, err := os.ReadFile(o.sbom)
+	firstSBOM, err := os.ReadFile(sbomPath(o, "arm64"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	o.binaries = []string{bins[1], bins[0]}
 	if err := build(o); err != nil {
 		t.Fatal(err)
 	}
 	if again, _ := os.ReadFile(o.out); !bytes.Equal(first, again) {
 		t.Error("two builds from the same inputs differ")
 	}
-	if again, _ := os.ReadFile(o.sbom); !bytes.Equal(firstSBOM, again) {
+	if again, _ := os.ReadFile(sbomPath(o, "arm64")); !bytes.Equal(firstSBOM, again) {
 		t.Error("two SBOMs from the same inputs differ")
 	}
 
 	// As an OCI image layout.
 	dir := untar(t, o.out)
-	idx, err := layout.ImageIndexFromPath(dir)
+	top, err := layout.ImageIndexFromPath(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm, err := top.IndexManifest()
+	if err != nil || len(tm.Manifests) != 1 || tm.Manifests[0].MediaType != types.OCIImageIndex {
+		t.Fatalf("index.json: %+v, %v", tm, err)
+	}
+	ann := tm.Manifests[0].Annotations
+	if ann["io.containerd.image.name"] != "localhost/autoglm-ebpf-test:imagetest" || ann["org.opencontainers.image.ref.name"] != version {
+		t.Errorf("index annotations %v", ann)
+	}
+	idx, err := top.ImageIndex(tm.Manifests[0].Digest)
 	if err != nil {
 		t.Fatal(err)
 	}
 	im, err := idx.IndexManifest()
-	if err != nil || len(im.Manifests) != 1 {
-		t.Fatalf("index: %+v, %v", im, err)
-	}
-	ann := im.Manifests[0].Annotations
-	if ann["io.containerd.image.name"] != "localhost/autoglm-ebpf-test:imagetest" || ann["org.opencontainers.image.ref.name"] != version {
-		t.Errorf("index annotations %v", ann)
-	}
-	img, err := idx.Image(im.Manifests[0].Digest)
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkSBOM(t, o.sbom, im.Manifests[0].Digest.Hex)
-	cf, err := img.ConfigFile()
+	var platforms []string
+	layerOf := map[string]map[string][]byte{}
+	for _, m := range im.Manifests {
+		if m.Platform == nil {
+			t.Fatalf("the image index's %s has no platform", m.Digest)
+		}
+		arch := m.Platform.Architecture
+		platforms = append(platforms, m.Platform.OS+"/"+arch)
+		img, err := idx.Image(m.Digest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkSBOM(t, sbomPath(o, arch), m.Digest.Hex, arch)
+		cf, err := img.ConfigFile()
+		if err != nil {
+			t.Fatal(err)
+		}
+		labels := cf.Config.Labels
+		if labels["org.opencontainers.image.version"] != version || labels["org.opencontainers.image.revision"] != "0123abc" ||
+			labels["org.opencontainers.image.source"] != "https://example.com/src" {
+			t.Errorf("%s: labels %v", arch, labels)
+		}
+		if !slices.Equal(cf.Config.Entrypoint, []string{binaryPath}) || !slices.Equal(cf.Config.Cmd, []string{"daemon"}) || cf.Architecture != arch || cf.OS != "linux" {
+			t.Errorf("%s: config %+v", arch, cf)
+		}
+		names, contents := layerFiles(t, img)
+		layerOf[arch] = contents
+		for _, want := range append([]string{"usr/local/bin/autoglm-ebpf", "tmp/", "etc/passwd", "etc/group",
+			"etc/os-release", "etc/debian_version", "var/lib/dpkg/status.d/libc6", "usr/share/doc/libc6/copyright"}, archFiles[arch]...) {
+			if !slices.Contains(names, want) {
+				t.Errorf("%s: layer lacks %s: %v", arch, want, names)
+			}
+		}
+		checkPackageRecords(t, contents)
+	}
+	if !slices.Equal(platforms, []string{"linux/amd64", "linux/arm64"}) {
+		t.Errorf("the image index's platforms %v", platforms)
+	}
+
+	// As a Docker archive (manifest.json): the amd64 image.
+	dimg, err := tarball.ImageFromPath(o.out, nil)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("not a Docker archive: %v", err)
 	}
-	labels := cf.Config.Labels
-	if labels["org.opencontainers.image.version"] != version || labels["org.opencontainers.image.revision"] != "0123abc" ||
-		labels["org.opencontainers.image.source"] != "https://example.com/src" {
-		t.Errorf("labels %v", labels)
+	if cf, err := dimg.ConfigFile(); err != nil || cf.Architecture != "amd64" {
+		t.Errorf("manifest.json's image: %+v, %v", cf, err)
 	}
-	if !slices.Equal(cf.Config.Entrypoint, []string{binaryPath}) || !slices.Equal(cf.Config.Cmd, []string{"daemon"}) || cf.Architecture != "amd64" || cf.OS != "linux" {
-		t.Errorf("config %+v", cf)
+	var docker []struct{ RepoTags []string }
+	if b, err := os.ReadFile(filepath.Join(dir, "manifest.json")); err != nil || json.Unmarshal(b, &docker) != nil ||
+		len(docker) != 1 || !slices.Equal(docker[0].RepoTags, []string{"localhost/autoglm-ebpf-test:imagetest"}) {
+		t.Errorf("manifest.json: %+v, %v", docker, err)
 	}
+
+	t.Run("arm64 under qemu", func(t *testing.T) { runArm64Layer(t, layerOf["arm64"], "autoglm-ebpf "+version) })
+
+	requirePodman(t)
+	if out := podman(t, "load", "-i", o.out); !strings.Contains(out, "localhost/autoglm-ebpf-test:imagetest") {
+		t.Fatalf("podman load: %s", out)
+	}
+	if arch := strings.TrimSpace(podman(t, "image", "inspect", "--format", "{{.Architecture}}", "localhost/autoglm-ebpf-test:imagetest")); arch != "amd64" {
+		t.Errorf("podman loaded the %s image on amd64", arch)
+	}
+	runInPodman(t, "localhost/autoglm-ebpf-test:imagetest", "autoglm-ebpf "+version)
+}
+
+// layerFiles returns the names in the image's one layer, and the content
+// of its regular files.
+func layerFiles(t *testing.T, img v1.Image) ([]string, map[string][]byte) {
+	t.Helper()
 	layers, err := img.Layers()
 	if err != nil || len(layers) != 1 {
 		t.Fatalf("%d layers, %v", len(layers), err)
@@ -147,7 +235,7 @@ func TestImage(t *testing.T) {
 	for tr := tar.NewReader(rc); ; {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			break
+			return names, contents
 		}
 		if err != nil {
 			t.Fatal(err)
@@ -159,32 +247,44 @@ func TestImage(t *testing.T) {
 			}
 		}
 	}
-	for _, want := range []string{"usr/local/bin/autoglm-ebpf", "lib64/ld-linux-x86-64.so.2", "tmp/", "etc/passwd", "etc/group",
-		"etc/os-release", "etc/debian_version", "var/lib/dpkg/status.d/libc6", "usr/share/doc/libc6/copyright"} {
-		if !slices.Contains(names, want) {
-			t.Errorf("layer lacks %s: %v", want, names)
+}
+
+// runArm64Layer writes the arm64 layer's files to a folder and runs its
+// tool with `version` chrooted there by qemu-aarch64-static (copied in):
+// the loader and glibc it finds are the layer's, at the paths the image
+// has them. It needs root (chroot) and qemu-user-static, which CI has.
+func runArm64Layer(t *testing.T, layer map[string][]byte, want string) {
+	qemu, err := exec.LookPath("qemu-aarch64-static")
+	if err != nil || os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("CI needs qemu-user-static and root (scripts/install-deps.sh test)")
+		}
+		t.Skip("root and qemu-aarch64-static needed to run the arm64 layer")
+	}
+	root := t.TempDir()
+	for name, data := range layer {
+		p := filepath.Join(root, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, data, 0o755); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if !slices.ContainsFunc(names, func(n string) bool { return strings.HasSuffix(n, "/libc.so.6") }) {
-		t.Errorf("layer lacks libc.so.6: %v", names)
+	data, err := os.ReadFile(qemu)
+	if err != nil {
+		t.Fatal(err)
 	}
-	checkPackageRecords(t, contents)
-
-	// As a Docker archive (manifest.json).
-	if _, err := tarball.ImageFromPath(o.out, nil); err != nil {
-		t.Errorf("not a Docker archive: %v", err)
+	if err := os.WriteFile(filepath.Join(root, "qemu-aarch64"), data, 0o755); err != nil {
+		t.Fatal(err)
 	}
-	var docker []struct{ RepoTags []string }
-	if b, err := os.ReadFile(filepath.Join(dir, "manifest.json")); err != nil || json.Unmarshal(b, &docker) != nil ||
-		len(docker) != 1 || !slices.Equal(docker[0].RepoTags, []string{"localhost/autoglm-ebpf-test:imagetest"}) {
-		t.Errorf("manifest.json: %+v, %v", docker, err)
+	cmd := exec.Command("/qemu-aarch64", binaryPath, "version")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Chroot: root}
+	cmd.Dir = "/"
+	out, err := cmd.CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != want {
+		t.Errorf("the arm64 layer's tool with `version`: %q, %v; want %q", out, err, want)
 	}
-
-	requirePodman(t)
-	if out := podman(t, "load", "-i", o.out); !strings.Contains(out, "localhost/autoglm-ebpf-test:imagetest") {
-		t.Fatalf("podman load: %s", out)
-	}
-	runInPodman(t, "localhost/autoglm-ebpf-test:imagetest", "autoglm-ebpf "+version)
 }
 
 // checkPackageRecords checks that the layer's files record the Debian
@@ -254,12 +354,13 @@ func checkPackageRecords(t *testing.T, layer map[string][]byte) {
 	}
 }
 
-// checkSBOM checks that the SBOM is SPDX JSON that describes the image
-// (by its manifest digest) and lists libc6 at this machine's version in
+// checkSBOM checks that the SBOM is SPDX JSON that describes the image of
+// arch (by its manifest digest) and lists libc6 of arch at this machine's
+// version in
 // the Debian system, and the Go standard library and modules of go.mod
 // that the binary compiles in, at the versions of this toolchain and
 // go.mod.
-func checkSBOM(t *testing.T, path, digest string) {
+func checkSBOM(t *testing.T, path, digest, arch string) {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
@@ -309,17 +410,21 @@ func checkSBOM(t *testing.T, path, digest string) {
 		return packageurl.PackageURL{}
 	}
 
+	if image != nil && purl(image).Qualifiers.Map()["arch"] != arch {
+		t.Errorf("the image's purl %s: want arch %s", purl(image), arch)
+	}
+
 	system := byName["debian"]
 	if !related(image, "CONTAINS", system) || system.PrimaryPackagePurpose != "OPERATING-SYSTEM" {
 		t.Errorf("the image contains no Debian system: %+v", system)
 	}
-	out, err := exec.Command("dpkg-query", "--show", "--showformat", "${Version}", "libc6:amd64").Output()
+	out, err := exec.Command("dpkg-query", "--show", "--showformat", "${Version}", "libc6:"+arch).Output()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if libc := byName["libc6"]; libc == nil || libc.PackageVersion != string(out) || !related(system, "CONTAINS", libc) {
 		t.Errorf("libc6 %s is not in the Debian system: %+v", out, libc)
-	} else if u := purl(libc); u.Type != "deb" || u.Namespace != "debian" || u.Version != string(out) || u.Qualifiers.Map()["arch"] != "amd64" {
+	} else if u := purl(libc); u.Type != "deb" || u.Namespace != "debian" || u.Version != string(out) || u.Qualifiers.Map()["arch"] != arch {
 		t.Errorf("libc6's purl %s", u)
 	}
 
@@ -365,13 +470,32 @@ func TestPackageErrors(t *testing.T) {
 	if _, err := debianPackages([]file{{src: stray, dst: "/lib/libstray.so", packaged: true}}); err == nil || !strings.Contains(err.Error(), stray) {
 		t.Errorf("a file of no package: %v", err)
 	}
-	ref, pkgPath, err := owner("/usr/share/doc/libc6/copyright")
+	// base-files has one architecture here (libc6's copyright is of
+	// libc6:amd64 and libc6:arm64 both).
+	ref, pkgPath, err := owner("/usr/share/doc/base-files/copyright")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := debPackage{ref: ref, files: []packagedFile{{dst: "/usr/share/doc/libc6/copyright", pkgPath: pkgPath, md5: "00000000000000000000000000000000"}}}
+	p := debPackage{ref: ref, files: []packagedFile{{dst: "/usr/share/doc/base-files/copyright", pkgPath: pkgPath, md5: "00000000000000000000000000000000"}}}
 	if err := p.load(); err == nil || !strings.Contains(err.Error(), "differs") {
 		t.Errorf("a changed file: %v", err)
+	}
+}
+
+// Two binaries of one architecture, and a file that is not an amd64 or
+// arm64 ELF executable, are errors that name them.
+func TestBinaryErrors(t *testing.T) {
+	bin := tool(t, "errtest", "amd64")
+	o := options{binaries: []string{bin, bin}, version: "errtest", repo: "localhost/x", out: filepath.Join(t.TempDir(), "image.tar")}
+	if err := build(o); err == nil || !strings.Contains(err.Error(), "both amd64") {
+		t.Errorf("two amd64 binaries: %v", err)
+	}
+	text := filepath.Join(t.TempDir(), "script")
+	if err := os.WriteFile(text, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runtimeFiles(text); err == nil || !strings.Contains(err.Error(), text) {
+		t.Errorf("a script: %v", err)
 	}
 }
 
@@ -395,24 +519,26 @@ func TestAliases(t *testing.T) {
 	}
 }
 
-// deploy/Dockerfile builds offline from the files -rootfs writes (podman
-// build here, as docker build would), with the labels given as build
-// arguments, and the image runs.
+// deploy/Dockerfile builds offline from the files -rootfs writes for the
+// target architecture (podman build here, as docker build would, with the
+// TARGETARCH it sets), with the labels given as build arguments, and the
+// image runs.
 func TestDockerfileBuild(t *testing.T) {
 	const version = "dockerfiletest"
 	requirePodman(t)
-	bin := tool(t, version)
+	bin := tool(t, version, "amd64")
 	ctx := t.TempDir()
-	if err := writeRootfs(bin, filepath.Join(ctx, "bin", "image-root")); err != nil {
+	root := filepath.Join(ctx, "bin", "image-root-amd64")
+	if err := writeRootfs(bin, root); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"usr/local/bin/autoglm-ebpf", "lib64/ld-linux-x86-64.so.2"} {
-		if _, err := os.Stat(filepath.Join(ctx, "bin", "image-root", name)); err != nil {
+	for _, name := range append([]string{"usr/local/bin/autoglm-ebpf"}, archFiles["amd64"]...) {
+		if _, err := os.Stat(filepath.Join(root, name)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	const ref = "localhost/autoglm-ebpf-dockerfile-test:" + version
-	podman(t, "build", "-q", "-f", "../Dockerfile", "--ignorefile", "../Dockerfile.dockerignore",
+	podman(t, "build", "-q", "-f", "../Dockerfile", "--ignorefile", "../Dockerfile.dockerignore", "--platform", "linux/amd64",
 		"--build-arg", "VERSION="+version, "--build-arg", "REVISION=0123abc", "-t", ref, ctx)
 	t.Cleanup(func() { _ = exec.Command("podman", "rmi", "-f", ref).Run() })
 	labels := podman(t, "inspect", "--format", "{{json .Config.Labels}}", ref)

@@ -32,9 +32,19 @@ import (
 // noAssertion is SPDX's "this document does not say".
 const noAssertion = "NOASSERTION"
 
-// writeSBOM writes the SPDX 2.3 JSON document of the image to o.sbom.
-func writeSBOM(o options, tag name.Tag, digest v1.Hash, files []file, debs []debPackage) error {
-	doc, err := sbom(o, tag, digest, files, debs)
+// sbomPath is where the SBOM of arch's image goes.
+func sbomPath(o options, arch string) string {
+	return o.sbom + "-" + arch + ".spdx.json"
+}
+
+// writeSBOM writes the SPDX 2.3 JSON document of the image a to its
+// sbomPath.
+func writeSBOM(o options, tag name.Tag, a archImage) error {
+	digest, err := a.img.Digest()
+	if err != nil {
+		return err
+	}
+	doc, err := sbom(o, tag, digest, a)
 	if err != nil {
 		return err
 	}
@@ -42,23 +52,25 @@ func writeSBOM(o options, tag name.Tag, digest v1.Hash, files []file, debs []deb
 	if err := spdxjson.Write(doc, &buf, spdxjson.Indent("  ")); err != nil {
 		return err
 	}
-	if err := os.WriteFile(o.sbom, buf.Bytes(), 0o644); err != nil {
+	out := sbomPath(o, a.platform.arch)
+	if err := os.WriteFile(out, buf.Bytes(), 0o644); err != nil {
 		return err
 	}
-	fmt.Printf("%s: SPDX SBOM of %s@%s, %d packages\n", o.sbom, tag.Context().Name(), digest, len(doc.Packages))
+	fmt.Printf("%s: SPDX SBOM of %s@%s (linux/%s), %d packages\n", out, tag.Context().Name(), digest, a.platform.arch, len(doc.Packages))
 	return nil
 }
 
-// sbom describes the image: its Debian packages (in the operating system
+// sbom describes the image of one architecture, by its manifest digest:
+// its Debian packages (in the operating system
 // element, which is how Trivy tells whose advisories apply), and the Go
 // module of the binary with the modules and the standard library compiled
 // into it.
-func sbom(o options, tag name.Tag, digest v1.Hash, files []file, debs []debPackage) (*spdx.Document, error) {
-	osID, osVersionID, debianVersion, err := osRelease(files)
+func sbom(o options, tag name.Tag, digest v1.Hash, a archImage) (*spdx.Document, error) {
+	osID, osVersionID, debianVersion, err := osRelease(a.files)
 	if err != nil {
 		return nil, err
 	}
-	bi, err := buildinfo.ReadFile(o.binary)
+	bi, err := buildinfo.ReadFile(a.binary)
 	if err != nil {
 		return nil, fmt.Errorf("the binary's Go build information: %w", err)
 	}
@@ -102,7 +114,7 @@ func sbom(o options, tag name.Tag, digest v1.Hash, files []file, debs []debPacka
 		PrimaryPackagePurpose: "CONTAINER",
 		PackageExternalReferences: []*spdx.PackageExternalReference{purlRef(packageurl.NewPackageURL(packageurl.TypeOCI, "",
 			path.Base(tag.Context().RepositoryStr()), digest.String(), packageurl.Qualifiers{
-				{Key: "arch", Value: "amd64"}, {Key: "repository_url", Value: tag.Context().Name()}, {Key: "tag", Value: tag.TagStr()}}, ""))},
+				{Key: "arch", Value: a.platform.arch}, {Key: "repository_url", Value: tag.Context().Name()}, {Key: "tag", Value: tag.TagStr()}}, ""))},
 	})
 	if err != nil {
 		return nil, err
@@ -120,7 +132,7 @@ func sbom(o options, tag name.Tag, digest v1.Hash, files []file, debs []debPacka
 		return nil, err
 	}
 	relate(image, common.TypeRelationshipContains, system)
-	for _, d := range debs {
+	for _, d := range a.debs {
 		qualifiers := packageurl.Qualifiers{{Key: "arch", Value: d.arch}, {Key: "distro", Value: osID + "-" + osVersionID}}
 		if d.source != d.name || d.sourceVersion != d.version {
 			// As Syft writes it, for Grype.
