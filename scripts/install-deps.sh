@@ -17,7 +17,10 @@
 # HTML report); with "kernels" what scripts/kernels.sh needs to boot
 # Debian's kernels under qemu (qemu, a static busybox and cpio for the
 # initramfs, kmod's depmod, xz for the modules, jq, Debian's archive keys
-# for apt to fetch the kernels, and python3.11 for the guest's Python step).
+# for apt to fetch the kernels, and python3.11 for the guest's Python step);
+# with "kernels-arm64" what the arm64 matrix needs besides (qemu-system-arm,
+# mmdebstrap for the guest's arm64 userland, the aarch64 cross toolchain
+# for the tool, fixtures and test binaries built for the guest).
 set -euo pipefail
 
 need=()
@@ -67,6 +70,17 @@ if [ "${1:-}" = kernels ]; then
 	command -v jq >/dev/null || need+=(jq)
 	[ -f /usr/share/keyrings/debian-archive-keyring.gpg ] || need+=(debian-archive-keyring)
 	[ -x /usr/bin/python3.11 ] || need+=(python3.11)
+fi
+if [ "${1:-}" = kernels-arm64 ]; then
+	command -v qemu-system-aarch64 >/dev/null || need+=(qemu-system-arm)
+	command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
+	command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+	command -v aarch64-linux-gnu-g++ >/dev/null || need+=(g++-aarch64-linux-gnu)
+	command -v cpio >/dev/null || need+=(cpio)
+	command -v depmod >/dev/null || need+=(kmod)
+	command -v xz >/dev/null || need+=(xz-utils)
+	command -v jq >/dev/null || need+=(jq)
+	[ -f /usr/share/keyrings/debian-archive-keyring.gpg ] || need+=(debian-archive-keyring)
 fi
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" != 0 ]; then
