@@ -83,8 +83,10 @@ tool_run() {
 	elif [ $rc -ne 0 ]; then
 		fail "run exit $rc: $(sed -n '/^autoglm-ebpf: /,$p' "$out/$step.log" | condense)"
 	fi
-	# The views a kernel refused are warnings, not errors: keep their words.
-	{ grep -E 'level=(WARN|ERROR)' "$out/$step.log" || true; } | sed -E 's/^time=[^ ]+ //' | while IFS= read -r l; do
+	# The views a kernel refused are warnings, not errors: keep their words;
+	# and those of the views not expected on a node without a GPU (info),
+	# whose refusal would otherwise show only as a missing finding.
+	{ grep -E 'level=(WARN|ERROR)|autoglm_view_absent' "$out/$step.log" || true; } | sed -E 's/^time=[^ ]+ //' | while IFS= read -r l; do
 		condense <<<"$l"
 	done >"$out/$step.warnings"
 	[ -s "$out/$step.json" ] || fail "no report"
