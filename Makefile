@@ -10,7 +10,7 @@ FIXTURES := testdata/bin/fdwork testdata/bin/demo testdata/bin/schedwork testdat
 GOSRC   := $(shell find cmd pkg -name '*.go' -o -name '*.o') go.mod go.sum
 
 .PHONY: build deps test-deps generate-deps generate check-generate fixtures test fuzz demo screenshot bench kernels image image-root e2e clean
-.PHONY: build-arm64 arm64-deps
+.PHONY: build-arm64 arm64-deps kernels-arm64 kernels-arm64-deps fixtures-arm64
 
 build: $(BIN)
 
@@ -20,10 +20,13 @@ $(BIN): $(GOSRC)
 # The arm64 binary (NVIDIA Grace nodes), cross-built with cgo (go-nvml) by
 # Debian's aarch64 cross compiler against its arm64 glibc.
 BIN_ARM64 := bin/arm64/autoglm-ebpf
+ARM64_CC ?= aarch64-linux-gnu-gcc
+ARM64_CXX ?= aarch64-linux-gnu-g++
+ARM64_GO := GOARCH=arm64 CGO_ENABLED=1 CC=$(ARM64_CC) CXX=$(ARM64_CXX) $(GO)
 build-arm64: arm64-deps $(BIN_ARM64)
 
 $(BIN_ARM64): $(GOSRC)
-	GOARCH=arm64 CGO_ENABLED=1 CC=aarch64-linux-gnu-gcc $(GO) build -ldflags "-X main.version=$(VERSION)" -o $@ ./cmd/autoglm-ebpf
+	$(ARM64_GO) build -ldflags "-X main.version=$(VERSION)" -o $@ ./cmd/autoglm-ebpf
 
 deps:
 	@scripts/install-deps.sh
@@ -129,6 +132,57 @@ kernels: deps build fixtures bin/cudatrack.test
 # pkg/cudatrack's tests, which the matrix's oomsnap step runs in each guest.
 bin/cudatrack.test: $(GOSRC)
 	$(GO) test -c -o $@ ./pkg/cudatrack
+
+# The arm64 matrix: Debian's arm64 6.1 and 6.12 under qemu-system-aarch64,
+# with an arm64 userland from Debian's packages as the guest's root
+# (scripts/kernels.sh with KERNELS_ARCH=arm64; under bin/kernels/arm64/KERNEL/).
+# What runs in the guest is cross-built here: the tool, the fixtures (and
+# stand-ins) in testdata/bin-arm64, laid out as testdata/bin, and the
+# test binaries of the oomsnap and eustack steps, which find the prebuilt
+# fixtures through AUTOGLM_TEST_FIXTURES (the guest has no compiler).
+ARM64_FIX := testdata/bin-arm64
+ARM64_FIXTURES := $(FIXTURES:testdata/bin/%=$(ARM64_FIX)/%) $(CUDA_STUBS:testdata/bin/%=$(ARM64_FIX)/%) \
+	$(NCCL_STUB:testdata/bin/%=$(ARM64_FIX)/%) $(ARM64_FIX)/cuda/unwindchain_c $(ARM64_FIX)/cuda/unwindchain_cc \
+	$(ARM64_FIX)/cuda/cudawork_static
+
+kernels-arm64: kernels-arm64-deps $(BIN_ARM64) fixtures-arm64 bin/arm64/cudatrack.test bin/arm64/fdtrack.test
+	KERNELS_ARCH=arm64 scripts/kernels.sh $(KERNELS)
+
+# Before anything is cross-built: the toolchain comes with the rest.
+kernels-arm64-deps: deps
+	@scripts/install-deps.sh kernels-arm64
+
+bin/arm64/%.test: $(GOSRC)
+	$(ARM64_GO) test -c -o $@ ./pkg/$*
+
+fixtures-arm64: $(ARM64_FIXTURES)
+
+$(ARM64_FIX)/cuda/libcuda.so.1: testdata/cuda_stub.c
+	@mkdir -p $(@D)
+	$(ARM64_CC) $(STUB_CFLAGS) -Wl,-soname,libcuda.so.1 -o $@ $<
+
+$(ARM64_FIX)/cuda/libcudart.so.11.0: testdata/cudart_stub.c testdata/cudart_stub.map $(ARM64_FIX)/cuda/libcuda.so.1
+	$(ARM64_CC) $(STUB_CFLAGS) -Wl,-soname,libcudart.so.11.0 -Wl,--version-script=testdata/cudart_stub.map \
+		-o $@ testdata/cudart_stub.c $(ARM64_FIX)/cuda/libcuda.so.1 '-Wl,-rpath,$$ORIGIN'
+
+# As pkg/testutil.CUDAChain and CUDAStaticWork build them, with the
+# stand-ins found next to them wherever the folder is.
+$(ARM64_FIX)/cuda/unwindchain_c: testdata/unwindchain.c $(ARM64_FIX)/cuda/libcudart.so.11.0
+	$(ARM64_CC) -O2 -g -fomit-frame-pointer -Wall -o $@ $^ '-Wl,-rpath,$$ORIGIN'
+
+$(ARM64_FIX)/cuda/unwindchain_cc: testdata/unwindchain.cc $(ARM64_FIX)/cuda/libcudart.so.11.0
+	$(ARM64_CXX) -O2 -g -fomit-frame-pointer -Wall -o $@ $^ '-Wl,-rpath,$$ORIGIN'
+
+$(ARM64_FIX)/cuda/cudawork_static: testdata/cudawork.c testdata/cudart_stub.c $(ARM64_FIX)/cuda/libcuda.so.1
+	$(ARM64_CC) $(CFLAGS) -o $@ $^ '-Wl,-rpath,$$ORIGIN'
+
+$(ARM64_FIX)/nccl/libnccl.so.2: testdata/nccl_stub.c
+	@mkdir -p $(@D)
+	$(ARM64_CC) $(STUB_CFLAGS) -Wl,-soname,libnccl.so.2 -o $@ $<
+
+$(ARM64_FIX)/%: testdata/%.c
+	@mkdir -p $(@D)
+	$(ARM64_CC) $(CFLAGS) -o $@ $<
 
 # The container image, built offline from bin/autoglm-ebpf, bin/arm64/autoglm-ebpf
 # and the glibc each links against (deploy/image): one OCI layout archive

@@ -22,7 +22,10 @@
 # with "arm64" (and "test") the arm64 build and image: Debian's aarch64
 # cross compiler and glibc for cgo, and the arm64 glibc package itself
 # (libc6:arm64, dpkg's multiarch), whose files and records the arm64 image
-# carries.
+# carries; with "kernels-arm64" what the arm64 matrix needs besides
+# (qemu-system-arm, mmdebstrap for the guest's arm64 userland, the aarch64
+# cross toolchain for the tool, fixtures and test binaries built for the
+# guest).
 set -euo pipefail
 
 need=()
@@ -83,6 +86,17 @@ if [ "${1:-}" = kernels ]; then
 	command -v jq >/dev/null || need+=(jq)
 	[ -f /usr/share/keyrings/debian-archive-keyring.gpg ] || need+=(debian-archive-keyring)
 	[ -x /usr/bin/python3.11 ] || need+=(python3.11)
+fi
+if [ "${1:-}" = kernels-arm64 ]; then
+	command -v qemu-system-aarch64 >/dev/null || need+=(qemu-system-arm)
+	command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
+	command -v aarch64-linux-gnu-gcc >/dev/null || need+=(gcc-aarch64-linux-gnu libc6-dev-arm64-cross)
+	command -v aarch64-linux-gnu-g++ >/dev/null || need+=(g++-aarch64-linux-gnu)
+	command -v cpio >/dev/null || need+=(cpio)
+	command -v depmod >/dev/null || need+=(kmod)
+	command -v xz >/dev/null || need+=(xz-utils)
+	command -v jq >/dev/null || need+=(jq)
+	[ -f /usr/share/keyrings/debian-archive-keyring.gpg ] || need+=(debian-archive-keyring)
 fi
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" != 0 ]; then

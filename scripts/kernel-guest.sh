@@ -16,12 +16,21 @@ cd "$(dirname "$0")/.."
 repo=$PWD
 tool=$repo/bin/autoglm-ebpf
 fix=$repo/testdata/bin
+tests=$repo/bin
+if [ "$(uname -m)" = aarch64 ]; then
+	# Cross-built by make kernels-arm64; the test binaries take the
+	# prebuilt fixtures (pkg/testutil), there being no compiler here.
+	tool=$repo/bin/arm64/autoglm-ebpf
+	fix=$repo/testdata/bin-arm64
+	tests=$repo/bin/arm64
+	export AUTOGLM_TEST_FIXTURES=$fix
+fi
 python=/usr/bin/python3.11
 # A step that hangs must not take the others with it: loading every view
 # takes up to a minute on an emulated CPU, the workloads at most 30 s.
 limit=240
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || steps=(check fd fork cuda oomsnap gpuleak nccl ncclstall sched sock python)
+[ ${#steps[@]} -gt 0 ] || steps=(check fd fork cuda oomsnap gpuleak nccl ncclstall sched sock python eustack)
 mkdir -p "$out"
 : >"$out/results"
 
@@ -74,8 +83,10 @@ tool_run() {
 	elif [ $rc -ne 0 ]; then
 		fail "run exit $rc: $(sed -n '/^autoglm-ebpf: /,$p' "$out/$step.log" | condense)"
 	fi
-	# The views a kernel refused are warnings, not errors: keep their words.
-	{ grep -E 'level=(WARN|ERROR)' "$out/$step.log" || true; } | sed -E 's/^time=[^ ]+ //' | while IFS= read -r l; do
+	# The views a kernel refused are warnings, not errors: keep their words;
+	# and those of the views not expected on a node without a GPU (info),
+	# whose refusal would otherwise show only as a missing finding.
+	{ grep -E 'level=(WARN|ERROR)|autoglm_view_absent' "$out/$step.log" || true; } | sed -E 's/^time=[^ ]+ //' | while IFS= read -r l; do
 		condense <<<"$l"
 	done >"$out/$step.warnings"
 	[ -s "$out/$step.json" ] || fail "no report"
@@ -160,13 +171,33 @@ step_cuda() {
 }
 
 # The memory snapshot at a failed allocation, pkg/cudatrack's own test
-# (bin/cudatrack.test, built by make kernels): what was live at the
+# (bin/cudatrack.test, built by make kernels; bin/arm64/ on arm64): what was live at the
 # failure, a burst freed right after it included, whether the process is
 # still there at the poll or not; and a loop of failures that makes one.
 step_oomsnap() {
 	local rc=0
-	timeout -k 10 "$limit" "$repo/bin/cudatrack.test" -test.run '^TestOOMSnapshot' -test.v -test.count=1 >"$out/oomsnap.log" 2>&1 || rc=$?
-	[ $rc -eq 0 ] || fail "test exit $rc: $(grep -E '^\s+[a-z_]+_test\.go:[0-9]+:|^--- FAIL|^panic:' "$out/oomsnap.log" | head -5 | tr -s ' \t\n' ' ')"
+	timeout -k 10 "$limit" "$tests/cudatrack.test" -test.run '^TestOOMSnapshot' -test.v -test.count=1 >"$out/oomsnap.log" 2>&1 || rc=$?
+	[ $rc -eq 0 ] || fail "test exit $rc: $(test_failures "$out/oomsnap.log")"
+}
+
+# test_failures LOG: a go test's failures, on one line.
+test_failures() {
+	grep -E '^\s+[a-z_]+_test\.go:[0-9]+:|^--- FAIL|^panic:' "$1" | head -5 | tr -s ' \t\n' ' '
+}
+
+# Stacks of code built without frame pointers (C and C++, -O2, through the
+# CUDA stand-in) held to eu-stack's frame for frame: pkg/fdtrack's own test
+# (bin/fdtrack.test on x86, bin/arm64/ on arm64, where it is what shows the
+# unwinder's AArch64 CFI, link register and PAC-stripped return addresses
+# right on a kernel of that architecture).
+step_eustack() {
+	local rc=0
+	if [ ! -x "$tests/fdtrack.test" ]; then
+		fail "$tests/fdtrack.test missing"
+		return
+	fi
+	timeout -k 10 "$limit" "$tests/fdtrack.test" -test.run '^TestOpenStackWithoutFramePointers$' -test.v -test.count=1 >"$out/eustack.log" 2>&1 || rc=$?
+	[ $rc -eq 0 ] || fail "test exit $rc: $(test_failures "$out/eustack.log")"
 }
 
 # A GPU memory leak: leak_weights takes 1 MiB every 50 ms and never frees.

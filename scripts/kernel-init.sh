@@ -1,10 +1,11 @@
 #!/bin/busybox sh
 # /init of the scripts/kernels.sh guests (busybox, in the initramfs). Builds a
-# root on tmpfs from the host's root (9p, read-only, at /host) with the
-# host's paths where the tool and its workloads expect them, runs
+# root on tmpfs from the host's root (9p, read-only, at /host), or from a
+# folder of it (another architecture's userland), with its paths where the
+# tool and its workloads expect them, the repository at its host path, runs
 # scripts/kernel-guest.sh there with its outputs on the second share, and
-# powers off. The kernel command line names the repository, the kernel's
-# modules folder (host paths) and the steps.
+# powers off. The kernel command line names the root, the repository, the
+# kernel's modules folder (host paths) and the steps.
 /bin/busybox --install -s /bin
 export PATH=/bin
 mount -t proc proc /proc
@@ -18,6 +19,7 @@ for m in $(cat /modules/order); do
 done
 for a in $(cat /proc/cmdline); do
 	case $a in
+	autoglm.root=*) root=${a#*=} ;;
 	autoglm.repo=*) repo=${a#*=} ;;
 	autoglm.modules=*) modules=${a#*=} ;;
 	autoglm.steps=*) steps=$(echo "${a#*=}" | tr , ' ') ;;
@@ -29,27 +31,28 @@ mount -t tmpfs -o mode=0755 root $r
 mkdir -p $r/host $r/out
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=512000 hostroot $r/host || say "9p hostroot failed"
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 out $r/out || say "9p out failed"
+src=$r/host${root%/}
 
 # /usr is an overlay, writable, so that the guest kernel's modules sit
 # where modprobe looks for them (the kernel loads some on demand).
 mkdir -p $r/usr $r/.usr/upper $r/.usr/work
-if mount -t overlay -o "lowerdir=$r/host/usr,upperdir=$r/.usr/upper,workdir=$r/.usr/work" usr $r/usr; then
+if mount -t overlay -o "lowerdir=$src/usr,upperdir=$r/.usr/upper,workdir=$r/.usr/work" usr $r/usr; then
 	mkdir -p "$r/usr/lib/modules/$(uname -r)"
 	mount --bind "$r/host$modules" "$r/usr/lib/modules/$(uname -r)"
 else
 	say "overlay on /usr failed: /usr read-only, no modules on demand"
-	mount --bind $r/host/usr $r/usr
+	mount --bind $src/usr $r/usr
 fi
 for d in etc opt; do
-	[ -d $r/host/$d ] && mkdir -p $r/$d && mount --bind $r/host/$d $r/$d
+	[ -d $src/$d ] && mkdir -p $r/$d && mount --bind $src/$d $r/$d
 done
 # Mounting proc over the 9p root itself broke /proc/self: hence a tmpfs
 # root with the host's top folders bound or linked as the host has them.
 for d in bin sbin lib lib32 lib64 libx32; do
-	if [ -L $r/host/$d ]; then
-		ln -s "$(readlink $r/host/$d)" $r/$d
-	elif [ -d $r/host/$d ]; then
-		mkdir -p $r/$d && mount --bind $r/host/$d $r/$d
+	if [ -L $src/$d ]; then
+		ln -s "$(readlink $src/$d)" $r/$d
+	elif [ -d $src/$d ]; then
+		mkdir -p $r/$d && mount --bind $src/$d $r/$d
 	fi
 done
 

@@ -17,6 +17,9 @@ import (
 // They keep frame pointers, as the real libraries do not need to.
 func CUDAStubs(t testing.TB) string {
 	t.Helper()
+	if runtime, ok := prebuilt(t, filepath.Join("cuda", "libcudart.so.11.0")); ok {
+		return runtime
+	}
 	root := RepoRoot()
 	src := func(name string) string { return filepath.Join(root, "testdata", name) }
 	dir := filepath.Join(root, "testdata", "bin", "cuda")
@@ -59,6 +62,9 @@ func CUDAChain(t testing.TB, lang string) string {
 	name, compiler := "unwindchain.c", "gcc"
 	if lang == "c++" {
 		name, compiler = "unwindchain.cc", "g++"
+	}
+	if bin, ok := prebuilt(t, filepath.Join("cuda", strings.ReplaceAll(name, ".", "_"))); ok {
+		return bin
 	}
 	src := filepath.Join(RepoRoot(), "testdata", name)
 	bin := filepath.Join(dir, strings.ReplaceAll(name, ".", "_"))
@@ -149,6 +155,9 @@ func (p *Proc) TryWait(t testing.TB, prefix string, timeout time.Duration) (stri
 // with "-" as the library.
 func CUDAStaticWork(t testing.TB) string {
 	t.Helper()
+	if bin, ok := prebuilt(t, filepath.Join("cuda", "cudawork_static")); ok {
+		return bin
+	}
 	runtime := CUDAStubs(t)
 	dir := filepath.Dir(runtime)
 	src := filepath.Join(RepoRoot(), "testdata")

@@ -10,6 +10,9 @@ import (
 // as the Makefile does) into testdata/bin/nccl once and returns its path.
 func NCCLStub(t testing.TB) string {
 	t.Helper()
+	if lib, ok := prebuilt(t, filepath.Join("nccl", "libnccl.so.2")); ok {
+		return lib
+	}
 	root := RepoRoot()
 	src := filepath.Join(root, "testdata", "nccl_stub.c")
 	dir := filepath.Join(root, "testdata", "bin", "nccl")

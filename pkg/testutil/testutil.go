@@ -35,10 +35,36 @@ func RepoRoot() string {
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
+// FixturesEnv names a folder of prebuilt fixtures, laid out as testdata/bin
+// (`make fixtures-arm64` builds testdata/bin-arm64 so): where it is set the
+// fixtures are taken from there, not compiled. The kernel matrix's arm64
+// guests run the test binaries so: they have no compiler, and the host's
+// compiler builds for the host's architecture.
+const FixturesEnv = "AUTOGLM_TEST_FIXTURES"
+
+// prebuilt returns the path of fixture REL (a path under testdata/bin) in
+// FixturesEnv's folder, and whether that folder is set; a fixture missing
+// there fails the test.
+func prebuilt(t testing.TB, rel string) (string, bool) {
+	t.Helper()
+	dir := os.Getenv(FixturesEnv)
+	if dir == "" {
+		return "", false
+	}
+	path := filepath.Join(dir, rel)
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("prebuilt fixture (%s=%s): %v", FixturesEnv, dir, err)
+	}
+	return path, true
+}
+
 // Fixture compiles testdata/NAME.c (with frame pointers, as the tracer needs)
 // into testdata/bin once per test binary and returns the binary's path.
 func Fixture(t testing.TB, name string, extra ...string) string {
 	t.Helper()
+	if bin, ok := prebuilt(t, name); ok {
+		return bin
+	}
 	root := RepoRoot()
 	src := filepath.Join(root, "testdata", name+".c")
 	bin := filepath.Join(root, "testdata", "bin", name)
