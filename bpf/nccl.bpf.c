@@ -193,30 +193,37 @@ static __always_inline void on_collective(struct pt_regs *ctx, u32 op)
 	u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	if (!is_tracked(tgid))
 		return;
+	/* The argument registers, each read once before the switch: clang
+	 * would merge the cases' reads into one load at an offset it computes
+	 * from ctx (arm64's registers are an array), which the verifier
+	 * refuses. */
+	u64 a2 = PT_REGS_PARM2(ctx), a3 = PT_REGS_PARM3(ctx), a4 = PT_REGS_PARM4(ctx);
+	u64 a5 = PT_REGS_PARM5(ctx), a6 = UPROBE_PARM6(ctx);
+	asm volatile("" : "+r"(a2), "+r"(a3), "+r"(a4), "+r"(a5), "+r"(a6));
 	u64 count, type, comm = 0;
 	switch (op) {
 	case NCCL_OP_ALL_REDUCE:     /* (send, recv, count, type, redop, comm, stream) */
 	case NCCL_OP_REDUCE_SCATTER: /* (send, recv, recvcount, type, redop, comm, stream) */
 	case NCCL_OP_BROADCAST:      /* (send, recv, count, type, root, comm, stream) */
-		count = PT_REGS_PARM3(ctx);
-		type = PT_REGS_PARM4(ctx);
-		comm = UPROBE_PARM6(ctx);
+		count = a3;
+		type = a4;
+		comm = a6;
 		break;
 	case NCCL_OP_ALL_GATHER: /* (send, recv, sendcount, type, comm, stream) */
-		count = PT_REGS_PARM3(ctx);
-		type = PT_REGS_PARM4(ctx);
-		comm = PT_REGS_PARM5(ctx);
+		count = a3;
+		type = a4;
+		comm = a5;
 		break;
 	case NCCL_OP_BCAST: /* (buff, count, type, root, comm, stream) */
 	case NCCL_OP_SEND:  /* (send, count, type, peer, comm, stream) */
 	case NCCL_OP_RECV:  /* (recv, count, type, peer, comm, stream) */
-		count = PT_REGS_PARM2(ctx);
-		type = PT_REGS_PARM3(ctx);
-		comm = PT_REGS_PARM5(ctx);
+		count = a2;
+		type = a3;
+		comm = a5;
 		break;
 	case NCCL_OP_REDUCE: /* (send, recv, count, type, redop, root, comm, stream) */
-		count = PT_REGS_PARM3(ctx);
-		type = PT_REGS_PARM4(ctx);
+		count = a3;
+		type = a4;
 		if (!uprobe_parm7(ctx, &comm)) {
 			count_err(ERR_READ_USER);
 			return;

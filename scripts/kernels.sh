@@ -72,8 +72,8 @@ expect_table_amd64='
 # a frame pointer).
 expect_table_arm64='
 	name    check fd   fork cuda oomsnap gpuleak nccl ncclstall sched sock python eustack
-	6.1     pass  pass pass pass pass    pass    off  off       pass  pass off    off
-	6.12    pass  pass pass pass pass    pass    off  off       pass  pass off    off
+	6.1     pass  pass pass pass pass    pass    pass pass      pass  pass pass   pass
+	6.12    pass  pass pass pass pass    pass    pass pass      pass  pass pass   pass
 '
 kernel_table_var=kernel_table_$arch
 kernel_table=${!kernel_table_var}
