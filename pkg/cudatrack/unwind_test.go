@@ -87,14 +87,7 @@ func TestUnwindWithoutFramePointers(t *testing.T) {
 			if err != nil {
 				t.Fatalf("stack %d: %v", allocs[0].StackID, err)
 			}
-			if len(pcs) != len(want) {
-				t.Fatalf("stack has %d frames %#x, eu-stack %d after cudaMalloc: %v", len(pcs), pcs, len(want), want)
-			}
-			for j, f := range want {
-				if pcs[j] != f.PC {
-					t.Errorf("frame %d = %#x, eu-stack %#x (%s)", j, pcs[j], f.PC, f.Name)
-				}
-			}
+			testutil.MatchEUStack(t, pid, pcs, want)
 			frames := c.sym.Frames(pid, pcs)
 			t.Logf("stack: %v", frames)
 			for j, fn := range tc.want {

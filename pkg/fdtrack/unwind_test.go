@@ -72,14 +72,7 @@ func TestOpenStackWithoutFramePointers(t *testing.T) {
 					t.Fatalf("stack %d: %v", fd.StackID, err)
 				}
 				t.Logf("stack: %v", symbolize.New("/proc").Frames(pid, pcs))
-				if len(pcs) != len(eu) {
-					t.Fatalf("stack has %d frames %#x, eu-stack %d: %v", len(pcs), pcs, len(eu), eu)
-				}
-				for j, f := range eu {
-					if pcs[j] != f.PC {
-						t.Errorf("frame %d = %#x, eu-stack %#x (%s)", j, pcs[j], f.PC, f.Name)
-					}
-				}
+				testutil.MatchEUStack(t, pid, pcs, eu)
 			}
 			if stacks[0] != stacks[1] {
 				t.Errorf("two opens from one site have stacks %d and %d", stacks[0], stacks[1])
@@ -136,14 +129,7 @@ func TestOpenStackRulesSharedByFile(t *testing.T) {
 			t.Fatalf("stack %d: %v", fd.StackID, err)
 		}
 		t.Logf("process %d: stack %d: %v", i+1, fd.StackID, symbolize.New("/proc").Frames(pid, pcs))
-		if len(pcs) != len(eu) {
-			t.Fatalf("process %d: stack has %d frames %#x, eu-stack %d: %v", i+1, len(pcs), pcs, len(eu), eu)
-		}
-		for j, f := range eu {
-			if pcs[j] != f.PC {
-				t.Errorf("process %d: frame %d = %#x, eu-stack %#x (%s)", i+1, j, pcs[j], f.PC, f.Name)
-			}
-		}
+		testutil.MatchEUStack(t, pid, pcs, eu)
 		after := testutil.Entries(t, rules)
 		if i == 0 {
 			if fd.StackID < unwind.RequestIDs || after == before {
