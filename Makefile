@@ -143,6 +143,7 @@ bin/cudatrack.test: $(GOSRC)
 ARM64_FIX := testdata/bin-arm64
 ARM64_FIXTURES := $(FIXTURES:testdata/bin/%=$(ARM64_FIX)/%) $(CUDA_STUBS:testdata/bin/%=$(ARM64_FIX)/%) \
 	$(NCCL_STUB:testdata/bin/%=$(ARM64_FIX)/%) $(ARM64_FIX)/cuda/unwindchain_c $(ARM64_FIX)/cuda/unwindchain_cc \
+	$(ARM64_FIX)/cuda/unwindchain_c_pac $(ARM64_FIX)/cuda/unwindchain_cc_pac \
 	$(ARM64_FIX)/cuda/cudawork_static
 
 kernels-arm64: kernels-arm64-deps $(BIN_ARM64) fixtures-arm64 bin/arm64/cudatrack.test bin/arm64/fdtrack.test
@@ -165,13 +166,20 @@ $(ARM64_FIX)/cuda/libcudart.so.11.0: testdata/cudart_stub.c testdata/cudart_stub
 	$(ARM64_CC) $(STUB_CFLAGS) -Wl,-soname,libcudart.so.11.0 -Wl,--version-script=testdata/cudart_stub.map \
 		-o $@ testdata/cudart_stub.c $(ARM64_FIX)/cuda/libcuda.so.1 '-Wl,-rpath,$$ORIGIN'
 
-# As pkg/testutil.CUDAChain and CUDAStaticWork build them, with the
-# stand-ins found next to them wherever the folder is.
+# As pkg/testutil.CUDAChain, CUDAChainPAC and CUDAStaticWork build them,
+# with the stand-ins found next to them wherever the folder is; the _pac
+# chains sign their return addresses (pointer authentication).
 $(ARM64_FIX)/cuda/unwindchain_c: testdata/unwindchain.c $(ARM64_FIX)/cuda/libcudart.so.11.0
 	$(ARM64_CC) -O2 -g -fomit-frame-pointer -Wall -o $@ $^ '-Wl,-rpath,$$ORIGIN'
 
 $(ARM64_FIX)/cuda/unwindchain_cc: testdata/unwindchain.cc $(ARM64_FIX)/cuda/libcudart.so.11.0
 	$(ARM64_CXX) -O2 -g -fomit-frame-pointer -Wall -o $@ $^ '-Wl,-rpath,$$ORIGIN'
+
+$(ARM64_FIX)/cuda/unwindchain_c_pac: testdata/unwindchain.c $(ARM64_FIX)/cuda/libcudart.so.11.0
+	$(ARM64_CC) -O2 -g -fomit-frame-pointer -mbranch-protection=standard -Wall -o $@ $^ '-Wl,-rpath,$$ORIGIN'
+
+$(ARM64_FIX)/cuda/unwindchain_cc_pac: testdata/unwindchain.cc $(ARM64_FIX)/cuda/libcudart.so.11.0
+	$(ARM64_CXX) -O2 -g -fomit-frame-pointer -mbranch-protection=standard -Wall -o $@ $^ '-Wl,-rpath,$$ORIGIN'
 
 $(ARM64_FIX)/cuda/cudawork_static: testdata/cudawork.c testdata/cudart_stub.c $(ARM64_FIX)/cuda/libcuda.so.1
 	$(ARM64_CC) $(CFLAGS) -o $@ $^ '-Wl,-rpath,$$ORIGIN'

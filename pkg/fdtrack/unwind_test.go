@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -88,6 +89,65 @@ func TestOpenStackWithoutFramePointers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// On arm64, the chains built to sign their return addresses (pointer
+// authentication) unwind to the same functions, frame for frame, as the
+// unsigned builds, which TestOpenStackWithoutFramePointers holds to
+// eu-stack: elfutils 0.188 cannot unwind signed return addresses, so the
+// unsigned build of the same source is the oracle.
+func TestOpenStackPAC(t *testing.T) {
+	if runtime.GOARCH != "arm64" {
+		t.Skip("pointer authentication is arm64's")
+	}
+	for _, lang := range []string{"c", "c++"} {
+		t.Run(lang, func(t *testing.T) {
+			tr := newTracker(t)
+			want := openStackFunctions(t, tr, testutil.CUDAChain(t, lang))
+			got := openStackFunctions(t, tr, testutil.CUDAChainPAC(t, lang))
+			if !slices.Equal(got, want) {
+				t.Errorf("signed chain's stack %v, unsigned chain's %v", got, want)
+			}
+			if !slices.Contains(got, "load_checkpoint") && !slices.Contains(got, "engine::load_checkpoint") {
+				t.Errorf("stack %v: no load_checkpoint, five calls above the open", got)
+			}
+		})
+	}
+}
+
+// openStackFunctions runs the chain bin, tracked by tr, until it opens a
+// FIFO, and returns the functions of the open's stack.
+func openStackFunctions(t *testing.T, tr *Tracker, bin string) []string {
+	t.Helper()
+	fifo := filepath.Join(t.TempDir(), "weights")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := testutil.StartProc(t, nil, bin, fifo)
+	pid := p.Cmd.Process.Pid
+	if err := tr.Track(pid); err != nil {
+		t.Fatal(err)
+	}
+	p.Signal(t)
+	waitInSyscall(t, pid, syscall.SYS_OPENAT)
+	w, err := os.OpenFile(fifo, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Wait(t, "done", 10*time.Second)
+	w.Close()
+	fd := fdOn(t, tr, pid, fifo)
+	pcs, err := tr.Stack(fd.StackID)
+	if err != nil {
+		t.Fatalf("stack %d: %v", fd.StackID, err)
+	}
+	frames := symbolize.New("/proc").Frames(pid, pcs)
+	t.Logf("%s: stack %v", filepath.Base(bin), frames)
+	var fns []string
+	for _, f := range frames {
+		fns = append(fns, f.Function)
+	}
+	return fns
 }
 
 // Two processes of one binary (the six-deep chain in C, and glibc, both

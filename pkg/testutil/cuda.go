@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -57,23 +58,41 @@ func buildWith(t testing.TB, compiler string, args []string) {
 // against the runtime stand-in, and returns the executable's path.
 func CUDAChain(t testing.TB, lang string) string {
 	t.Helper()
+	return cudaChain(t, lang, "", nil)
+}
+
+// CUDAChainPAC is CUDAChain built to sign its return addresses (pointer
+// authentication, -mbranch-protection=standard, as Debian builds its arm64
+// packages): arm64 only.
+func CUDAChainPAC(t testing.TB, lang string) string {
+	t.Helper()
+	if goruntime.GOARCH != "arm64" {
+		t.Fatalf("pointer authentication is arm64's, not %s's", goruntime.GOARCH)
+	}
+	return cudaChain(t, lang, "_pac", []string{"-mbranch-protection=standard"})
+}
+
+func cudaChain(t testing.TB, lang, suffix string, flags []string) string {
+	t.Helper()
 	runtime := CUDAStubs(t)
 	dir := filepath.Dir(runtime)
 	name, compiler := "unwindchain.c", "gcc"
 	if lang == "c++" {
 		name, compiler = "unwindchain.cc", "g++"
 	}
-	if bin, ok := prebuilt(t, filepath.Join("cuda", strings.ReplaceAll(name, ".", "_"))); ok {
+	base := strings.ReplaceAll(name, ".", "_") + suffix
+	if bin, ok := prebuilt(t, filepath.Join("cuda", base)); ok {
 		return bin
 	}
 	src := filepath.Join(RepoRoot(), "testdata", name)
-	bin := filepath.Join(dir, strings.ReplaceAll(name, ".", "_"))
+	bin := filepath.Join(dir, base)
 	if fresh(bin, src) && fresh(bin, runtime) {
 		return bin
 	}
 	// $ORIGIN: the runtime beside it wherever the directory is (a guest
 	// of the kernel matrix may have it elsewhere).
-	buildWith(t, compiler, []string{"-O2", "-g", "-fomit-frame-pointer", "-Wall", "-o", bin, src, runtime, "-Wl,-rpath,$ORIGIN"})
+	args := append([]string{"-O2", "-g", "-fomit-frame-pointer", "-Wall"}, flags...)
+	buildWith(t, compiler, append(args, "-o", bin, src, runtime, "-Wl,-rpath,$ORIGIN"))
 	return bin
 }
 

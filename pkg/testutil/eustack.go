@@ -45,20 +45,27 @@ func EUStack(t testing.TB, pid int) []EUFrame {
 }
 
 // MatchEUStack holds pcs, a stack the tracer unwound in the live process
-// pid, to eu-stack's frames eu, frame for frame. One gap of elfutils (0.188,
-// Debian bookworm's) on aarch64 is allowed: it takes main's caller from the
-// frame record x29 points to, which main built without frame pointers
-// leaves as glibc's __libc_start_call_main made it, so it skips that frame.
-// Ours there passes only as a return address: the instruction before it,
-// read from the process, is a call (BL, BLR, or BLRAA and kin).
+// pid, to eu-stack's frames eu, frame for frame. Two differences are
+// allowed on aarch64, each checked against the instructions of the process:
+//   - In a syscall, the tracer's first pc is the one after SVC; eu-stack's
+//     is the SVC itself: arm64 rewinds the pc of an interrupted syscall, to
+//     restart it, before the ptrace stop eu-stack reads it in.
+//   - elfutils (0.188, Debian bookworm's) takes main's caller from the
+//     frame record x29 points to, which main built without frame pointers
+//     leaves as glibc's __libc_start_call_main made it, so it skips that
+//     frame. Ours there passes only as a return address: the instruction
+//     before it is a call (BL, BLR, or BLRAA and kin).
 func MatchEUStack(t testing.TB, pid int, pcs []uint64, eu []EUFrame) {
 	t.Helper()
+	arm64 := runtime.GOARCH == "arm64"
 	i, j, skipped := 0, 0, false
 	for i < len(pcs) && j < len(eu) {
 		switch {
 		case pcs[i] == eu[j].PC:
 			i, j = i+1, j+1
-		case runtime.GOARCH == "arm64" && !skipped && j > 0 && eu[j-1].Name == "main" && afterCall(t, pid, pcs[i]):
+		case arm64 && i == 0 && j == 0 && pcs[0] == eu[0].PC+4 && insnAt(t, pid, eu[0].PC) == 0xd4000001: // SVC #0
+			i, j = i+1, j+1
+		case arm64 && !skipped && j > 0 && eu[j-1].Name == "main" && isCall(insnAt(t, pid, pcs[i]-4)):
 			t.Logf("frame %d %#x: a return address eu-stack skipped after main", i, pcs[i])
 			i, skipped = i+1, true
 		default:
@@ -70,9 +77,8 @@ func MatchEUStack(t testing.TB, pid int, pcs []uint64, eu []EUFrame) {
 	}
 }
 
-// afterCall says whether the AArch64 instruction before pc in process pid
-// is a branch with link.
-func afterCall(t testing.TB, pid int, pc uint64) bool {
+// insnAt returns the AArch64 instruction at pc in process pid.
+func insnAt(t testing.TB, pid int, pc uint64) uint32 {
 	t.Helper()
 	f, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
 	if err != nil {
@@ -80,10 +86,14 @@ func afterCall(t testing.TB, pid int, pc uint64) bool {
 	}
 	defer f.Close()
 	var b [4]byte
-	if _, err := f.ReadAt(b[:], int64(pc-4)); err != nil {
-		t.Fatalf("reading the instruction before %#x: %v", pc, err)
+	if _, err := f.ReadAt(b[:], int64(pc)); err != nil {
+		t.Fatalf("reading the instruction at %#x: %v", pc, err)
 	}
-	insn := binary.LittleEndian.Uint32(b[:])
+	return binary.LittleEndian.Uint32(b[:])
+}
+
+// isCall says whether an AArch64 instruction is a branch with link.
+func isCall(insn uint32) bool {
 	return insn&0xfc000000 == 0x94000000 || // BL
 		insn&0xfffffc1f == 0xd63f0000 || // BLR
 		insn&0xfefff800 == 0xd63f0800 // BLRAA, BLRAAZ, BLRAB, BLRABZ
