@@ -108,8 +108,11 @@ frame() { echo "any((.stack // [])[]; .function == \"$1\")"; }
 
 step_check() {
 	local rc=0
-	timeout -k 10 "$limit" "$tool" check >"$out/check.log" 2>&1 || rc=$?
+	timeout -k 10 "$limit" "$tool" check --programs >"$out/check.log" 2>&1 || rc=$?
 	[ $rc -eq 0 ] || fail "check exit $rc: $(grep -E '^autoglm-ebpf:' "$out/check.log")"
+	# What this kernel made of each program (instructions, verified, JIT
+	# bytes): the figures that compare across kernels and architectures.
+	sed -n '/^OBJECT /,$p' "$out/check.log" >"$out/programs"
 	# What check says of each view and of anything not ok, a line each.
 	awk '/^[^ ]/ { n++ } { print > (FILENAME ".row" n) }' "$out/check.log"
 	for row in "$out"/check.log.row*; do

@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/features"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/gpunode"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
@@ -17,17 +19,44 @@ import (
 )
 
 func newCheck() *cobra.Command {
-	return &cobra.Command{
+	var programs bool
+	cmd := &cobra.Command{
 		Use:   "check",
 		Short: "Report what this kernel and machine offer, and whether the tool can run",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			devs := gpunode.Find("/proc")
 			rs := features.Check(devs)
+			var done func() []bpfobj.ProgramCost
+			if programs {
+				done = bpfobj.RecordCosts()
+			}
 			viewResults, finds, absent := pipeline.Checks(devs)
-			return printCheck(cmd.OutOrStdout(), append(rs, viewResults...), finds, absent)
+			err := printCheck(cmd.OutOrStdout(), append(rs, viewResults...), finds, absent)
+			if programs {
+				printCosts(cmd.OutOrStdout(), done())
+			}
+			return err
 		},
 	}
+	cmd.Flags().BoolVar(&programs, "programs", false,
+		"also list each BPF program loaded: its instructions after the kernel's rewrites, the instructions the verifier processed (kernel 5.16+) and its machine code's size")
+	return cmd
+}
+
+// printCosts lists what the kernel made of each program the checks loaded:
+// the figures that compare across kernels and architectures.
+func printCosts(out io.Writer, cs []bpfobj.ProgramCost) {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "OBJECT\tPROGRAM\tINSNS\tVERIFIED\tJIT BYTES")
+	for _, c := range cs {
+		verified := "-" // the kernel does not say (before 5.16)
+		if c.Verified > 0 {
+			verified = strconv.FormatUint(uint64(c.Verified), 10)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%d\n", c.Object, c.Program, c.Translated, verified, c.JITed)
+	}
+	w.Flush()
 }
 
 // printCheck writes the table of results and the verdict: what the views

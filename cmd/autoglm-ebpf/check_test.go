@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/features"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/model"
 )
@@ -48,5 +49,24 @@ func TestCheckOutputAbsent(t *testing.T) {
 	}
 	if !strings.HasSuffix(out.String(), "verdict: ready: fd leaks, GPU metrics (NVML)\n") {
 		t.Errorf("verdict with NVML up:\n%s", &out)
+	}
+}
+
+// --programs lists each program's figures, with "-" where the kernel does
+// not count the verifier's instructions.
+func TestCheckProgramCosts(t *testing.T) {
+	var out bytes.Buffer
+	printCosts(&out, []bpfobj.ProgramCost{
+		{Object: "fd (tp_btf)", Program: "sys_exit_btf", Translated: 2087, Verified: 28185, JITed: 9927},
+		{Object: "sched (tracepoint)", Program: "switch_tp", Translated: 329, JITed: 1520},
+	})
+	for _, line := range []string{
+		`OBJECT\s+PROGRAM\s+INSNS\s+VERIFIED\s+JIT BYTES`,
+		`fd \(tp_btf\)\s+sys_exit_btf\s+2087\s+28185\s+9927`,
+		`sched \(tracepoint\)\s+switch_tp\s+329\s+-\s+1520`,
+	} {
+		if !regexp.MustCompile(`(?m)^` + line + `$`).Match(out.Bytes()) {
+			t.Errorf("no line %q in\n%s", line, &out)
+		}
 	}
 }

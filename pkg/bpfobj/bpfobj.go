@@ -69,6 +69,7 @@ func LoadCollection(spec *ebpf.CollectionSpec, what string, replace map[string]*
 	if err != nil {
 		return nil, &LoadError{What: what, Err: err}
 	}
+	noteCosts(what, coll)
 	return coll, nil
 }
 

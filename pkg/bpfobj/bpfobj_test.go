@@ -2,6 +2,7 @@ package bpfobj
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"golang.org/x/sys/unix"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
@@ -247,5 +249,43 @@ func TestEPERMCause(t *testing.T) {
 		if !strings.HasPrefix(got, caps) || strings.Contains(got, "seccomp filter") != c.filter {
 			t.Errorf("status %q: %q, want the capabilities, the filter named: %v", c.status, got, c.filter)
 		}
+	}
+}
+
+// The costs check --programs lists are the kernel's own for each program
+// loaded while recording, and recording stops when asked for them.
+func TestRecordCosts(t *testing.T) {
+	testutil.RequireRoot(t)
+	load := func() {
+		t.Helper()
+		coll, err := LoadCollection(tracepointSpec("syscalls/sys_enter_close"), "test BPF programs (tracepoint)", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		coll.Close()
+	}
+	done := RecordCosts()
+	load()
+	costs := done()
+	if len(costs) != 1 {
+		t.Fatalf("recorded %+v, want the one program", costs)
+	}
+	c := costs[0]
+	if c.Object != "test (tracepoint)" || c.Program != "syscalls_sys_enter_close" || c.Translated != 2 || c.JITed == 0 {
+		t.Errorf("recorded %+v, want test (tracepoint)'s syscalls_sys_enter_close: 2 instructions, some machine code", c)
+	}
+	// Two instructions on one path; the kernel says so from 5.16.
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		t.Fatal(err)
+	}
+	var major, minor int
+	_, _ = fmt.Sscanf(unix.ByteSliceToString(uts.Release[:]), "%d.%d", &major, &minor)
+	if modern := major > 5 || (major == 5 && minor >= 16); (c.Verified == 2) != modern {
+		t.Errorf("kernel %d.%d: %d instructions verified, want 2 from 5.16 and none reported before", major, minor, c.Verified)
+	}
+	load()
+	if again := done(); len(again) != 0 {
+		t.Errorf("recorded %+v after recording stopped", again)
 	}
 }
