@@ -2,7 +2,6 @@ package bpfobj
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
-	"golang.org/x/sys/unix"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/testutil"
 )
@@ -275,14 +273,8 @@ func TestRecordCosts(t *testing.T) {
 		t.Errorf("recorded %+v, want test (tracepoint)'s syscalls_sys_enter_close: 2 instructions, some machine code", c)
 	}
 	// Two instructions on one path; the kernel says so from 5.16.
-	var uts unix.Utsname
-	if err := unix.Uname(&uts); err != nil {
-		t.Fatal(err)
-	}
-	var major, minor int
-	_, _ = fmt.Sscanf(unix.ByteSliceToString(uts.Release[:]), "%d.%d", &major, &minor)
-	if modern := major > 5 || (major == 5 && minor >= 16); (c.Verified == 2) != modern {
-		t.Errorf("kernel %d.%d: %d instructions verified, want 2 from 5.16 and none reported before", major, minor, c.Verified)
+	if modern := testutil.KernelAtLeast(t, 5, 16); (c.Verified == 2) != modern {
+		t.Errorf("kernel 5.16 or later: %v; %d instructions verified, want 2 from 5.16 and none reported before", modern, c.Verified)
 	}
 	load()
 	if again := done(); len(again) != 0 {

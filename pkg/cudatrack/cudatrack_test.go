@@ -14,7 +14,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"golang.org/x/sys/unix"
 
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj"
 	"github.com/open-autoglm/autoglm-ebpf/pkg/bpfobj/bpfobjtest"
@@ -442,15 +441,9 @@ func TestPeakBetweenPolls(t *testing.T) {
 // classic pairs (kernels 5.10 to 6.12) pass the same tests on this kernel.
 func TestAttachPaths(t *testing.T) {
 	testutil.RequireRoot(t)
-	var uts unix.Utsname
-	if err := unix.Uname(&uts); err != nil {
-		t.Fatal(err)
-	}
-	var major, minor int
-	_, _ = fmt.Sscanf(unix.ByteSliceToString(uts.Release[:]), "%d.%d", &major, &minor)
 	if !bpfobj.Probe().UprobeSession {
-		if major > 6 || (major == 6 && minor >= 13) {
-			t.Errorf("kernel %d.%d: session uprobes not found", major, minor)
+		if testutil.KernelAtLeast(t, 6, 13) {
+			t.Error("kernel 6.13 or later: session uprobes not found")
 		}
 		t.Log("no session uprobes on this kernel: the classic path only")
 	} else if c := newConcern(t); !c.session || c.AttachPath() != "session uprobes" {

@@ -5,6 +5,7 @@ package testutil
 
 import (
 	"bufio"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -14,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // RequireRoot skips a test that loads BPF when not root, but only outside CI:
@@ -27,6 +30,22 @@ func RequireRoot(t testing.TB) {
 		t.Fatal("BPF integration tests must run as root in CI")
 	}
 	t.Skip("needs root to load BPF (runs in CI)")
+}
+
+// KernelAtLeast says whether the running kernel is major.minor or later,
+// for tests whose expectation is the kernel's (a feature that came in a
+// release).
+func KernelAtLeast(t testing.TB, major, minor int) bool {
+	t.Helper()
+	var uts unix.Utsname
+	if err := unix.Uname(&uts); err != nil {
+		t.Fatal(err)
+	}
+	var ma, mi int
+	if _, err := fmt.Sscanf(unix.ByteSliceToString(uts.Release[:]), "%d.%d", &ma, &mi); err != nil {
+		t.Fatalf("kernel release %q: %v", unix.ByteSliceToString(uts.Release[:]), err)
+	}
+	return ma > major || (ma == major && mi >= minor)
 }
 
 // RepoRoot returns the repository root, found from this file's location.
