@@ -214,10 +214,14 @@ step_gpuleak() {
 # A context-switch storm: pipe ping-pong between threads. It starts after
 # the baseline is learnt (10 quiet intervals), so that a rate under the
 # absolute ceiling (50 k/s: a slow emulated CPU may not reach it) is judged
-# against the baseline and the floor.
+# against the baseline and the floor. The floor is lowered: the guest's one
+# emulated CPU switches 5-12 k/s under the storm, around the default floor
+# (5 k/s, for real CPUs), and a dip under it ended the storm (CI, arm64 6.1).
+# The storm lasts 10 s and the run ends with it, however long attaching
+# took; the rate schedwork measured itself is in the reason if none is found.
 step_sched() {
-	tool_run sched --interval 500ms --duration 16s -- /bin/sh -c "sleep 7; exec $fix/schedwork storm 2 60"
-	finding sched ctx_switch_storm "true" "for schedwork"
+	tool_run sched --interval 500ms --ctx-switch-floor 1000 -- /bin/sh -c "sleep 7; exec $fix/schedwork storm 2 10"
+	finding sched ctx_switch_storm "true" "for schedwork ($(grep -h '^switches_per_sec' "$out/sched.log" || echo 'switches_per_sec not printed'))"
 }
 
 # A CLOSE_WAIT leak on loopback TCP, named at the accept that opened it.
