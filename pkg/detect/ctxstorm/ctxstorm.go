@@ -130,6 +130,14 @@ func (d *Detector) observe(now time.Time, p *model.Process, st *procState) []mod
 		st.storm.Interrupt()
 		return nil
 	}
+	// An interval that ends with no live thread is the process's exit (a
+	// live process that switched has a thread that did): its rate counts
+	// the time the process was gone, and no thread is left to name. An
+	// open storm keeps the figures of its last whole interval; the pipeline
+	// ends it with the process.
+	if len(p.Sched.Threads) == 0 && len(last.threads) > 0 && st.storm.Open() {
+		return nil
+	}
 	st.window = append(st.window, cur)
 	if len(st.window) > d.cfg.Sustain+1 {
 		st.window = slices.Delete(st.window, 0, len(st.window)-d.cfg.Sustain-1)

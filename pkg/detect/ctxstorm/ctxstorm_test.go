@@ -266,6 +266,28 @@ func TestResetAndForget(t *testing.T) {
 	}
 }
 
+// The process exits during a storm: its last sample has totals and no
+// threads, over an interval partly after the exit. The finding keeps the
+// storm's figures (the guests' runs ended with "452 switches/s over 0
+// threads" on a storm of 8 k/s).
+func TestExitKeepsStormFigures(t *testing.T) {
+	d := New(Config{})
+	s := newSim(4, 6)
+	res := run(d, s, phase{secs: 12, rate: 100, vol: 0.8, noise: 0.1}, phase{secs: 4, rate: 20000, vol: 0.9})
+	last := res[len(res)-1]
+	if len(last) != 1 || !last[0].Active {
+		t.Fatalf("no storm before the exit: %+v", last)
+	}
+	exit := s.step(400, 0.9, 0, 0)
+	exit.Sched.Threads = nil
+	if fs := d.Observe(s.now, exit); fs != nil {
+		t.Fatalf("the exit's interval changed the storm: %s", fs[0].Summary)
+	}
+	if !strings.Contains(last[0].Summary, "20k switches/s (90% voluntary) over 4 threads") {
+		t.Fatalf("storm figures: %s", last[0].Summary)
+	}
+}
+
 func TestQuantile(t *testing.T) {
 	h := model.Histogram{Bounds: []float64{1, 2, 4}, Counts: []uint64{50, 49, 1}, Count: 100}
 	for q, want := range map[float64]float64{0.5: 1, 0.99: 2, 1: 4} {
