@@ -349,7 +349,7 @@ static __always_inline void raise_peak(u32 tgid, s64 live)
 	u64 *window = bpf_map_lookup_elem(&peak_window, &zero);
 	struct cuda_peak *peak = bpf_map_lookup_elem(&peak_bytes, &tgid);
 	if (!window || !peak) {
-		count_err(ERR_COUNTERS);
+		counters_missing(tgid);
 		return;
 	}
 	u64 w = *window;
@@ -369,7 +369,7 @@ static __always_inline void add_live(u32 tgid, u32 api, s64 delta)
 		return;
 	s64 *live = bpf_map_lookup_elem(&live_bytes, &tgid);
 	if (!live) {
-		count_err(ERR_COUNTERS);
+		counters_missing(tgid);
 		return;
 	}
 	/* An atomic add whose result is unused: the one atomic every kernel
@@ -390,7 +390,7 @@ static __always_inline void count(u32 tgid, u32 api, u64 alloc, u64 freed)
 {
 	struct cuda_counts *c = bpf_map_lookup_elem(&cuda_counters, &tgid);
 	if (!c) {
-		count_err(ERR_COUNTERS);
+		counters_missing(tgid);
 		return;
 	}
 	/* Compare and index through one register the verifier can bound. */
@@ -639,7 +639,7 @@ static __always_inline void report_failure(struct call_state *st, u32 tgid, u32 
 	f->snap_ns = 0;
 	struct cuda_snap *s = bpf_map_lookup_elem(&oom_snaps, &tgid);
 	if (!s)
-		count_err(ERR_COUNTERS);
+		counters_missing(tgid);
 	else if (!s->open_ns && now >= s->not_before_ns)
 		s->open_ns = f->snap_ns = now;
 	s64 *live = bpf_map_lookup_elem(&live_bytes, &tgid);
@@ -973,7 +973,7 @@ static __always_inline void count_launch(u32 tgid, u32 api, u64 ns)
 		return;
 	struct launch_counts *l = bpf_map_lookup_elem(&launches, &tgid);
 	if (!l) {
-		count_err(ERR_COUNTERS);
+		counters_missing(tgid);
 		return;
 	}
 	/* Per CPU: plain adds. */

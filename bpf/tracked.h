@@ -32,6 +32,17 @@ static __always_inline bool is_tracked(u32 tgid)
 	return v && (*v & view_bit);
 }
 
+/* A per-process entry a call needs is missing. User space makes a
+ * process's entries before its filter bit and drops the bit before the
+ * entries: missing while tracked is a loss; missing after untracking is a
+ * call that began before it (a return probe, a thread still in the
+ * library), not ours to count. */
+static __always_inline void counters_missing(u32 tgid)
+{
+	if (is_tracked(tgid))
+		count_err(ERR_COUNTERS);
+}
+
 /* Returns the current tgid if it is tracked, 0 otherwise. */
 static __always_inline u32 tracked_tgid(void)
 {
