@@ -10,7 +10,7 @@ FIXTURES := testdata/bin/fdwork testdata/bin/demo testdata/bin/schedwork testdat
 GOSRC   := $(shell find cmd pkg -name '*.go' -o -name '*.o') go.mod go.sum
 
 .PHONY: build deps test-deps generate-deps generate check-generate fixtures test fuzz demo screenshot bench kernels image image-root e2e clean
-.PHONY: build-arm64 arm64-deps kernels-arm64 kernels-both kernels-arm64-deps fixtures-arm64
+.PHONY: build-arm64 arm64-deps kernels-arm64 kernels-both kernels-deps kernels-arm64-deps fixtures-arm64
 
 build: $(BIN)
 
@@ -125,9 +125,12 @@ bench: deps build fixtures
 # (scripts/kernels.sh; logs and reports under bin/kernels/KERNEL/).
 # KERNELS="6.1 5.10" runs some.
 KERNELS ?=
-kernels: deps build fixtures bin/cudatrack.test
-	@scripts/install-deps.sh kernels
+KERNELS_PREREQS := kernels-deps build fixtures bin/cudatrack.test
+kernels: $(KERNELS_PREREQS)
 	scripts/kernels.sh $(KERNELS)
+
+kernels-deps: deps
+	@scripts/install-deps.sh kernels
 
 # pkg/cudatrack's tests, which the matrix's oomsnap step runs in each guest.
 bin/cudatrack.test: $(GOSRC)
@@ -146,15 +149,15 @@ ARM64_FIXTURES := $(FIXTURES:testdata/bin/%=$(ARM64_FIX)/%) $(CUDA_STUBS:testdat
 	$(ARM64_FIX)/cuda/unwindchain_c_pac $(ARM64_FIX)/cuda/unwindchain_cc_pac \
 	$(ARM64_FIX)/cuda/cudawork_static
 
-kernels-arm64: kernels-arm64-deps $(BIN_ARM64) fixtures-arm64 bin/arm64/cudatrack.test bin/arm64/fdtrack.test
+KERNELS_ARM64_PREREQS := kernels-arm64-deps $(BIN_ARM64) fixtures-arm64 bin/arm64/cudatrack.test bin/arm64/fdtrack.test
+kernels-arm64: $(KERNELS_ARM64_PREREQS)
 	KERNELS_ARCH=arm64 scripts/kernels.sh $(KERNELS)
 
 # Both matrices side by side, as CI runs them: each guest is one emulated
 # vCPU (one host thread busy), and CI's machine has two cores; one after
 # the other they were 43 of CI's 81 minutes. Each line is marked with its
 # matrix; fails when either does.
-kernels-both: deps build fixtures bin/cudatrack.test kernels-arm64-deps $(BIN_ARM64) fixtures-arm64 bin/arm64/cudatrack.test bin/arm64/fdtrack.test
-	@scripts/install-deps.sh kernels
+kernels-both: $(KERNELS_PREREQS) $(KERNELS_ARM64_PREREQS)
 	@bash -c 'set -o pipefail; \
 		scripts/kernels.sh $(KERNELS) 2>&1 | sed -u "s/^/[amd64] /" & x86=$$!; \
 		KERNELS_ARCH=arm64 scripts/kernels.sh $(KERNELS) 2>&1 | sed -u "s/^/[arm64] /" & arm=$$!; \
